@@ -1,0 +1,263 @@
+//! Hardware descriptors: a GPU type (peak FLOP/s per precision, HBM, fabrics, calibration
+//! constants) and a cluster of them (COSTMODEL §6). Values live in `data/gpus.toml`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Numeric precision of the GEMMs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    Bf16,
+    Fp16,
+    Fp8,
+    Mxfp8,
+    Nvfp4,
+}
+
+impl Precision {
+    /// Every precision, in a fixed order.
+    pub const ALL: [Precision; 5] = [
+        Precision::Bf16,
+        Precision::Fp16,
+        Precision::Fp8,
+        Precision::Mxfp8,
+        Precision::Nvfp4,
+    ];
+
+    /// The lower-case name used in files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+            Precision::Fp8 => "fp8",
+            Precision::Mxfp8 => "mxfp8",
+            Precision::Nvfp4 => "nvfp4",
+        }
+    }
+}
+
+/// One value per precision; `None` where the chip has no such mode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PerPrecision {
+    #[serde(default)]
+    pub bf16: Option<f64>,
+    #[serde(default)]
+    pub fp16: Option<f64>,
+    #[serde(default)]
+    pub fp8: Option<f64>,
+    #[serde(default)]
+    pub mxfp8: Option<f64>,
+    #[serde(default)]
+    pub nvfp4: Option<f64>,
+}
+
+impl PerPrecision {
+    /// The value for `p`, if the chip has it.
+    pub fn get(&self, p: Precision) -> Option<f64> {
+        match p {
+            Precision::Bf16 => self.bf16,
+            Precision::Fp16 => self.fp16,
+            Precision::Fp8 => self.fp8,
+            Precision::Mxfp8 => self.mxfp8,
+            Precision::Nvfp4 => self.nvfp4,
+        }
+    }
+
+    /// The precisions with a value, in [`Precision::ALL`] order.
+    pub fn available(&self) -> Vec<Precision> {
+        Precision::ALL.into_iter().filter(|p| self.get(*p).is_some()).collect()
+    }
+}
+
+/// How the GPUs of one scale-up domain are connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum ScaleupTopology {
+    /// NVSwitch-style: every GPU reaches any peer at its full per-direction link rate.
+    #[default]
+    Switch,
+    /// Full mesh (AMD xGMI): each peer pair has its own link of `scaleup_bandwidth_gbps / (domain-1)`,
+    /// so a group of P GPUs gets `(P-1)` links (COSTMODEL §6 gotcha 3).
+    Mesh,
+}
+
+/// Calibration constants of a GPU type: everything the cost model cannot derive from a datasheet.
+/// Each value's source is cited next to it in `data/gpus.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Fraction of the dense peak a large, well-shaped GEMM reaches, per precision (§5.2).
+    pub gemm_efficiency: PerPrecision,
+    /// Fraction of the BF16 peak reached by flash-attention forward kernels (§5.2, FA2/FA3).
+    pub attention_efficiency: f64,
+    /// Fraction of the HBM bandwidth reached by element-wise kernels and the optimizer (§5.3).
+    pub memory_efficiency: f64,
+    /// Bytes moved by element-wise work per token and per `h` of one layer's forward pass (§5.3).
+    pub elementwise_bytes_per_hidden: f64,
+    /// Achieved all-reduce bus bandwidth as a fraction of the per-direction scale-up rate (§3.1).
+    pub scaleup_bus_efficiency: f64,
+    /// Same for the scale-out network (§3.1).
+    pub network_bus_efficiency: f64,
+    /// Per-step latency of a collective inside the scale-up domain, microseconds (§3.1).
+    pub scaleup_latency_us: f64,
+    /// Per-step latency of a collective over the network, microseconds (§3.1).
+    pub network_latency_us: f64,
+    /// CUDA context, libraries and NCCL buffers per GPU, GiB (§2.6).
+    pub fixed_memory_gib: f64,
+    /// Allocator fragmentation as a fraction of activations and transients (§2.6).
+    pub fragmentation: f64,
+    /// Fraction of tensor-parallel communication hidden behind GEMMs (§3.4 ω_TP).
+    pub tp_overlap: f64,
+    /// Fraction of a micro-batch's backward that can hide DP gradient reduction (§3.6 ω_DP).
+    pub dp_overlap: f64,
+    /// Fraction of EP all-to-all hidden behind computation (§3.7).
+    pub ep_overlap: f64,
+    /// Routing imbalance: busiest expert rank's load over the mean (§1.2 λ).
+    pub moe_imbalance: f64,
+}
+
+/// A GPU type.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gpu {
+    /// Preset key, e.g. `h100-sxm`.
+    pub name: String,
+    /// Human description.
+    #[serde(default)]
+    pub description: String,
+    /// Dense (no 2:4 sparsity) tensor-core peak, TFLOP/s, per precision.
+    pub peak_tflops: PerPrecision,
+    /// Usable HBM per GPU, GiB (binary).
+    pub memory_gib: f64,
+    /// HBM bandwidth, GB/s (decimal).
+    pub memory_bandwidth_gbps: f64,
+    /// Streaming multiprocessors (compute units): wave quantisation of GEMM tiles (§5.2).
+    pub sm_count: u32,
+    /// Scale-up (NVLink/xGMI) bandwidth per GPU, per direction, GB/s.
+    pub scaleup_bandwidth_gbps: f64,
+    /// GPUs in one scale-up domain by default.
+    pub scaleup_domain: u32,
+    #[serde(default)]
+    pub scaleup_topology: ScaleupTopology,
+    /// GPUs per node (host) by default.
+    pub gpus_per_node: u32,
+    /// Scale-out NIC bandwidth per GPU, per direction, GB/s.
+    pub network_bandwidth_gbps: f64,
+    pub calibration: Calibration,
+}
+
+fn check_fraction(field: &str, v: f64, lo: f64, hi: f64) -> Result<()> {
+    if !(v.is_finite() && v >= lo && v <= hi) {
+        return Err(Error::invalid(field, v, format!("a number in [{lo}, {hi}]")));
+    }
+    Ok(())
+}
+
+fn check_positive(field: &str, v: f64) -> Result<()> {
+    if !(v.is_finite() && v > 0.0) {
+        return Err(Error::invalid(field, v, "a finite number > 0"));
+    }
+    Ok(())
+}
+
+impl Gpu {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        if self.peak_tflops.available().is_empty() {
+            return Err(Error::invalid("gpu.peak_tflops", "{}", "at least one precision"));
+        }
+        for p in Precision::ALL {
+            if let Some(v) = self.peak_tflops.get(p) {
+                check_positive(&format!("gpu.peak_tflops.{}", p.name()), v)?;
+            }
+            if let Some(v) = self.calibration.gemm_efficiency.get(p) {
+                check_fraction(&format!("gpu.calibration.gemm_efficiency.{}", p.name()), v, 0.01, 1.0)?;
+            }
+        }
+        check_positive("gpu.memory_gib", self.memory_gib)?;
+        check_positive("gpu.memory_bandwidth_gbps", self.memory_bandwidth_gbps)?;
+        check_positive("gpu.scaleup_bandwidth_gbps", self.scaleup_bandwidth_gbps)?;
+        check_positive("gpu.network_bandwidth_gbps", self.network_bandwidth_gbps)?;
+        if self.sm_count == 0 {
+            return Err(Error::invalid("gpu.sm_count", 0, "an integer >= 1"));
+        }
+        if self.scaleup_domain == 0 {
+            return Err(Error::invalid("gpu.scaleup_domain", 0, "an integer >= 1"));
+        }
+        if self.gpus_per_node == 0 {
+            return Err(Error::invalid("gpu.gpus_per_node", 0, "an integer >= 1"));
+        }
+        let c = &self.calibration;
+        check_fraction("gpu.calibration.attention_efficiency", c.attention_efficiency, 0.01, 1.0)?;
+        check_fraction("gpu.calibration.memory_efficiency", c.memory_efficiency, 0.01, 1.0)?;
+        check_fraction("gpu.calibration.scaleup_bus_efficiency", c.scaleup_bus_efficiency, 0.01, 1.5)?;
+        check_fraction("gpu.calibration.network_bus_efficiency", c.network_bus_efficiency, 0.01, 1.5)?;
+        check_fraction("gpu.calibration.elementwise_bytes_per_hidden", c.elementwise_bytes_per_hidden, 0.0, 1e4)?;
+        check_fraction("gpu.calibration.scaleup_latency_us", c.scaleup_latency_us, 0.0, 1e4)?;
+        check_fraction("gpu.calibration.network_latency_us", c.network_latency_us, 0.0, 1e4)?;
+        check_fraction("gpu.calibration.fixed_memory_gib", c.fixed_memory_gib, 0.0, 1e3)?;
+        check_fraction("gpu.calibration.fragmentation", c.fragmentation, 0.0, 1.0)?;
+        check_fraction("gpu.calibration.tp_overlap", c.tp_overlap, 0.0, 1.0)?;
+        check_fraction("gpu.calibration.dp_overlap", c.dp_overlap, 0.0, 1.0)?;
+        check_fraction("gpu.calibration.ep_overlap", c.ep_overlap, 0.0, 1.0)?;
+        check_fraction("gpu.calibration.moe_imbalance", c.moe_imbalance, 1.0, 100.0)?;
+        Ok(())
+    }
+
+    /// Dense peak FLOP/s (not TFLOP/s) at precision `p`, or an error naming the allowed ones.
+    pub fn peak_flops(&self, p: Precision) -> Result<f64> {
+        self.peak_tflops.get(p).map(|t| t * 1e12).ok_or_else(|| {
+            let allowed: Vec<&str> = self.peak_tflops.available().iter().map(|p| p.name()).collect();
+            Error::invalid(
+                "workload.precision",
+                p.name(),
+                format!("{} on {}", allowed.join(", "), self.name),
+            )
+        })
+    }
+}
+
+/// A cluster: a GPU type, how many, and how they are grouped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cluster {
+    pub gpu: Gpu,
+    pub num_gpus: u32,
+    /// GPUs per node; `None` takes the GPU preset's value.
+    #[serde(default)]
+    pub gpus_per_node: Option<u32>,
+    /// GPUs per NVLink (scale-up) domain; `None` takes the GPU preset's value.
+    #[serde(default)]
+    pub nvlink_domain: Option<u32>,
+}
+
+impl Cluster {
+    /// GPUs per node in effect.
+    pub fn gpus_per_node(&self) -> u32 {
+        self.gpus_per_node.unwrap_or(self.gpu.gpus_per_node)
+    }
+
+    /// GPUs per NVLink domain in effect.
+    pub fn nvlink_domain(&self) -> u32 {
+        self.nvlink_domain.unwrap_or(self.gpu.scaleup_domain)
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        self.gpu.validate()?;
+        if self.num_gpus == 0 {
+            return Err(Error::invalid("cluster.num_gpus", 0, "an integer >= 1"));
+        }
+        if self.gpus_per_node() == 0 {
+            return Err(Error::invalid("cluster.gpus_per_node", 0, "an integer >= 1"));
+        }
+        if self.nvlink_domain() == 0 {
+            return Err(Error::invalid("cluster.nvlink_domain", 0, "an integer >= 1"));
+        }
+        Ok(())
+    }
+}

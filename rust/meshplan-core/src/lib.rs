@@ -1,0 +1,54 @@
+//! meshplan-core: a parallelism planner for large-model training.
+//!
+//! Given a [`Model`], a [`Cluster`] and a [`Workload`], [`search`] enumerates every factorisation
+//! of the GPU count into `dp·tp·pp·ep·cp` with the knobs that go with them, prunes what cannot
+//! run, scores the rest with the cost model of `COSTMODEL.md` and returns ranked plans;
+//! [`evaluate`] scores one given plan. Pure Rust: no Python, no I/O beyond the embedded presets.
+
+pub mod error;
+pub mod hardware;
+pub mod model;
+pub mod plan;
+pub mod report;
+pub mod space;
+pub mod workload;
+
+pub use error::{Error, Result};
+pub use hardware::{Calibration, Cluster, Gpu, PerPrecision, Precision, ScaleupTopology};
+pub use model::{Activation, Mla, Model, Moe, Norm};
+pub use plan::{Plan, Recompute, Schedule};
+pub use report::{Evaluation, MemoryBreakdown, SearchResult, SearchStats, TimeBreakdown, Violation};
+pub use space::{Degree, SearchSpace};
+pub use workload::{Optimizer, Workload};
+
+/// A validated planning problem: what to train, on what.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Problem {
+    pub model: Model,
+    pub cluster: Cluster,
+    pub workload: Workload,
+}
+
+impl Problem {
+    /// Validates all three parts (the error names the first bad field).
+    pub fn new(model: Model, cluster: Cluster, workload: Workload) -> Result<Self> {
+        model.validate()?;
+        cluster.validate()?;
+        workload.validate()?;
+        cluster.gpu.peak_flops(workload.precision)?;
+        Ok(Problem {
+            model,
+            cluster,
+            workload,
+        })
+    }
+}
+
+pub mod hf;
+pub mod presets;
+
+mod evaluate;
+mod search;
+
+pub use evaluate::evaluate;
+pub use search::{search, Control};

@@ -1,0 +1,363 @@
+//! The model descriptor: a decoder-only transformer (dense or MoE, GQA, optional MLA), its
+//! validation, and parameter counts (COSTMODEL §2.1).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Feed-forward activation: SwiGLU has three `h×f` matrices, GeLU two (COSTMODEL §1.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    Swiglu,
+    Gelu,
+}
+
+impl Activation {
+    /// Number of `h×f` weight matrices of one FFN.
+    pub fn ffn_matrices(self) -> u64 {
+        match self {
+            Activation::Swiglu => 3,
+            Activation::Gelu => 2,
+        }
+    }
+}
+
+/// Normalisation layer: RMSNorm has one vector of `h`, LayerNorm two (weight and bias).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Norm {
+    #[default]
+    Rmsnorm,
+    Layernorm,
+}
+
+/// Mixture-of-experts block shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Moe {
+    /// Routed experts `E`.
+    pub num_experts: u32,
+    /// Experts each token is routed to `k`.
+    pub top_k: u32,
+    /// Intermediate size of one routed expert `f_e`.
+    pub expert_ffn_hidden: u32,
+    /// Number of shared (always-on) experts.
+    #[serde(default)]
+    pub shared_experts: u32,
+    /// Intermediate size of one shared expert (defaults to `expert_ffn_hidden`).
+    #[serde(default)]
+    pub shared_expert_ffn_hidden: Option<u32>,
+    /// Leading layers that keep a dense FFN (DeepSeek's `first_k_dense_replace`).
+    #[serde(default)]
+    pub first_dense_layers: u32,
+}
+
+/// Multi-head latent attention dimensions (DeepSeek-V2/V3, Kimi-K2).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mla {
+    /// Query low-rank projection; `None` means a full-rank query projection.
+    #[serde(default)]
+    pub q_lora_rank: Option<u32>,
+    pub kv_lora_rank: u32,
+    pub qk_rope_head_dim: u32,
+    pub qk_nope_head_dim: u32,
+    pub v_head_dim: u32,
+}
+
+/// A decoder-only transformer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Model {
+    pub name: String,
+    pub layers: u32,
+    pub hidden: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    /// Per-head dimension; `None` means `hidden / heads`.
+    #[serde(default)]
+    pub head_dim: Option<u32>,
+    /// Dense FFN intermediate size `f` (used by dense layers of MoE models too).
+    pub ffn_hidden: u32,
+    pub vocab: u32,
+    pub activation: Activation,
+    #[serde(default)]
+    pub norm: Norm,
+    #[serde(default)]
+    pub tied_embeddings: bool,
+    #[serde(default)]
+    pub moe: Option<Moe>,
+    #[serde(default)]
+    pub mla: Option<Mla>,
+}
+
+fn positive(field: &str, v: u32) -> Result<()> {
+    if v == 0 {
+        return Err(Error::invalid(field, v, "an integer >= 1"));
+    }
+    Ok(())
+}
+
+impl Model {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        positive("model.layers", self.layers)?;
+        positive("model.hidden", self.hidden)?;
+        positive("model.heads", self.heads)?;
+        positive("model.kv_heads", self.kv_heads)?;
+        positive("model.ffn_hidden", self.ffn_hidden)?;
+        positive("model.vocab", self.vocab)?;
+        if let Some(d) = self.head_dim {
+            positive("model.head_dim", d)?;
+        } else if self.mla.is_none() && self.hidden % self.heads != 0 {
+            return Err(Error::invalid(
+                "model.head_dim",
+                "null",
+                format!("an explicit head_dim, since hidden {} is not a multiple of heads {}", self.hidden, self.heads),
+            ));
+        }
+        if self.kv_heads > self.heads || self.heads % self.kv_heads != 0 {
+            return Err(Error::invalid(
+                "model.kv_heads",
+                self.kv_heads,
+                format!("a divisor of heads ({})", self.heads),
+            ));
+        }
+        if let Some(moe) = &self.moe {
+            positive("model.moe.num_experts", moe.num_experts)?;
+            positive("model.moe.expert_ffn_hidden", moe.expert_ffn_hidden)?;
+            if moe.top_k == 0 || moe.top_k > moe.num_experts {
+                return Err(Error::invalid(
+                    "model.moe.top_k",
+                    moe.top_k,
+                    format!("1..={} (num_experts)", moe.num_experts),
+                ));
+            }
+            if moe.first_dense_layers >= self.layers {
+                return Err(Error::invalid(
+                    "model.moe.first_dense_layers",
+                    moe.first_dense_layers,
+                    format!("0..{} (fewer than layers)", self.layers),
+                ));
+            }
+            if let Some(f) = moe.shared_expert_ffn_hidden {
+                positive("model.moe.shared_expert_ffn_hidden", f)?;
+            }
+        }
+        if let Some(mla) = &self.mla {
+            positive("model.mla.kv_lora_rank", mla.kv_lora_rank)?;
+            positive("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim)?;
+            positive("model.mla.v_head_dim", mla.v_head_dim)?;
+            if let Some(q) = mla.q_lora_rank {
+                positive("model.mla.q_lora_rank", q)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Per-head dimension of queries and keys (MLA: nope + rope parts).
+    pub fn qk_head_dim(&self) -> u64 {
+        match &self.mla {
+            Some(m) => (m.qk_nope_head_dim + m.qk_rope_head_dim) as u64,
+            None => self.head_dim.unwrap_or(self.hidden / self.heads) as u64,
+        }
+    }
+
+    /// Per-head dimension of values (MLA: `v_head_dim`).
+    pub fn v_head_dim(&self) -> u64 {
+        match &self.mla {
+            Some(m) => m.v_head_dim as u64,
+            None => self.qk_head_dim(),
+        }
+    }
+
+    /// Number of MoE layers `L_moe` (0 for dense models).
+    pub fn moe_layers(&self) -> u32 {
+        self.moe.as_ref().map_or(0, |m| self.layers - m.first_dense_layers)
+    }
+
+    /// Number of layers with a dense FFN.
+    pub fn dense_layers(&self) -> u32 {
+        self.layers - self.moe_layers()
+    }
+
+    /// Whether the model has routed experts.
+    pub fn is_moe(&self) -> bool {
+        self.moe.is_some()
+    }
+
+    /// Summed intermediate size of all shared experts `f_sh`.
+    pub fn shared_ffn_hidden(&self) -> u64 {
+        self.moe.as_ref().map_or(0, |m| {
+            m.shared_experts as u64 * m.shared_expert_ffn_hidden.unwrap_or(m.expert_ffn_hidden) as u64
+        })
+    }
+
+    /// Attention projection parameters of one layer (Q, K, V, O; MLA down/up projections).
+    pub fn attention_params(&self) -> u64 {
+        let h = self.hidden as u64;
+        let a = self.heads as u64;
+        match &self.mla {
+            Some(m) => {
+                let qk = self.qk_head_dim();
+                let q = match m.q_lora_rank {
+                    Some(r) => h * r as u64 + r as u64 * a * qk + r as u64,
+                    None => h * a * qk,
+                };
+                let kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim) as u64 + m.kv_lora_rank as u64;
+                let kv_up = m.kv_lora_rank as u64 * a * (m.qk_nope_head_dim + m.v_head_dim) as u64;
+                let o = a * m.v_head_dim as u64 * h;
+                q + kv_down + kv_up + o
+            }
+            None => {
+                let d = self.qk_head_dim();
+                let g = self.kv_heads as u64;
+                h * a * d + 2 * h * g * d + a * d * h
+            }
+        }
+    }
+
+    /// Norm parameters of one layer (two norms).
+    pub fn norm_params(&self) -> u64 {
+        let per_norm = match self.norm {
+            Norm::Rmsnorm => 1,
+            Norm::Layernorm => 2,
+        };
+        2 * per_norm * self.hidden as u64
+    }
+
+    /// Dense FFN parameters of one layer.
+    pub fn dense_ffn_params(&self) -> u64 {
+        self.activation.ffn_matrices() * self.hidden as u64 * self.ffn_hidden as u64
+    }
+
+    /// Parameters of one routed expert.
+    pub fn expert_params(&self) -> u64 {
+        self.moe.as_ref().map_or(0, |m| {
+            self.activation.ffn_matrices() * self.hidden as u64 * m.expert_ffn_hidden as u64
+        })
+    }
+
+    /// Parameters of the non-routed part of one MoE FFN (shared experts + router).
+    pub fn moe_dense_part_params(&self) -> u64 {
+        self.moe.as_ref().map_or(0, |m| {
+            self.activation.ffn_matrices() * self.hidden as u64 * self.shared_ffn_hidden()
+                + self.hidden as u64 * m.num_experts as u64
+        })
+    }
+
+    /// Input-embedding parameters `V·h`.
+    pub fn embedding_params(&self) -> u64 {
+        self.vocab as u64 * self.hidden as u64
+    }
+
+    /// Output-head parameters (0 when tied to the input embedding).
+    pub fn lm_head_params(&self) -> u64 {
+        if self.tied_embeddings {
+            0
+        } else {
+            self.embedding_params()
+        }
+    }
+
+    /// Every parameter of the model.
+    pub fn total_params(&self) -> u64 {
+        let l = self.layers as u64;
+        let per_layer = self.attention_params() + self.norm_params();
+        let routed = self.moe.as_ref().map_or(0, |m| m.num_experts as u64 * self.expert_params());
+        l * per_layer
+            + self.dense_layers() as u64 * self.dense_ffn_params()
+            + self.moe_layers() as u64 * (routed + self.moe_dense_part_params())
+            + self.embedding_params()
+            + self.lm_head_params()
+            + self.hidden as u64
+    }
+
+    /// Matmul parameters touched per token `N_active` (COSTMODEL §1.2): attention, dense FFN,
+    /// top-k routed experts, shared experts, LM head; not the input embedding.
+    pub fn active_matmul_params(&self) -> u64 {
+        let l = self.layers as u64;
+        let routed_active = self.moe.as_ref().map_or(0, |m| m.top_k as u64 * self.expert_params());
+        let shared = self.activation.ffn_matrices() * self.hidden as u64 * self.shared_ffn_hidden();
+        let head = self.embedding_params(); // the LM head multiplies whether or not it is tied
+        l * self.attention_params()
+            + self.dense_layers() as u64 * self.dense_ffn_params()
+            + self.moe_layers() as u64 * (routed_active + shared)
+            + head
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn llama3_70b() -> Model {
+        Model {
+            name: "llama3-70b".into(),
+            layers: 80,
+            hidden: 8192,
+            heads: 64,
+            kv_heads: 8,
+            head_dim: None,
+            ffn_hidden: 28672,
+            vocab: 128256,
+            activation: Activation::Swiglu,
+            norm: Norm::Rmsnorm,
+            tied_embeddings: false,
+            moe: None,
+            mla: None,
+        }
+    }
+
+    #[test]
+    fn llama3_70b_has_70_55b_params() {
+        // COSTMODEL §7(a): 70.55 B parameters.
+        let p = llama3_70b().total_params() as f64 / 1e9;
+        assert!((p - 70.55).abs() < 0.01, "{p}");
+    }
+
+    #[test]
+    fn llama2_7b_has_6_738b_params() {
+        // COSTMODEL §7(c): 6.738 B parameters.
+        let m = Model {
+            name: "llama2-7b".into(),
+            layers: 32,
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 32,
+            head_dim: None,
+            ffn_hidden: 11008,
+            vocab: 32000,
+            activation: Activation::Swiglu,
+            norm: Norm::Rmsnorm,
+            tied_embeddings: false,
+            moe: None,
+            mla: None,
+        };
+        let p = m.total_params() as f64 / 1e9;
+        assert!((p - 6.738).abs() < 0.001, "{p}");
+    }
+
+    #[test]
+    fn bad_kv_heads_names_the_field() {
+        let mut m = llama3_70b();
+        m.kv_heads = 7;
+        let e = m.validate().unwrap_err();
+        assert!(e.to_string().contains("model.kv_heads"), "{e}");
+    }
+
+    #[test]
+    fn top_k_above_experts_is_rejected() {
+        let mut m = llama3_70b();
+        m.moe = Some(Moe {
+            num_experts: 8,
+            top_k: 9,
+            expert_ffn_hidden: 1024,
+            shared_experts: 0,
+            shared_expert_ffn_hidden: None,
+            first_dense_layers: 0,
+        });
+        assert!(m.validate().unwrap_err().to_string().contains("model.moe.top_k"));
+    }
+}

@@ -1,0 +1,170 @@
+//! The search space: which degrees and knobs the search may choose, and its limits.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::plan::{Recompute, Schedule};
+
+/// Constraint on one parallel degree: fixed, or bounded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Degree {
+    /// Exactly this value (overrides min/max).
+    #[serde(default)]
+    pub fixed: Option<u32>,
+    /// At least this value.
+    #[serde(default)]
+    pub min: Option<u32>,
+    /// At most this value.
+    #[serde(default)]
+    pub max: Option<u32>,
+}
+
+impl Degree {
+    /// Whether `v` satisfies the constraint.
+    pub fn allows(&self, v: u32) -> bool {
+        if let Some(f) = self.fixed {
+            return v == f;
+        }
+        self.min.is_none_or(|m| v >= m) && self.max.is_none_or(|m| v <= m)
+    }
+
+    fn validate(&self, field: &str) -> Result<()> {
+        for (name, v) in [("fixed", self.fixed), ("min", self.min), ("max", self.max)] {
+            if v == Some(0) {
+                return Err(Error::invalid(format!("space.{field}.{name}"), 0, "an integer >= 1"));
+            }
+        }
+        if let (Some(lo), Some(hi)) = (self.min, self.max) {
+            if lo > hi {
+                return Err(Error::invalid(
+                    format!("space.{field}.min"),
+                    lo,
+                    format!("at most space.{field}.max ({hi})"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Default memory headroom kept free on every GPU, GiB. Fixed memory and fragmentation are
+/// modelled separately (calibration), so this is only a safety margin for the user.
+pub const DEFAULT_MEMORY_HEADROOM_GIB: f64 = 1.0;
+/// Default number of plans returned.
+pub const DEFAULT_TOP_K: u32 = 10;
+/// Default largest micro-batch tried.
+pub const DEFAULT_MAX_MICRO_BATCH: u32 = 16;
+/// Default largest interleaving degree tried.
+pub const DEFAULT_MAX_VPP: u32 = 16;
+
+/// What the search may choose.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SearchSpace {
+    pub dp: Degree,
+    pub tp: Degree,
+    pub pp: Degree,
+    pub ep: Degree,
+    pub cp: Degree,
+    pub vpp: Degree,
+    pub micro_batch: Degree,
+    /// Allowed ZeRO stages.
+    pub zero: Vec<u8>,
+    /// Allowed recompute modes.
+    pub recompute: Vec<Recompute>,
+    /// Allowed sequence-parallel settings (only meaningful when tp > 1).
+    pub sequence_parallel: Vec<bool>,
+    /// Allowed pipeline schedules.
+    pub schedules: Vec<Schedule>,
+    /// GiB kept free on every GPU.
+    pub memory_headroom_gib: f64,
+    /// TP groups must sit inside one NVLink domain.
+    pub tp_within_domain: bool,
+    /// CP groups must sit inside one NVLink domain.
+    pub cp_within_domain: bool,
+    /// EP groups must sit inside one NVLink domain.
+    pub ep_within_domain: bool,
+    /// Plans returned.
+    pub top_k: u32,
+    /// Refuse spaces with more candidates than this (`None`: no cap).
+    pub max_candidates: Option<u64>,
+}
+
+impl Default for SearchSpace {
+    fn default() -> Self {
+        SearchSpace {
+            dp: Degree::default(),
+            tp: Degree::default(),
+            pp: Degree::default(),
+            ep: Degree::default(),
+            cp: Degree::default(),
+            vpp: Degree {
+                fixed: None,
+                min: None,
+                max: Some(DEFAULT_MAX_VPP),
+            },
+            micro_batch: Degree {
+                fixed: None,
+                min: None,
+                max: Some(DEFAULT_MAX_MICRO_BATCH),
+            },
+            zero: vec![0, 1, 2, 3],
+            recompute: Recompute::ALL.to_vec(),
+            sequence_parallel: vec![false, true],
+            schedules: Schedule::ALL.to_vec(),
+            memory_headroom_gib: DEFAULT_MEMORY_HEADROOM_GIB,
+            tp_within_domain: true,
+            cp_within_domain: false,
+            ep_within_domain: false,
+            top_k: DEFAULT_TOP_K,
+            max_candidates: None,
+        }
+    }
+}
+
+impl SearchSpace {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        for (name, d) in [
+            ("dp", &self.dp),
+            ("tp", &self.tp),
+            ("pp", &self.pp),
+            ("ep", &self.ep),
+            ("cp", &self.cp),
+            ("vpp", &self.vpp),
+            ("micro_batch", &self.micro_batch),
+        ] {
+            d.validate(name)?;
+        }
+        if self.zero.is_empty() {
+            return Err(Error::invalid("space.zero", "[]", "a non-empty subset of {0, 1, 2, 3}"));
+        }
+        if let Some(z) = self.zero.iter().find(|z| **z > 3) {
+            return Err(Error::invalid("space.zero", z, "a non-empty subset of {0, 1, 2, 3}"));
+        }
+        if self.recompute.is_empty() {
+            return Err(Error::invalid("space.recompute", "[]", "a non-empty subset of {none, selective, full}"));
+        }
+        if self.sequence_parallel.is_empty() {
+            return Err(Error::invalid("space.sequence_parallel", "[]", "a non-empty subset of {false, true}"));
+        }
+        if self.schedules.is_empty() {
+            return Err(Error::invalid(
+                "space.schedules",
+                "[]",
+                "a non-empty subset of {1f1b, interleaved-1f1b, zb-h1}",
+            ));
+        }
+        if !(self.memory_headroom_gib.is_finite() && self.memory_headroom_gib >= 0.0) {
+            return Err(Error::invalid("space.memory_headroom_gib", self.memory_headroom_gib, "a finite number >= 0"));
+        }
+        if self.top_k == 0 {
+            return Err(Error::invalid("space.top_k", 0, "an integer >= 1"));
+        }
+        if self.max_candidates == Some(0) {
+            return Err(Error::invalid("space.max_candidates", 0, "an integer >= 1"));
+        }
+        Ok(())
+    }
+}

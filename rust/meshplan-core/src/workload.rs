@@ -1,0 +1,81 @@
+//! The training workload: batch, sequence length, precision, optimizer.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::hardware::Precision;
+
+/// Optimizer whose state sits beside the weights (COSTMODEL §2.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Optimizer {
+    /// Mixed-precision Adam/AdamW: fp32 master weights, m and v (12 bytes per parameter).
+    #[default]
+    Adam,
+    /// Mixed-precision SGD with momentum: fp32 master weights and momentum (8 bytes per parameter).
+    SgdMomentum,
+}
+
+impl Optimizer {
+    /// Bytes of optimizer state (including the fp32 master copy) per parameter.
+    pub fn state_bytes_per_param(self) -> f64 {
+        match self {
+            Optimizer::Adam => 12.0,
+            Optimizer::SgdMomentum => 8.0,
+        }
+    }
+}
+
+/// What is being trained, independent of how it is split.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    /// Sequences per optimizer step.
+    pub global_batch: u32,
+    /// Tokens per sequence.
+    pub seq_len: u32,
+    #[serde(default)]
+    pub precision: Precision,
+    #[serde(default)]
+    pub optimizer: Optimizer,
+    /// Bytes per element of the gradient reduction and of the main-gradient buffer: 4 (fp32,
+    /// Megatron's default with bf16) or 2 (`--no-grad-reduce-in-fp32`, DeepSpeed) [MEG-DISTOPT].
+    #[serde(default = "default_grad_bytes")]
+    pub grad_bytes: u32,
+}
+
+fn default_grad_bytes() -> u32 {
+    4
+}
+
+impl Workload {
+    /// A workload with default precision (bf16), optimizer (Adam) and fp32 gradients.
+    pub fn new(global_batch: u32, seq_len: u32) -> Self {
+        Workload {
+            global_batch,
+            seq_len,
+            precision: Precision::Bf16,
+            optimizer: Optimizer::Adam,
+            grad_bytes: default_grad_bytes(),
+        }
+    }
+
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<()> {
+        if self.global_batch == 0 {
+            return Err(Error::invalid("workload.global_batch", 0, "an integer >= 1 (sequences)"));
+        }
+        if self.seq_len == 0 {
+            return Err(Error::invalid("workload.seq_len", 0, "an integer >= 1 (tokens)"));
+        }
+        if self.grad_bytes != 2 && self.grad_bytes != 4 {
+            return Err(Error::invalid("workload.grad_bytes", self.grad_bytes, "2 or 4"));
+        }
+        Ok(())
+    }
+
+    /// Tokens per optimizer step.
+    pub fn tokens_per_step(&self) -> f64 {
+        self.global_batch as f64 * self.seq_len as f64
+    }
+}
