@@ -1,13 +1,299 @@
-//! Scores one plan: feasibility rules, memory, time (being written).
+//! Scores one plan: the feasibility rules (divisibility, schedule, NVLink domain, memory —
+//! COSTMODEL §8.2), per-rank memory (§2) and step time (§3–§5), and the headline metrics.
+
+use std::fmt;
 
 use crate::error::Result;
-use crate::plan::Plan;
-use crate::report::Evaluation;
+use crate::flops::{train_flops_per_token, AttentionCounting};
+use crate::layout::Groups;
+use crate::memory::{stage_memory, MemoryContext};
+use crate::plan::{Plan, Recompute, Schedule};
+use crate::report::{Evaluation, MemoryBreakdown, TimeBreakdown, Violation};
+use crate::space::SearchSpace;
+use crate::stages::{stages, Stage};
 use crate::Problem;
 
-/// Scores `plan` on `problem`. An infeasible plan is still scored, with `feasible = false` and
-/// its reasons; an error means the plan is malformed (zero degrees, product ≠ GPU count).
+/// Micro-batches per pipeline per step, `m = B / (b·dp·ep)`, rounded up when not exact.
+pub fn micro_batches(problem: &Problem, plan: &Plan) -> u32 {
+    let per_step = plan.micro_batch as u64 * plan.dense_dp() as u64;
+    problem
+        .workload
+        .global_batch
+        .div_ceil(per_step.max(1) as u32)
+        .max(1)
+}
+
+/// Checks the structural rules (everything but memory) in a fixed order, reporting each broken
+/// one to `sink` as (rule key, message). The sink returns `false` to stop early.
+pub fn structural_rules(
+    problem: &Problem,
+    plan: &Plan,
+    space: &SearchSpace,
+    groups: &Groups,
+    sink: &mut dyn FnMut(&'static str, fmt::Arguments) -> bool,
+) {
+    let model = &problem.model;
+    let w = &problem.workload;
+    let domain = problem.cluster.nvlink_domain();
+    macro_rules! rule {
+        ($cond:expr, $key:literal, $($msg:tt)+) => {
+            if $cond && !sink($key, format_args!($($msg)+)) {
+                return;
+            }
+        };
+    }
+    rule!(
+        model.heads % plan.tp != 0,
+        "tp_heads",
+        "tp = {} does not divide the {} attention heads",
+        plan.tp,
+        model.heads
+    );
+    rule!(
+        model.mla.is_none() && model.kv_heads % plan.tp != 0 && plan.tp % model.kv_heads != 0,
+        "tp_kv_heads",
+        "tp = {} neither divides nor is a multiple of the {} KV heads",
+        plan.tp,
+        model.kv_heads
+    );
+    rule!(
+        model.dense_layers() > 0 && model.ffn_hidden % plan.tp != 0,
+        "tp_ffn",
+        "tp = {} does not divide ffn_hidden = {}",
+        plan.tp,
+        model.ffn_hidden
+    );
+    if let Some(moe) = &model.moe {
+        rule!(
+            moe.expert_ffn_hidden % plan.tp != 0,
+            "tp_ffn",
+            "tp = {} does not divide expert_ffn_hidden = {}",
+            plan.tp,
+            moe.expert_ffn_hidden
+        );
+        rule!(
+            moe.num_experts % plan.ep != 0,
+            "ep_experts",
+            "ep = {} does not divide the {} experts",
+            plan.ep,
+            moe.num_experts
+        );
+    } else {
+        rule!(
+            plan.ep > 1,
+            "ep_experts",
+            "ep = {} on a dense model (expert parallelism needs experts)",
+            plan.ep
+        );
+    }
+    rule!(
+        plan.cp > 1 && w.seq_len % (2 * plan.cp) != 0,
+        "cp_seq_len",
+        "seq_len = {} is not a multiple of 2·cp = {} (causal load-balanced chunks)",
+        w.seq_len,
+        2 * plan.cp
+    );
+    let per_step = plan.micro_batch as u64 * plan.dense_dp() as u64;
+    rule!(
+        w.global_batch as u64 % per_step != 0,
+        "batch",
+        "global_batch = {} is not a multiple of micro_batch·dp·ep = {}",
+        w.global_batch,
+        per_step
+    );
+    rule!(
+        plan.pp * plan.vpp > model.layers,
+        "pp_layers",
+        "pp·vpp = {} model chunks exceed the {} layers",
+        plan.pp * plan.vpp,
+        model.layers
+    );
+    rule!(
+        plan.pp == 1 && plan.schedule() != Schedule::OneFOneB,
+        "schedule",
+        "schedule {} needs pp > 1",
+        plan.schedule().name()
+    );
+    let m = micro_batches(problem, plan);
+    rule!(
+        plan.schedule() == Schedule::Interleaved && m % plan.pp != 0,
+        "interleave_microbatches",
+        "interleaved 1F1B needs the {} micro-batches to be a multiple of pp = {}",
+        m,
+        plan.pp
+    );
+    rule!(
+        space.tp_within_domain && !groups.tp.within_domain(),
+        "tp_domain",
+        "the tp = {} group leaves the {}-GPU NVLink domain",
+        plan.tp,
+        domain
+    );
+    rule!(
+        space.cp_within_domain && !groups.cp.within_domain(),
+        "cp_domain",
+        "the cp = {} group leaves the {}-GPU NVLink domain",
+        plan.cp,
+        domain
+    );
+    rule!(
+        space.ep_within_domain && !groups.ep.within_domain(),
+        "ep_domain",
+        "the ep = {} group leaves the {}-GPU NVLink domain",
+        plan.ep,
+        domain
+    );
+}
+
+/// Usable memory per GPU under `space`'s headroom, GiB.
+pub fn memory_capacity_gib(problem: &Problem, space: &SearchSpace) -> f64 {
+    problem.cluster.gpu.memory_gib - space.memory_headroom_gib
+}
+
+/// Peak memory over the ranks of `plan`: (breakdown of the worst rank, its index).
+pub fn peak_memory(
+    problem: &Problem,
+    plan: &Plan,
+    groups: &Groups,
+    stages: &[Stage],
+    m: u32,
+) -> (MemoryBreakdown, u32) {
+    let ctx = MemoryContext {
+        tokens: plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64,
+        micro_batches: m,
+    };
+    stages
+        .iter()
+        .map(|s| (stage_memory(problem, plan, groups, s, ctx), s.index))
+        .max_by(|a, b| a.0.total().total_cmp(&b.0.total()))
+        .unwrap_or_default()
+}
+
+/// Headline metrics from a step time.
+fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> (f64, f64, f64, f64) {
+    let n = problem.cluster.num_gpus as f64;
+    let w = &problem.workload;
+    let tokens = w.tokens_per_step();
+    let model_flops =
+        tokens * train_flops_per_token(&problem.model, w.seq_len, AttentionCounting::Causal);
+    let recompute_flops = tokens
+        * match plan.recompute {
+            // One more forward of every layer (not of the LM head).
+            Recompute::Full => {
+                (train_flops_per_token(&problem.model, w.seq_len, AttentionCounting::Causal)
+                    - 6.0 * problem.model.embedding_params() as f64)
+                    / 3.0
+            }
+            Recompute::Selective => {
+                problem.model.layers as f64
+                    * crate::flops::attention_core_fwd_flops_per_token(
+                        &problem.model,
+                        w.seq_len as f64 / 2.0,
+                    )
+            }
+            Recompute::None => 0.0,
+        };
+    let peak = problem
+        .cluster
+        .gpu
+        .peak_tflops
+        .get(w.precision)
+        .unwrap_or(f64::NAN)
+        * 1e12;
+    let per_gpu_s = n * step_time_s;
+    (
+        tokens / per_gpu_s,
+        model_flops / (per_gpu_s * peak),
+        model_flops / per_gpu_s / 1e12,
+        (model_flops + recompute_flops) / per_gpu_s / 1e12,
+    )
+}
+
+/// Scores `plan` on `problem` with the default search space's rules (headroom, domains).
+/// An infeasible plan is still scored, with `feasible = false` and its reasons; an error means
+/// the plan is malformed (zero degrees, product ≠ GPU count, vpp without interleaving).
 pub fn evaluate(problem: &Problem, plan: &Plan) -> Result<Evaluation> {
-    let _ = (problem, plan);
-    todo!("evaluate: being written")
+    evaluate_in(problem, plan, &SearchSpace::default())
+}
+
+/// Scores `plan` under the rules of `space` (memory headroom, which groups must stay in a domain).
+pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Result<Evaluation> {
+    plan.validate(problem.cluster.num_gpus)?;
+    space.validate()?;
+    let mut plan = plan.clone();
+    plan.schedule = Some(plan.schedule());
+    if plan.tp == 1 {
+        plan.sequence_parallel = false;
+    }
+    let groups = Groups::of(&plan, problem.cluster.nvlink_domain());
+    let mut reasons = Vec::new();
+    structural_rules(problem, &plan, space, &groups, &mut |rule, msg| {
+        reasons.push(Violation {
+            rule: rule.to_string(),
+            message: msg.to_string(),
+        });
+        true
+    });
+    let pp_effective = plan.pp.min(problem.model.layers);
+    let stages = stages(&problem.model, pp_effective);
+    let m = micro_batches(problem, &plan);
+    let (memory, worst_stage) = peak_memory(problem, &plan, &groups, &stages, m);
+    let capacity = memory_capacity_gib(problem, space);
+    if memory.total() > capacity {
+        reasons.push(Violation {
+            rule: "memory".into(),
+            message: format!(
+                "peak memory {:.1} GiB on pipeline rank {} exceeds {:.1} GiB usable ({:.1} GiB HBM − {:.1} GiB headroom)",
+                memory.total(),
+                worst_stage,
+                capacity,
+                problem.cluster.gpu.memory_gib,
+                space.memory_headroom_gib
+            ),
+        });
+    }
+    Ok(score(
+        problem,
+        plan,
+        groups,
+        &stages,
+        m,
+        memory,
+        worst_stage,
+        reasons,
+    ))
+}
+
+/// Times a plan whose memory is known and builds its [`Evaluation`].
+#[allow(clippy::too_many_arguments)]
+pub fn score(
+    problem: &Problem,
+    plan: Plan,
+    groups: Groups,
+    stages: &[Stage],
+    m: u32,
+    memory: MemoryBreakdown,
+    worst_stage: u32,
+    reasons: Vec<Violation>,
+) -> Evaluation {
+    let time: TimeBreakdown = crate::time::TimeContext::new(problem, &plan, groups).step(stages, m);
+    let step_time_s = time.total();
+    let (tokens_per_s_per_gpu, mfu, model_tflops_per_gpu, hardware_tflops_per_gpu) =
+        metrics(problem, &plan, step_time_s);
+    Evaluation {
+        rank: None,
+        feasible: reasons.is_empty(),
+        reasons,
+        step_time_s,
+        tokens_per_s_per_gpu,
+        mfu,
+        model_tflops_per_gpu,
+        hardware_tflops_per_gpu,
+        peak_memory_gib: memory.total(),
+        memory_gib: memory,
+        time_s: time,
+        micro_batches: m,
+        worst_stage,
+        plan,
+    }
 }

@@ -5,19 +5,28 @@
 //! run, scores the rest with the cost model of `COSTMODEL.md` and returns ranked plans;
 //! [`evaluate`] scores one given plan. Pure Rust: no Python, no I/O beyond the embedded presets.
 
+pub mod comm;
 pub mod error;
+pub mod flops;
+pub mod gemm;
 pub mod hardware;
+pub mod layout;
+pub mod memory;
 pub mod model;
 pub mod plan;
 pub mod report;
 pub mod space;
+pub mod stages;
+pub mod time;
 pub mod workload;
 
 pub use error::{Error, Result};
 pub use hardware::{Calibration, Cluster, Gpu, PerPrecision, Precision, ScaleupTopology};
 pub use model::{Activation, Mla, Model, Moe, Norm};
 pub use plan::{Plan, Recompute, Schedule};
-pub use report::{Evaluation, MemoryBreakdown, SearchResult, SearchStats, TimeBreakdown, Violation};
+pub use report::{
+    Evaluation, MemoryBreakdown, SearchResult, SearchStats, TimeBreakdown, Violation,
+};
 pub use space::{Degree, SearchSpace};
 pub use workload::{Optimizer, Workload};
 
@@ -47,8 +56,8 @@ impl Problem {
 pub mod hf;
 pub mod presets;
 
-mod evaluate;
+pub mod evaluate;
 mod search;
 
-pub use evaluate::evaluate;
+pub use evaluate::{evaluate, evaluate_in};
 pub use search::{search, Control};

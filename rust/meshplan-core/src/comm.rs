@@ -1,0 +1,181 @@
+//! α–β costs of collectives on the fabric a group lands on (COSTMODEL §3.1–3.2): ring-style
+//! bandwidth terms (`2(P−1)/P` all-reduce, `(P−1)/P` all-gather, reduce-scatter, all-to-all),
+//! hierarchical NVLink-then-network decomposition, and log-depth latency terms.
+
+use crate::hardware::{Cluster, ScaleupTopology};
+use crate::layout::Group;
+
+/// Collective kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+}
+
+/// Achieved bandwidths (bytes/s) and latencies (s) of a cluster's two fabrics, with the
+/// calibration efficiencies applied.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fabric {
+    /// Per-direction scale-up bandwidth a GPU reaches to its domain peers (switch topology).
+    scaleup_bytes_per_s: f64,
+    /// Per-peer link of a full-mesh domain (0 for switch topologies).
+    mesh_peer_bytes_per_s: f64,
+    /// Per-direction network bandwidth per GPU.
+    network_bytes_per_s: f64,
+    scaleup_latency_s: f64,
+    network_latency_s: f64,
+}
+
+fn log2_ceil(n: u32) -> f64 {
+    if n <= 1 {
+        0.0
+    } else {
+        (32 - (n - 1).leading_zeros()) as f64
+    }
+}
+
+impl Fabric {
+    /// The fabrics of `cluster`, calibrated.
+    pub fn of(cluster: &Cluster) -> Self {
+        let gpu = &cluster.gpu;
+        let cal = &gpu.calibration;
+        let up = gpu.scaleup_bandwidth_gbps * 1e9 * cal.scaleup_bus_efficiency;
+        let mesh_peer = match gpu.scaleup_topology {
+            ScaleupTopology::Switch => 0.0,
+            ScaleupTopology::Mesh => up / (gpu.scaleup_domain.max(2) - 1) as f64,
+        };
+        Fabric {
+            scaleup_bytes_per_s: up,
+            mesh_peer_bytes_per_s: mesh_peer,
+            network_bytes_per_s: gpu.network_bandwidth_gbps * 1e9 * cal.network_bus_efficiency,
+            scaleup_latency_s: cal.scaleup_latency_us * 1e-6,
+            network_latency_s: cal.network_latency_us * 1e-6,
+        }
+    }
+
+    /// Bandwidth a member sees towards the `p1 - 1` other members of its domain.
+    fn domain_bytes_per_s(&self, p1: u32) -> f64 {
+        if self.mesh_peer_bytes_per_s > 0.0 {
+            self.mesh_peer_bytes_per_s * (p1.max(2) - 1) as f64
+        } else {
+            self.scaleup_bytes_per_s
+        }
+    }
+
+    /// Time of one collective over `group` on a buffer of `bytes` (full buffer: the gathered size
+    /// for all-gather, the input for reduce-scatter, each rank's send buffer for all-to-all).
+    pub fn collective_s(&self, kind: Collective, bytes: f64, group: Group) -> f64 {
+        let p = group.size;
+        if p <= 1 || bytes <= 0.0 {
+            return 0.0;
+        }
+        let p1 = group.per_domain.clamp(1, p);
+        let p2 = (p / p1).max(1);
+        let (pf, p1f, p2f) = (p as f64, p1 as f64, p2 as f64);
+        let b_up = self.domain_bytes_per_s(p1);
+        let b_net = self.network_bytes_per_s;
+        let lat = log2_ceil(p1) * self.scaleup_latency_s + log2_ceil(p2) * self.network_latency_s;
+        match kind {
+            Collective::AllReduce => {
+                // Reduce-scatter + all-gather inside the domain, all-reduce of 1/P1 across domains (§3.2).
+                let intra = 2.0 * (p1f - 1.0) / p1f * bytes / b_up;
+                let inter = 2.0 * (p2f - 1.0) / p2f * (bytes / p1f) / b_net;
+                2.0 * lat + intra + inter
+            }
+            Collective::AllGather | Collective::ReduceScatter => {
+                let intra = (p1f - 1.0) / p1f * bytes / b_up;
+                let inter = (p2f - 1.0) / p2f * (bytes / p1f) / b_net;
+                lat + intra + inter
+            }
+            Collective::AllToAll => {
+                // (P1−1)/P of the buffer stays in the domain, (P−P1)/P crosses the network (§3.2).
+                let intra = (p1f - 1.0) / pf * bytes / b_up;
+                let inter = (pf - p1f) / pf * bytes / b_net;
+                let lat = if p2 > 1 {
+                    self.network_latency_s
+                } else {
+                    self.scaleup_latency_s
+                };
+                lat + intra.max(inter)
+            }
+        }
+    }
+
+    /// Time of one point-to-point transfer of `bytes`, on NVLink when `same_domain`.
+    pub fn p2p_s(&self, bytes: f64, same_domain: bool) -> f64 {
+        if bytes <= 0.0 {
+            return 0.0;
+        }
+        if same_domain {
+            let b = if self.mesh_peer_bytes_per_s > 0.0 {
+                self.mesh_peer_bytes_per_s
+            } else {
+                self.scaleup_bytes_per_s
+            };
+            self.scaleup_latency_s + bytes / b
+        } else {
+            self.network_latency_s + bytes / self.network_bytes_per_s
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fabric() -> Fabric {
+        Fabric {
+            scaleup_bytes_per_s: 450e9,
+            mesh_peer_bytes_per_s: 0.0,
+            network_bytes_per_s: 50e9,
+            scaleup_latency_s: 0.0,
+            network_latency_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn all_reduce_inside_domain_is_ring_bound() {
+        let g = Group {
+            size: 8,
+            per_domain: 8,
+        };
+        let t = fabric().collective_s(Collective::AllReduce, 450e9, g);
+        assert!((t - 2.0 * 7.0 / 8.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn all_reduce_across_nodes_with_one_member_per_domain_runs_at_nic_speed() {
+        // §3.2 special case P1 = 1.
+        let g = Group {
+            size: 16,
+            per_domain: 1,
+        };
+        let t = fabric().collective_s(Collective::AllReduce, 50e9, g);
+        assert!((t - 2.0 * 15.0 / 16.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn all_gather_is_half_an_all_reduce() {
+        let g = Group {
+            size: 64,
+            per_domain: 8,
+        };
+        let f = fabric();
+        let ar = f.collective_s(Collective::AllReduce, 1e9, g);
+        let ag = f.collective_s(Collective::AllGather, 1e9, g);
+        assert!((ar - 2.0 * ag).abs() < 1e-12);
+    }
+
+    #[test]
+    fn all_to_all_across_domains_is_network_bound() {
+        // §7(b): 470 MB over EP = 8 across nodes at 50 GB/s ≈ 9.4 ms.
+        let g = Group {
+            size: 8,
+            per_domain: 1,
+        };
+        let t = fabric().collective_s(Collective::AllToAll, 8192.0 * 65536.0, g);
+        assert!((t - 8192.0 * 57344.0 / 50e9).abs() < 1e-9, "{t}");
+    }
+}

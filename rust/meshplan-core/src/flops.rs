@@ -1,0 +1,62 @@
+//! Training FLOPs per token (COSTMODEL §1): `6·N_active + 6·L·a·(d_qk + d_v)·s_ctx`.
+//!
+//! Convention: meshplan's MFU counts model FLOPs with the causal discount of Megatron
+//! (`s_ctx = s/2`, [MEG-FLOPS]), excluding recomputation and flash attention's internal
+//! recompute. [`AttentionCounting::Full`] gives torchtitan/PaLM's `s_ctx = s` basis for
+//! comparisons with sources that count that way.
+
+use crate::model::Model;
+
+/// How core-attention FLOPs are counted (COSTMODEL §9 item 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionCounting {
+    /// `s_ctx = s/2`: the causal mask halves the work (Megatron).
+    Causal,
+    /// `s_ctx = s`: no discount (torchtitan, PaLM).
+    Full,
+}
+
+/// Core-attention forward FLOPs per token per layer with `s_ctx` keys: QKᵀ and P·V.
+pub fn attention_core_fwd_flops_per_token(model: &Model, s_ctx: f64) -> f64 {
+    2.0 * model.heads as f64 * (model.qk_head_dim() + model.v_head_dim()) as f64 * s_ctx
+}
+
+/// Model training FLOPs (forward + backward, no recompute) per token at sequence length `seq_len`.
+pub fn train_flops_per_token(model: &Model, seq_len: u32, counting: AttentionCounting) -> f64 {
+    let s_ctx = match counting {
+        AttentionCounting::Causal => seq_len as f64 / 2.0,
+        AttentionCounting::Full => seq_len as f64,
+    };
+    6.0 * model.active_matmul_params() as f64
+        + 3.0 * model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Activation, Norm};
+
+    #[test]
+    fn gpt3_175b_matches_narayanan_closed_form() {
+        // 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h)) per step (NAR21, s_ctx = s), per token here.
+        let m = Model {
+            name: "gpt3".into(),
+            layers: 96,
+            hidden: 12288,
+            heads: 96,
+            kv_heads: 96,
+            head_dim: None,
+            ffn_hidden: 4 * 12288,
+            vocab: 51200,
+            activation: Activation::Gelu,
+            norm: Norm::Layernorm,
+            tied_embeddings: true,
+            moe: None,
+            mla: None,
+        };
+        let (l, h, s, v) = (96.0, 12288.0, 2048.0, 51200.0);
+        let expected = 72.0 * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));
+        let got = train_flops_per_token(&m, 2048, AttentionCounting::Full);
+        assert!((got / expected - 1.0).abs() < 1e-9, "{got} vs {expected}");
+    }
+}

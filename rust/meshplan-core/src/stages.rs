@@ -1,0 +1,122 @@
+//! How layers are split over pipeline ranks and how many micro-batches each rank holds in flight
+//! (COSTMODEL §2.5, §4).
+//!
+//! Uneven splits follow Megatron's `account_for_embedding/loss_in_pipeline_split`: when `L` is not
+//! a multiple of the rank count, the first and last ranks (which also carry the embedding and the
+//! LM head) are the ones given one layer fewer. The dense leading layers of an MoE model
+//! (`first_dense_layers`) sit at the start of the model, hence on the first rank(s).
+
+use crate::model::Model;
+use crate::plan::{Plan, Schedule};
+
+/// The layers one pipeline rank holds (all of its virtual chunks together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stage {
+    /// Index of the pipeline rank, 0-based.
+    pub index: u32,
+    /// Layers with a dense FFN.
+    pub dense_layers: u32,
+    /// Layers with an MoE FFN.
+    pub moe_layers: u32,
+    /// Holds the input embedding.
+    pub first: bool,
+    /// Holds the final norm, LM head and loss.
+    pub last: bool,
+}
+
+impl Stage {
+    /// Transformer layers on this rank.
+    pub fn layers(&self) -> u32 {
+        self.dense_layers + self.moe_layers
+    }
+}
+
+/// Layers per pipeline rank: `L / p`, with the remainder given to the middle ranks first.
+pub fn layer_counts(layers: u32, pp: u32) -> Vec<u32> {
+    let base = layers / pp;
+    let rem = layers % pp;
+    let mut counts = vec![base; pp as usize];
+    // Preference for the extra layers: middle ranks, then the last, then the first.
+    let order = (1..pp.saturating_sub(1)).chain(if pp > 1 { vec![pp - 1, 0] } else { vec![0] });
+    for j in order.take(rem as usize) {
+        counts[j as usize] += 1;
+    }
+    counts
+}
+
+/// The pipeline ranks of `plan` for `model`, in order.
+pub fn stages(model: &Model, pp: u32) -> Vec<Stage> {
+    let dense_total = model.dense_layers();
+    let mut start = 0u32;
+    layer_counts(model.layers, pp)
+        .into_iter()
+        .enumerate()
+        .map(|(j, n)| {
+            let dense = dense_total.saturating_sub(start).min(n);
+            start += n;
+            Stage {
+                index: j as u32,
+                dense_layers: dense,
+                moe_layers: n - dense,
+                first: j == 0,
+                last: j as u32 == pp - 1,
+            }
+        })
+        .collect()
+}
+
+/// Micro-batches' worth of activations rank `stage` holds at its peak (COSTMODEL §2.5):
+/// 1F1B and ZB-H1 `min(p − j, m)`; interleaved 1F1B counts warm-up chunks,
+/// `2(p − j − 1) + (v − 1)·p + 1` chunks of `1/v` of the rank's layers, capped at `m·v`.
+pub fn in_flight(plan: &Plan, micro_batches: u32, stage: u32) -> f64 {
+    let (p, j, m, v) = (plan.pp, stage, micro_batches, plan.vpp);
+    match plan.schedule() {
+        Schedule::OneFOneB | Schedule::ZeroBubbleH1 => (p - j).min(m) as f64,
+        Schedule::Interleaved => {
+            let chunks = 2 * (p - j - 1) + (v - 1) * p + 1;
+            chunks.min(m * v) as f64 / v as f64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama405b_on_16_ranks_gives_first_and_last_one_layer_fewer() {
+        let c = layer_counts(126, 16);
+        assert_eq!(c.iter().sum::<u32>(), 126);
+        assert_eq!((c[0], c[15]), (7, 7));
+        assert!(c[1..15].iter().all(|&n| n == 8));
+    }
+
+    #[test]
+    fn even_split_is_uniform() {
+        assert_eq!(layer_counts(80, 4), vec![20; 4]);
+        assert_eq!(layer_counts(7, 1), vec![7]);
+    }
+
+    #[test]
+    fn interleaved_stage0_matches_korthikanti_factor() {
+        // Stage 0 holds L·A·(1 + (p−1)/(p·v)) = p·(1 + (p−1)/(pv)) micro-batches of L/p layers.
+        let plan = Plan {
+            dp: 1,
+            tp: 1,
+            pp: 8,
+            ep: 1,
+            cp: 1,
+            vpp: 4,
+            micro_batch: 1,
+            zero: 0,
+            recompute: Default::default(),
+            sequence_parallel: false,
+            schedule: None,
+        };
+        let got = in_flight(&plan, 64, 0);
+        let want = 8.0 * (1.0 + 7.0 / 32.0);
+        assert!((got - want).abs() < 1e-9, "{got} vs {want}");
+        assert_eq!(in_flight(&Plan { vpp: 1, ..plan }, 64, 0), 8.0);
+        assert_eq!(in_flight(&Plan { vpp: 1, ..plan }, 3, 0), 3.0);
+    }
+}

@@ -1,0 +1,470 @@
+//! Step time of a plan (COSTMODEL §3–§5): per-layer compute from GEMM shapes (§5.2), flash
+//! attention and element-wise work (§5.3); exposed TP/SP collectives (§3.4), CP ring exchange
+//! (§3.8) and EP all-to-all (§3.7) on the fabric each group lands on (§3.2–3.3); the pipeline
+//! schedule's steady state and bubble (§4) with fill/drain p2p (§3.5); exposed DP/ZeRO
+//! communication (§3.6) and the optimizer step (§3.9).
+
+use crate::comm::{Collective, Fabric};
+use crate::gemm::{linear_s, GemmDevice};
+use crate::hardware::Precision;
+use crate::layout::Groups;
+use crate::memory::stage_params;
+use crate::model::{Activation, Model};
+use crate::plan::{Plan, Recompute, Schedule};
+use crate::report::TimeBreakdown;
+use crate::stages::Stage;
+use crate::Problem;
+
+/// Bytes per activation element on the wire (bf16).
+const WIRE_BYTES: f64 = 2.0;
+/// Flash-attention backward does 2.5× the forward's matmul work (5 GEMMs against 2) [FA2 §3.2].
+const ATTENTION_BACKWARD_RATIO: f64 = 2.5;
+/// Bytes of HBM traffic per parameter of an Adam step on fp32 state: read grad, master, m, v;
+/// write master, m, v and the bf16 copy (§3.9), for `grad_bytes = 4` and 12 bytes of state.
+fn optimizer_bytes_per_param(grad_bytes: f64, state_bytes: f64) -> f64 {
+    grad_bytes + 2.0 * state_bytes + 2.0
+}
+
+/// Seconds of one micro-batch through one layer on one GPU, by part.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Pass {
+    pub compute: f64,
+    pub tp: f64,
+    pub cp: f64,
+    pub ep: f64,
+}
+
+impl Pass {
+    fn total(&self) -> f64 {
+        self.compute + self.tp + self.cp + self.ep
+    }
+
+    fn add_scaled(&mut self, other: &Pass, k: f64) {
+        self.compute += other.compute * k;
+        self.tp += other.tp * k;
+        self.cp += other.cp * k;
+        self.ep += other.ep * k;
+    }
+}
+
+/// Forward and backward (recompute included) of one layer or stage, per micro-batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerTime {
+    pub fwd: Pass,
+    pub bwd: Pass,
+    /// Weight-gradient GEMM part of `bwd.compute` (what zero-bubble schedules defer).
+    pub wgrad: f64,
+}
+
+impl LayerTime {
+    fn add_scaled(&mut self, other: &LayerTime, k: f64) {
+        self.fwd.add_scaled(&other.fwd, k);
+        self.bwd.add_scaled(&other.bwd, k);
+        self.wgrad += other.wgrad * k;
+    }
+
+    /// Forward plus backward.
+    pub fn total(&self) -> f64 {
+        self.fwd.total() + self.bwd.total()
+    }
+}
+
+/// Device and fabric constants of one plan, resolved once.
+pub struct TimeContext<'a> {
+    problem: &'a Problem,
+    plan: &'a Plan,
+    groups: Groups,
+    fabric: Fabric,
+    gemm: GemmDevice,
+    attention_flops_per_s: f64,
+    memory_bytes_per_s: f64,
+    /// Tokens of one micro-batch on one GPU before TP sharding: `b·s/c`.
+    tokens: f64,
+}
+
+impl<'a> TimeContext<'a> {
+    pub fn new(problem: &'a Problem, plan: &'a Plan, groups: Groups) -> Self {
+        let gpu = &problem.cluster.gpu;
+        let cal = &gpu.calibration;
+        let precision = problem.workload.precision;
+        let memory_bytes_per_s = gpu.memory_bandwidth_gbps * 1e9 * cal.memory_efficiency;
+        let low_precision = matches!(
+            precision,
+            Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4
+        );
+        // Attention runs in 16-bit even when the linear layers run in FP8/FP4 (Transformer Engine default).
+        let attention_precision = if low_precision {
+            Precision::Bf16
+        } else {
+            precision
+        };
+        let attention_peak = gpu
+            .peak_tflops
+            .get(attention_precision)
+            .or(gpu.peak_tflops.get(Precision::Fp16))
+            .unwrap_or(0.0)
+            * 1e12;
+        let gemm = GemmDevice {
+            peak_flops: gpu.peak_tflops.get(precision).unwrap_or(0.0) * 1e12,
+            efficiency: cal
+                .gemm_efficiency
+                .get(precision)
+                .or(cal.gemm_efficiency.get(Precision::Bf16))
+                .unwrap_or(0.5),
+            sm_count: gpu.sm_count,
+            memory_bytes_per_s,
+            element_bytes: match precision {
+                Precision::Fp8 | Precision::Mxfp8 => 1.0,
+                Precision::Nvfp4 => 0.5,
+                Precision::Bf16 | Precision::Fp16 => 2.0,
+            },
+        };
+        TimeContext {
+            problem,
+            plan,
+            groups,
+            fabric: Fabric::of(&problem.cluster),
+            gemm,
+            attention_flops_per_s: attention_peak * cal.attention_efficiency,
+            memory_bytes_per_s,
+            tokens: plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64,
+        }
+    }
+
+    fn model(&self) -> &Model {
+        &self.problem.model
+    }
+
+    fn sp_div(&self) -> f64 {
+        if self.plan.sequence_parallel {
+            self.plan.tp as f64
+        } else {
+            1.0
+        }
+    }
+
+    /// Adds a linear layer's (fwd, dgrad, wgrad) to `acc`.
+    fn linear(&self, acc: &mut (f64, f64, f64), m: f64, n: f64, k: f64, repeat: f64) {
+        let (f, d, w) = linear_s(&self.gemm, m, n, k);
+        acc.0 += f * repeat;
+        acc.1 += d * repeat;
+        acc.2 += w * repeat;
+    }
+
+    /// One tensor-parallel "all-reduce point" on `bytes`: an all-reduce, or with sequence
+    /// parallelism the reduce-scatter + all-gather pair that replaces it (§3.4).
+    fn tp_point(&self, bytes: f64) -> f64 {
+        let g = self.groups.tp;
+        if self.plan.sequence_parallel {
+            self.fabric.collective_s(Collective::AllGather, bytes, g)
+                + self
+                    .fabric
+                    .collective_s(Collective::ReduceScatter, bytes, g)
+        } else {
+            self.fabric.collective_s(Collective::AllReduce, bytes, g)
+        }
+    }
+
+    /// Seconds of one layer (dense or MoE) for one micro-batch.
+    pub fn layer(&self, moe: bool) -> LayerTime {
+        let model = self.model();
+        let plan = self.plan;
+        let cal = &self.problem.cluster.gpu.calibration;
+        let t = plan.tp as f64;
+        let tok = self.tokens;
+        let h = model.hidden as f64;
+        let a_local = model.heads as f64 / t;
+        let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+        let mut g = (0.0, 0.0, 0.0);
+
+        // Attention projections (§5.2 table).
+        match &model.mla {
+            Some(m) => {
+                match m.q_lora_rank {
+                    Some(r) => {
+                        self.linear(&mut g, tok, r as f64, h, 1.0);
+                        self.linear(&mut g, tok, a_local * dqk, r as f64, 1.0);
+                    }
+                    None => self.linear(&mut g, tok, a_local * dqk, h, 1.0),
+                }
+                self.linear(
+                    &mut g,
+                    tok,
+                    (m.kv_lora_rank + m.qk_rope_head_dim) as f64,
+                    h,
+                    1.0,
+                );
+                self.linear(
+                    &mut g,
+                    tok,
+                    a_local * (m.qk_nope_head_dim as f64 + dv),
+                    m.kv_lora_rank as f64,
+                    1.0,
+                );
+                self.linear(&mut g, tok, h, a_local * dv, 1.0);
+            }
+            None => {
+                let g_local = (model.kv_heads as f64 / t).max(1.0);
+                self.linear(&mut g, tok, (a_local + 2.0 * g_local) * dqk, h, 1.0);
+                self.linear(&mut g, tok, h, a_local * dqk, 1.0);
+            }
+        }
+        let gate_up = match model.activation {
+            Activation::Swiglu => 2.0,
+            Activation::Gelu => 1.0,
+        };
+        let mut tp_points = 1.0; // after the attention output projection
+        let moe_cfg = model.moe.as_ref().filter(|_| moe);
+        match moe_cfg {
+            Some(m) => {
+                let e = plan.ep as f64;
+                let local_experts = m.num_experts as f64 / e;
+                let copies = tok * m.top_k as f64 * cal.moe_imbalance;
+                let per_expert = copies / local_experts;
+                let fe = m.expert_ffn_hidden as f64;
+                self.linear(&mut g, tok / self.sp_div(), m.num_experts as f64, h, 1.0);
+                self.linear(&mut g, per_expert, gate_up * fe / t, h, local_experts);
+                self.linear(&mut g, per_expert, h, fe / t, local_experts);
+                let fsh = model.shared_ffn_hidden() as f64;
+                if fsh > 0.0 {
+                    self.linear(&mut g, tok, gate_up * fsh / t, h, 1.0);
+                    self.linear(&mut g, tok, h, fsh / t, 1.0);
+                }
+                // Tokens are gathered over TP around the experts: top_k copies of each (§3.7).
+                tp_points += m.top_k as f64;
+            }
+            None => {
+                let f = model.ffn_hidden as f64;
+                self.linear(&mut g, tok, gate_up * f / t, h, 1.0);
+                self.linear(&mut g, tok, h, f / t, 1.0);
+                tp_points += 1.0;
+            }
+        }
+
+        // Core attention: each query sees s/2 keys on average under the causal mask.
+        let seq = self.problem.workload.seq_len as f64;
+        let attn_fwd = tok * 2.0 * a_local * (dqk + dv) * (seq / 2.0) / self.attention_flops_per_s;
+        let attn_bwd = ATTENTION_BACKWARD_RATIO * attn_fwd;
+        // Element-wise work (norms, activation, RoPE, residuals), sequence-sharded with SP (§5.3).
+        let elem_fwd =
+            cal.elementwise_bytes_per_hidden * h * tok / self.sp_div() / self.memory_bytes_per_s;
+
+        let fwd_compute = g.0 + attn_fwd + elem_fwd;
+        let bwd_compute = g.1 + g.2 + attn_bwd + 2.0 * elem_fwd;
+
+        // Tensor parallel (§3.4).
+        let tp_fwd = if plan.tp > 1 {
+            (1.0 - cal.tp_overlap) * tp_points * self.tp_point(tok * h * WIRE_BYTES)
+        } else {
+            0.0
+        };
+
+        // Context parallel ring (§3.8): c−1 K/V blocks, each hidden behind one attention block.
+        let (cp_fwd, cp_bwd) = if plan.cp > 1 {
+            let c = plan.cp as f64;
+            let kv_width = match &model.mla {
+                Some(_) => a_local * (dqk + dv),
+                None => 2.0 * (model.kv_heads as f64 / t).max(1.0) * dqk,
+            };
+            let xfer = self
+                .fabric
+                .p2p_s(tok * kv_width * WIRE_BYTES, self.groups.cp.within_domain());
+            let fwd = (c - 1.0) * (xfer - attn_fwd / c).max(0.0);
+            let bwd = (c - 1.0) * (2.0 * xfer - attn_bwd / c).max(0.0);
+            (fwd, bwd)
+        } else {
+            (0.0, 0.0)
+        };
+
+        // Expert parallel all-to-all (§3.7): dispatch + combine each way.
+        let ep_fwd = match moe_cfg {
+            Some(m) if plan.ep > 1 => {
+                let bytes = tok / self.sp_div() * m.top_k as f64 * h * WIRE_BYTES;
+                let a2a = self
+                    .fabric
+                    .collective_s(Collective::AllToAll, bytes, self.groups.ep);
+                (1.0 - cal.ep_overlap) * 2.0 * a2a * cal.moe_imbalance
+            }
+            _ => 0.0,
+        };
+
+        let fwd = Pass {
+            compute: fwd_compute,
+            tp: tp_fwd,
+            cp: cp_fwd,
+            ep: ep_fwd,
+        };
+        let mut bwd = Pass {
+            compute: bwd_compute,
+            tp: tp_fwd,
+            cp: cp_bwd,
+            ep: ep_fwd,
+        };
+        match plan.recompute {
+            Recompute::Full => bwd.add_scaled(&fwd, 1.0),
+            Recompute::Selective => bwd.compute += attn_fwd,
+            Recompute::None => {}
+        }
+        LayerTime {
+            fwd,
+            bwd,
+            wgrad: g.2,
+        }
+    }
+
+    /// Extra seconds of the first (embedding) and last (LM head, loss) ranks per micro-batch.
+    fn ends(&self, stage: &Stage) -> LayerTime {
+        let mut out = LayerTime::default();
+        let model = self.model();
+        let t = self.plan.tp as f64;
+        let h = model.hidden as f64;
+        let tok = self.tokens;
+        let act_bytes = tok * h * WIRE_BYTES;
+        let tp = if self.plan.tp > 1 {
+            self.tp_point(act_bytes)
+        } else {
+            0.0
+        };
+        if stage.first {
+            // Vocab-parallel embedding: one all-reduce (reduce-scatter with SP) forward.
+            out.fwd.tp += tp;
+            out.fwd.compute += 2.0 * act_bytes / self.memory_bytes_per_s;
+        }
+        if stage.last {
+            let v_local = model.vocab as f64 / t;
+            let (f, d, w) = linear_s(&self.gemm, tok, v_local, h);
+            // Softmax cross-entropy over fp32 logits: a few passes over tok × V/t.
+            let ce = 3.0 * 4.0 * tok * v_local / self.memory_bytes_per_s;
+            out.fwd.compute += f + ce;
+            out.bwd.compute += d + w + ce;
+            out.wgrad += w;
+            out.fwd.tp += tp;
+            out.bwd.tp += tp;
+        }
+        out
+    }
+
+    /// Seconds of one micro-batch through every layer of `stage` (forward and backward).
+    pub fn stage(&self, stage: &Stage, dense: &LayerTime, moe: &LayerTime) -> LayerTime {
+        let mut out = self.ends(stage);
+        out.add_scaled(dense, stage.dense_layers as f64);
+        out.add_scaled(moe, stage.moe_layers as f64);
+        out
+    }
+
+    /// Exposed DP/ZeRO communication of `stage` per step (§3.6), given its per-micro-batch time.
+    fn dp_exposed(&self, stage: &Stage, st: &LayerTime, micro_batches: u32) -> f64 {
+        let plan = self.plan;
+        let cal = &self.problem.cluster.gpu.calibration;
+        let params = stage_params(self.model(), plan, stage);
+        let gb = self.problem.workload.grad_bytes as f64;
+        let wb = WIRE_BYTES;
+        let f = &self.fabric;
+        let m = micro_batches as f64;
+        let groups = [
+            (params.dense, self.groups.dense_dp),
+            (params.expert, self.groups.expert_dp),
+        ];
+        let coll = |kind, per_param: f64| -> f64 {
+            groups
+                .iter()
+                .map(|(p, g)| f.collective_s(kind, p * per_param, *g))
+                .sum()
+        };
+        let (t_f, t_b) = (st.fwd.total(), st.bwd.total());
+        let hide = |comm: f64, window: f64| (comm - cal.dp_overlap * window).max(0.0);
+        match plan.zero {
+            0 => hide(coll(Collective::AllReduce, gb), t_b),
+            1 => {
+                hide(coll(Collective::ReduceScatter, gb), t_b)
+                    + hide(coll(Collective::AllGather, wb), t_f)
+            }
+            2 => {
+                m * hide(coll(Collective::ReduceScatter, gb), t_b)
+                    + hide(coll(Collective::AllGather, wb), t_f)
+            }
+            _ => {
+                let ag = coll(Collective::AllGather, wb);
+                let rs = coll(Collective::ReduceScatter, gb);
+                // Prefetched unit by unit; the first gather and the last reduce-scatter are exposed.
+                let units = stage.layers().max(1) as f64;
+                m * hide(2.0 * ag + rs, t_f + t_b) + (ag + rs) / units
+            }
+        }
+    }
+
+    /// Optimizer-step seconds of `stage` (§3.9): memory-bound over the local optimizer shard.
+    fn optimizer_s(&self, stage: &Stage) -> f64 {
+        let params = stage_params(self.model(), self.plan, stage);
+        let shard = |p: f64, group: u32| {
+            if self.plan.zero >= 1 {
+                p / group.max(1) as f64
+            } else {
+                p
+            }
+        };
+        let local = shard(params.dense, self.groups.dense_dp.size)
+            + shard(params.expert, self.groups.expert_dp.size);
+        let w = &self.problem.workload;
+        local * optimizer_bytes_per_param(w.grad_bytes as f64, w.optimizer.state_bytes_per_param())
+            / self.memory_bytes_per_s
+    }
+
+    /// The step time of the plan over `stages`, by component.
+    pub fn step(&self, stages: &[Stage], micro_batches: u32) -> TimeBreakdown {
+        let plan = self.plan;
+        let dense = self.layer(false);
+        let moe = if self.model().is_moe() {
+            self.layer(true)
+        } else {
+            dense
+        };
+        let per_stage: Vec<LayerTime> =
+            stages.iter().map(|s| self.stage(s, &dense, &moe)).collect();
+        let worst = per_stage
+            .iter()
+            .copied()
+            .max_by(|a, b| a.total().total_cmp(&b.total()))
+            .unwrap_or_default();
+        let m = micro_batches as f64;
+        let v = plan.vpp as f64;
+        let sum: f64 = per_stage.iter().map(LayerTime::total).sum();
+        let bubble = match plan.schedule() {
+            Schedule::OneFOneB => sum - worst.total(),
+            Schedule::Interleaved => (sum - worst.total()) / v,
+            Schedule::ZeroBubbleH1 => {
+                let deferred: f64 = per_stage.iter().map(|s| s.total() - s.wgrad).sum();
+                (deferred - (worst.total() - worst.wgrad)).max(0.0)
+            }
+        };
+        let pp_p2p = if plan.pp > 1 {
+            let bytes = self.tokens * self.model().hidden as f64 * WIRE_BYTES / self.sp_div();
+            let hop = self.fabric.p2p_s(bytes, self.groups.pp.within_domain());
+            2.0 * (plan.pp - 1) as f64 * v * hop
+        } else {
+            0.0
+        };
+        // Stage j finishes its last backward about j backward passes before stage 0.
+        let dp = stages
+            .iter()
+            .zip(&per_stage)
+            .map(|(s, st)| {
+                (self.dp_exposed(s, st, micro_batches) - s.index as f64 * st.bwd.total()).max(0.0)
+            })
+            .fold(0.0, f64::max);
+        let optimizer = stages
+            .iter()
+            .map(|s| self.optimizer_s(s))
+            .fold(0.0, f64::max);
+        TimeBreakdown {
+            compute: m * (worst.fwd.compute + worst.bwd.compute),
+            tp: m * (worst.fwd.tp + worst.bwd.tp),
+            cp: m * (worst.fwd.cp + worst.bwd.cp),
+            ep: m * (worst.fwd.ep + worst.bwd.ep),
+            pp_p2p,
+            bubble: bubble.max(0.0),
+            dp,
+            optimizer,
+        }
+    }
+}
