@@ -1,11 +1,751 @@
 //! Import of Hugging Face `config.json` files (Llama, Mixtral, Qwen2/Qwen3 incl. MoE,
 //! DeepSeek-V3/Kimi-K2, ...) into a [`Model`].
+//!
+//! Supported `model_type`s and the fields read:
+//!
+//! * every family: `num_hidden_layers`, `hidden_size`, `num_attention_heads`,
+//!   `num_key_value_heads` (default: the head count), `head_dim` (default `hidden/heads`),
+//!   `intermediate_size`, `vocab_size`, `hidden_act` (default `silu`), `tie_word_embeddings`
+//!   (default false);
+//! * `llama`, `mistral`, `qwen2`, `qwen3`, `phi3`: dense;
+//! * `mixtral`: `num_local_experts`, `num_experts_per_tok`; experts of `intermediate_size`;
+//! * `qwen2_moe`, `qwen3_moe`: `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
+//!   `decoder_sparse_step`, `mlp_only_layers`; Qwen2-MoE's `shared_expert_intermediate_size`
+//!   is one shared expert of that size;
+//! * `deepseek_v3`, `kimi_k2`: `n_routed_experts`, `num_experts_per_tok`, `n_shared_experts`,
+//!   `moe_intermediate_size`, `first_k_dense_replace`, `moe_layer_freq`, and the MLA ranks
+//!   `q_lora_rank` (null = full-rank queries), `kv_lora_rank`, `qk_rope_head_dim`,
+//!   `qk_nope_head_dim`, `v_head_dim`;
+//! * `glm4_moe`: `n_routed_experts`, `num_experts_per_tok`, `n_shared_experts`,
+//!   `moe_intermediate_size`, `first_k_dense_replace`;
+//! * `gpt_oss`: `num_local_experts`, `experts_per_token` or `num_experts_per_tok`; experts of
+//!   `intermediate_size`.
+//!
+//! The descriptor keeps only leading dense layers (`first_dense_layers`): a file whose dense
+//! (MLP-only) layers are anywhere else is rejected rather than approximated.
+//!
+//! Every supported family uses a gated MLP (gate, up and down projections), whatever its
+//! `hidden_act`; the FFN is therefore imported as [`Activation::Swiglu`], the three-matrix FFN,
+//! even for a GeLU-family activation (GeGLU has the same shapes). An activation name that is not
+//! recognised is an error.
+//!
+//! Not modelled, so absent from the parameter and FLOP counts: biases (Qwen2 QKV, GLM-4.5,
+//! gpt-oss), QK-norm weights, routers' biases, attention sinks, multi-token-prediction layers
+//! (`num_nextn_predict_layers`: DeepSeek-V3's 685 B checkpoint is 671 B without them), and
+//! sliding-window attention: Mistral/Phi-3 `sliding_window` and gpt-oss's alternating
+//! sliding-window layers (`layer_types`) are costed as full causal attention.
 
-use crate::error::Result;
-use crate::model::Model;
+use serde_json::{Map, Value};
 
-/// Parses the text of a `config.json`; `name` overrides the name taken from the file.
+use crate::error::{Error, Result};
+use crate::model::{Activation, Mla, Model, Moe, Norm};
+
+/// The `model_type`s this importer understands.
+pub const SUPPORTED_MODEL_TYPES: [&str; 12] = [
+    "deepseek_v3",
+    "glm4_moe",
+    "gpt_oss",
+    "kimi_k2",
+    "llama",
+    "mistral",
+    "mixtral",
+    "phi3",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+];
+
+/// The pseudo-field named when the document itself is wrong (not JSON, not an object).
+const DOCUMENT: &str = "config.json";
+
+fn hf_error(field: &str, reason: impl Into<String>) -> Error {
+    Error::HfConfig {
+        field: field.to_string(),
+        reason: reason.into(),
+    }
+}
+
+/// A short description of a JSON value for error messages.
+fn describe(v: &Value) -> String {
+    let text = v.to_string();
+    if text.len() > 40 {
+        format!(
+            "{}...",
+            &text[..text.char_indices().nth(37).map_or(text.len(), |(i, _)| i)]
+        )
+    } else {
+        text
+    }
+}
+
+/// Typed access to the fields of one `config.json`; every error names the JSON key.
+struct Config<'a> {
+    obj: &'a Map<String, Value>,
+    model_type: &'a str,
+}
+
+impl Config<'_> {
+    /// The value of `key`, treating JSON `null` as absent.
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.obj.get(key).filter(|v| !v.is_null())
+    }
+
+    fn missing(&self, key: &str) -> Error {
+        hf_error(
+            key,
+            format!("missing (required for model_type '{}')", self.model_type),
+        )
+    }
+
+    /// A non-negative integer that fits in `u32`, if present.
+    fn opt_count(&self, key: &str) -> Result<Option<u32>> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let n = v.as_u64().ok_or_else(|| {
+            hf_error(
+                key,
+                format!("expected a non-negative integer, got {}", describe(v)),
+            )
+        })?;
+        u32::try_from(n)
+            .map(Some)
+            .map_err(|_| hf_error(key, format!("{n} is too large (at most {})", u32::MAX)))
+    }
+
+    /// A positive integer, if present.
+    fn opt_positive(&self, key: &str) -> Result<Option<u32>> {
+        match self.opt_count(key)? {
+            Some(0) => Err(hf_error(key, "must be >= 1, got 0")),
+            other => Ok(other),
+        }
+    }
+
+    /// A required positive integer.
+    fn positive(&self, key: &str) -> Result<u32> {
+        self.opt_positive(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    /// A required non-negative integer.
+    fn count(&self, key: &str) -> Result<u32> {
+        self.opt_count(key)?.ok_or_else(|| self.missing(key))
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| {
+                hf_error(key, format!("expected true or false, got {}", describe(v)))
+            }),
+        }
+    }
+
+    fn opt_str(&self, key: &str) -> Result<Option<&str>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| hf_error(key, format!("expected a string, got {}", describe(v)))),
+        }
+    }
+
+    /// A list of layer indices below `layers` (absent = empty).
+    fn layer_list(&self, key: &str, layers: u32) -> Result<Vec<u32>> {
+        let Some(v) = self.get(key) else {
+            return Ok(Vec::new());
+        };
+        let bad = || {
+            hf_error(
+                key,
+                format!("expected a list of layer indices, got {}", describe(v)),
+            )
+        };
+        let items = v.as_array().ok_or_else(bad)?;
+        items
+            .iter()
+            .map(|item| {
+                let i = item.as_u64().ok_or_else(bad)?;
+                if i >= layers as u64 {
+                    return Err(hf_error(
+                        key,
+                        format!("layer {i} is out of range (num_hidden_layers = {layers})"),
+                    ));
+                }
+                Ok(i as u32)
+            })
+            .collect()
+    }
+}
+
+/// Maps `hidden_act` onto the FFN shape; see the module documentation for why every recognised
+/// activation gives the gated, three-matrix FFN.
+fn activation(cfg: &Config) -> Result<Activation> {
+    let act = cfg.opt_str("hidden_act")?.unwrap_or("silu");
+    match act.to_ascii_lowercase().as_str() {
+        "silu" | "swish" | "swiglu" | "gelu" | "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh"
+        | "gelu_python" | "gelu_accurate" | "quick_gelu" | "relu" => Ok(Activation::Swiglu),
+        _ => Err(hf_error(
+            "hidden_act",
+            format!("unsupported activation '{act}' (supported: silu/swish and the gelu variants, relu)"),
+        )),
+    }
+}
+
+/// Leading dense layers of a MoE stack: `Ok(Some(k))` when layers `0..k` are dense and the rest
+/// MoE, `Ok(None)` when no layer is MoE; an error (naming `field`) when dense layers are
+/// interleaved, which the descriptor cannot express.
+fn leading_dense_layers(
+    layers: u32,
+    is_moe: impl Fn(u32) -> bool,
+    field: &str,
+) -> Result<Option<u32>> {
+    let dense: Vec<u32> = (0..layers).filter(|&i| !is_moe(i)).collect();
+    if dense.len() == layers as usize {
+        return Ok(None);
+    }
+    if dense.iter().enumerate().all(|(pos, &i)| i == pos as u32) {
+        return Ok(Some(dense.len() as u32));
+    }
+    let shown: Vec<String> = dense.iter().take(8).map(u32::to_string).collect();
+    let more = if dense.len() > 8 { ", ..." } else { "" };
+    Err(hf_error(
+        field,
+        format!(
+            "dense (MLP-only) layers [{}{more}] are not a leading block; meshplan models dense \
+             layers only as the first `first_dense_layers` layers",
+            shown.join(", ")
+        ),
+    ))
+}
+
+/// Builds the MoE block, or returns `None` when the layer pattern leaves no MoE layer.
+fn moe_block(
+    layers: u32,
+    first_dense: Option<u32>,
+    num_experts: u32,
+    top_k: u32,
+    expert_ffn_hidden: u32,
+    shared: Option<(u32, Option<u32>)>,
+) -> Option<Moe> {
+    let first_dense_layers = first_dense?;
+    debug_assert!(first_dense_layers < layers);
+    let (shared_experts, shared_expert_ffn_hidden) = shared.unwrap_or((0, None));
+    Some(Moe {
+        num_experts,
+        top_k,
+        expert_ffn_hidden,
+        shared_experts,
+        shared_expert_ffn_hidden,
+        first_dense_layers,
+    })
+}
+
+/// Qwen2-MoE / Qwen3-MoE: a layer is sparse unless listed in `mlp_only_layers` or skipped by
+/// `decoder_sparse_step` (transformers' `Qwen3MoeDecoderLayer`).
+fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<Option<Moe>> {
+    let num_experts = cfg.count("num_experts")?;
+    if num_experts == 0 {
+        return Ok(None);
+    }
+    let step = cfg.opt_positive("decoder_sparse_step")?.unwrap_or(1);
+    let mlp_only = cfg.layer_list("mlp_only_layers", layers)?;
+    let field = if step != 1 {
+        "decoder_sparse_step"
+    } else {
+        "mlp_only_layers"
+    };
+    let first_dense = leading_dense_layers(
+        layers,
+        |i| !mlp_only.contains(&i) && (i + 1) % step == 0,
+        field,
+    )?;
+    if first_dense.is_none() {
+        return Ok(None);
+    }
+    let shared = if shared_expert {
+        match cfg.opt_count("shared_expert_intermediate_size")? {
+            Some(f) if f > 0 => Some((1, Some(f))),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    Ok(moe_block(
+        layers,
+        first_dense,
+        num_experts,
+        cfg.positive("num_experts_per_tok")?,
+        cfg.positive("moe_intermediate_size")?,
+        shared,
+    ))
+}
+
+/// DeepSeek-V3 / Kimi-K2 / GLM-4.5: routed experts from `first_k_dense_replace` on (every
+/// `moe_layer_freq`-th layer for DeepSeek), shared experts of the routed experts' size.
+fn deepseek_style_moe(cfg: &Config, layers: u32, layer_freq: bool) -> Result<Option<Moe>> {
+    let Some(num_experts) = cfg.opt_count("n_routed_experts")? else {
+        return Ok(None);
+    };
+    if num_experts == 0 {
+        return Ok(None);
+    }
+    let first_k = cfg.count("first_k_dense_replace")?;
+    let freq = if layer_freq {
+        cfg.opt_positive("moe_layer_freq")?.unwrap_or(1)
+    } else {
+        1
+    };
+    let field = if freq != 1 {
+        "moe_layer_freq"
+    } else {
+        "first_k_dense_replace"
+    };
+    let first_dense = leading_dense_layers(layers, |i| i >= first_k && i % freq == 0, field)?;
+    if first_dense.is_none() {
+        return Ok(None);
+    }
+    let shared_experts = cfg.count("n_shared_experts")?;
+    Ok(moe_block(
+        layers,
+        first_dense,
+        num_experts,
+        cfg.positive("num_experts_per_tok")?,
+        cfg.positive("moe_intermediate_size")?,
+        Some((shared_experts, None)),
+    ))
+}
+
+fn mla(cfg: &Config) -> Result<Mla> {
+    Ok(Mla {
+        q_lora_rank: cfg.opt_positive("q_lora_rank")?,
+        kv_lora_rank: cfg.positive("kv_lora_rank")?,
+        qk_rope_head_dim: cfg.count("qk_rope_head_dim")?,
+        qk_nope_head_dim: cfg.positive("qk_nope_head_dim")?,
+        v_head_dim: cfg.positive("v_head_dim")?,
+    })
+}
+
+/// gpt-oss names top-k `experts_per_token`; newer transformers also write `num_experts_per_tok`.
+fn gpt_oss_top_k(cfg: &Config) -> Result<u32> {
+    match (
+        cfg.opt_positive("experts_per_token")?,
+        cfg.opt_positive("num_experts_per_tok")?,
+    ) {
+        (Some(a), Some(b)) if a != b => Err(hf_error(
+            "experts_per_token",
+            format!("{a} disagrees with num_experts_per_tok = {b}"),
+        )),
+        (Some(k), _) | (None, Some(k)) => Ok(k),
+        (None, None) => Err(cfg.missing("num_experts_per_tok")),
+    }
+}
+
+/// The JSON key behind a descriptor field, for errors raised by [`Model::validate`].
+fn json_key(model_field: &str) -> &str {
+    match model_field {
+        "model.layers" => "num_hidden_layers",
+        "model.hidden" => "hidden_size",
+        "model.heads" => "num_attention_heads",
+        "model.kv_heads" => "num_key_value_heads",
+        "model.head_dim" => "head_dim",
+        "model.ffn_hidden" => "intermediate_size",
+        "model.vocab" => "vocab_size",
+        "model.moe.top_k" => "num_experts_per_tok",
+        "model.moe.first_dense_layers" => "first_k_dense_replace",
+        other => other.strip_prefix("model.mla.").unwrap_or(other),
+    }
+}
+
+/// Parses the text of a `config.json`; `name` overrides the name taken from the file
+/// (`_name_or_path`, else the `model_type`). See the module documentation for what is mapped.
 pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model> {
-    let _ = (json_text, name);
-    todo!("hf import: being written")
+    let value: Value = serde_json::from_str(json_text)
+        .map_err(|e| hf_error(DOCUMENT, format!("not valid JSON: {e}")))?;
+    let obj = value.as_object().ok_or_else(|| {
+        hf_error(
+            DOCUMENT,
+            format!("expected a JSON object, got {}", describe(&value)),
+        )
+    })?;
+    let supported = SUPPORTED_MODEL_TYPES.join(", ");
+    let model_type = match obj.get("model_type") {
+        None | Some(Value::Null) => {
+            return Err(hf_error(
+                "model_type",
+                format!("missing (supported: {supported})"),
+            ));
+        }
+        Some(Value::String(t)) => t.as_str(),
+        Some(other) => {
+            return Err(hf_error(
+                "model_type",
+                format!("expected a string, got {}", describe(other)),
+            ));
+        }
+    };
+    if !SUPPORTED_MODEL_TYPES.contains(&model_type) {
+        return Err(hf_error(
+            "model_type",
+            format!("unsupported '{model_type}' (supported: {supported})"),
+        ));
+    }
+    let cfg = Config { obj, model_type };
+
+    let layers = cfg.positive("num_hidden_layers")?;
+    let hidden = cfg.positive("hidden_size")?;
+    let heads = cfg.positive("num_attention_heads")?;
+    let kv_heads = cfg.opt_positive("num_key_value_heads")?.unwrap_or(heads);
+    let ffn_hidden = cfg.positive("intermediate_size")?;
+    let vocab = cfg.positive("vocab_size")?;
+    let activation = activation(&cfg)?;
+    let tied_embeddings = cfg.bool_or("tie_word_embeddings", false)?;
+    let is_mla = matches!(model_type, "deepseek_v3" | "kimi_k2");
+    // MLA models have no single head dimension (qk = nope + rope, v separate); newer
+    // transformers write `head_dim = qk_rope_head_dim` there, which is not one either.
+    let head_dim = if is_mla {
+        None
+    } else {
+        cfg.opt_positive("head_dim")?
+    };
+
+    let (moe, mla) = match model_type {
+        "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" => (None, None),
+        "mixtral" => {
+            let moe = moe_block(
+                layers,
+                Some(0),
+                cfg.positive("num_local_experts")?,
+                cfg.positive("num_experts_per_tok")?,
+                ffn_hidden,
+                None,
+            );
+            (moe, None)
+        }
+        "gpt_oss" => {
+            let moe = moe_block(
+                layers,
+                Some(0),
+                cfg.positive("num_local_experts")?,
+                gpt_oss_top_k(&cfg)?,
+                ffn_hidden,
+                None,
+            );
+            (moe, None)
+        }
+        "qwen2_moe" => (qwen_moe(&cfg, layers, true)?, None),
+        "qwen3_moe" => (qwen_moe(&cfg, layers, false)?, None),
+        "glm4_moe" => (deepseek_style_moe(&cfg, layers, false)?, None),
+        "deepseek_v3" | "kimi_k2" => (deepseek_style_moe(&cfg, layers, true)?, Some(mla(&cfg)?)),
+        other => unreachable!("model_type '{other}' is in SUPPORTED_MODEL_TYPES but not mapped"),
+    };
+
+    let name = name
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .or_else(|| {
+            cfg.get("_name_or_path")
+                .and_then(Value::as_str)
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| model_type.to_string());
+
+    let model = Model {
+        name,
+        layers,
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        ffn_hidden,
+        vocab,
+        activation,
+        norm: Norm::Rmsnorm,
+        tied_embeddings,
+        moe,
+        mla,
+    };
+    model.validate().map_err(|e| match e {
+        Error::InvalidField {
+            field,
+            value,
+            allowed,
+        } => hf_error(
+            json_key(&field),
+            format!("gives {field} = {value}, which is not allowed (allowed: {allowed})"),
+        ),
+        other => other,
+    })?;
+    Ok(model)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama_json(extra: &str) -> String {
+        format!(
+            r#"{{"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+                "vocab_size": 1000{extra}}}"#
+        )
+    }
+
+    fn field_of(e: &Error) -> &str {
+        match e {
+            Error::HfConfig { field, .. } => field,
+            other => panic!("expected an HfConfig error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn minimal_llama_uses_the_defaults() {
+        let m = model_from_hf_config(&llama_json(""), None).unwrap();
+        assert_eq!(m.name, "llama");
+        assert_eq!(
+            (
+                m.layers,
+                m.hidden,
+                m.heads,
+                m.kv_heads,
+                m.ffn_hidden,
+                m.vocab
+            ),
+            (2, 64, 4, 2, 128, 1000)
+        );
+        assert_eq!(
+            (m.head_dim, m.activation, m.norm, m.tied_embeddings),
+            (None, Activation::Swiglu, Norm::Rmsnorm, false)
+        );
+        assert!(m.moe.is_none() && m.mla.is_none());
+    }
+
+    #[test]
+    fn name_argument_then_name_or_path_then_model_type() {
+        let j = llama_json(r#", "_name_or_path": "org/tiny""#);
+        assert_eq!(model_from_hf_config(&j, Some("mine")).unwrap().name, "mine");
+        assert_eq!(model_from_hf_config(&j, None).unwrap().name, "org/tiny");
+        assert_eq!(
+            model_from_hf_config(&j, Some("  ")).unwrap().name,
+            "org/tiny"
+        );
+        let j = llama_json(r#", "_name_or_path": """#);
+        assert_eq!(model_from_hf_config(&j, None).unwrap().name, "llama");
+    }
+
+    #[test]
+    fn kv_heads_default_to_heads_and_null_is_absent() {
+        let j = llama_json("").replace(
+            r#""num_key_value_heads": 2"#,
+            r#""num_key_value_heads": null"#,
+        );
+        assert_eq!(model_from_hf_config(&j, None).unwrap().kv_heads, 4);
+    }
+
+    #[test]
+    fn gelu_variants_keep_the_gated_ffn() {
+        for act in ["gelu", "gelu_pytorch_tanh", "SiLU", "swish"] {
+            let m = model_from_hf_config(&llama_json(&format!(r#", "hidden_act": "{act}""#)), None)
+                .unwrap();
+            assert_eq!(m.activation, Activation::Swiglu, "{act}");
+        }
+        let e =
+            model_from_hf_config(&llama_json(r#", "hidden_act": "tanhshrink""#), None).unwrap_err();
+        assert_eq!(field_of(&e), "hidden_act");
+    }
+
+    #[test]
+    fn zero_and_wrong_types_name_the_key() {
+        let e = model_from_hf_config(&llama_json("").replace(": 64", ": 0"), None).unwrap_err();
+        assert_eq!(field_of(&e), "hidden_size");
+        assert!(e.to_string().contains(">= 1"), "{e}");
+        let e = model_from_hf_config(&llama_json("").replace(": 64", ": -64"), None).unwrap_err();
+        assert_eq!(field_of(&e), "hidden_size");
+        let e = model_from_hf_config(&llama_json("").replace(": 64", ": 64.5"), None).unwrap_err();
+        assert!(
+            e.to_string().contains("non-negative integer, got 64.5"),
+            "{e}"
+        );
+        let e = model_from_hf_config(&llama_json("").replace(": 64", ": 99999999999"), None)
+            .unwrap_err();
+        assert!(e.to_string().contains("too large"), "{e}");
+        let e = model_from_hf_config(&llama_json(r#", "tie_word_embeddings": "yes""#), None)
+            .unwrap_err();
+        assert_eq!(field_of(&e), "tie_word_embeddings");
+    }
+
+    #[test]
+    fn validation_failures_name_the_json_key() {
+        let j =
+            llama_json("").replace(r#""num_key_value_heads": 2"#, r#""num_key_value_heads": 3"#);
+        let e = model_from_hf_config(&j, None).unwrap_err();
+        assert_eq!(field_of(&e), "num_key_value_heads");
+        assert!(e.to_string().contains("divisor of heads"), "{e}");
+        let j = llama_json("").replace(r#""hidden_size": 64"#, r#""hidden_size": 66"#);
+        assert_eq!(
+            field_of(&model_from_hf_config(&j, None).unwrap_err()),
+            "head_dim"
+        );
+    }
+
+    fn qwen3_moe_json(extra: &str) -> String {
+        format!(
+            r#"{{"model_type": "qwen3_moe", "num_hidden_layers": 6, "hidden_size": 64,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                "intermediate_size": 256, "moe_intermediate_size": 32, "num_experts": 8,
+                "num_experts_per_tok": 2, "vocab_size": 1000{extra}}}"#
+        )
+    }
+
+    #[test]
+    fn qwen_leading_mlp_only_layers_become_first_dense_layers() {
+        let m =
+            model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [1, 0]"#), None).unwrap();
+        let moe = m.moe.unwrap();
+        assert_eq!(
+            (moe.first_dense_layers, moe.expert_ffn_hidden, m.ffn_hidden),
+            (2, 32, 256)
+        );
+        assert_eq!(m.head_dim, Some(32));
+    }
+
+    #[test]
+    fn qwen_interleaved_dense_layers_are_rejected() {
+        let e = model_from_hf_config(&qwen3_moe_json(r#", "decoder_sparse_step": 2"#), None)
+            .unwrap_err();
+        assert_eq!(field_of(&e), "decoder_sparse_step");
+        assert!(e.to_string().contains("[0, 2, 4]"), "{e}");
+        let e =
+            model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [3]"#), None).unwrap_err();
+        assert_eq!(field_of(&e), "mlp_only_layers");
+        let e =
+            model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [6]"#), None).unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        let e =
+            model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": 3"#), None).unwrap_err();
+        assert!(e.to_string().contains("list of layer indices"), "{e}");
+    }
+
+    #[test]
+    fn qwen_with_every_layer_dense_or_no_experts_is_a_dense_model() {
+        let m = model_from_hf_config(
+            &qwen3_moe_json(r#", "mlp_only_layers": [0, 1, 2, 3, 4, 5]"#),
+            None,
+        )
+        .unwrap();
+        assert!(m.moe.is_none());
+        let m = model_from_hf_config(
+            &qwen3_moe_json("").replace(r#""num_experts": 8"#, r#""num_experts": 0"#),
+            None,
+        )
+        .unwrap();
+        assert!(m.moe.is_none());
+    }
+
+    #[test]
+    fn qwen2_moe_shared_expert_has_its_own_size() {
+        let j = qwen3_moe_json(r#", "shared_expert_intermediate_size": 96"#)
+            .replace("qwen3_moe", "qwen2_moe");
+        let moe = model_from_hf_config(&j, None).unwrap().moe.unwrap();
+        assert_eq!(
+            (moe.shared_experts, moe.shared_expert_ffn_hidden),
+            (1, Some(96))
+        );
+        // Qwen3-MoE has no shared expert; the key is ignored there.
+        let moe = model_from_hf_config(
+            &qwen3_moe_json(r#", "shared_expert_intermediate_size": 96"#),
+            None,
+        )
+        .unwrap()
+        .moe
+        .unwrap();
+        assert_eq!(moe.shared_experts, 0);
+    }
+
+    #[test]
+    fn deepseek_moe_layer_freq_other_than_one_is_rejected() {
+        let j = r#"{"model_type": "deepseek_v3", "num_hidden_layers": 6, "hidden_size": 64,
+            "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 1000,
+            "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "first_k_dense_replace": 1, "moe_layer_freq": 2,
+            "q_lora_rank": null, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 16, "v_head_dim": 16}"#;
+        let e = model_from_hf_config(j, None).unwrap_err();
+        assert_eq!(field_of(&e), "moe_layer_freq");
+        let m = model_from_hf_config(
+            &j.replace(r#""moe_layer_freq": 2"#, r#""moe_layer_freq": 1"#),
+            None,
+        )
+        .unwrap();
+        assert_eq!(m.moe.as_ref().unwrap().first_dense_layers, 1);
+        assert_eq!(m.mla.as_ref().unwrap().q_lora_rank, None);
+        assert_eq!(
+            (m.head_dim, m.qk_head_dim(), m.v_head_dim()),
+            (None, 24, 16)
+        );
+    }
+
+    #[test]
+    fn gpt_oss_top_k_keys_must_agree() {
+        let j = r#"{"model_type": "gpt_oss", "num_hidden_layers": 2, "hidden_size": 64,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 64, "vocab_size": 1000,
+            "num_local_experts": 8, "experts_per_token": 4, "num_experts_per_tok": 2}"#;
+        let e = model_from_hf_config(j, None).unwrap_err();
+        assert_eq!(field_of(&e), "experts_per_token");
+        let only_old = j.replace(r#", "num_experts_per_tok": 2"#, "");
+        assert_eq!(
+            model_from_hf_config(&only_old, None)
+                .unwrap()
+                .moe
+                .unwrap()
+                .top_k,
+            4
+        );
+        let neither = only_old.replace(r#", "experts_per_token": 4"#, "");
+        assert_eq!(
+            field_of(&model_from_hf_config(&neither, None).unwrap_err()),
+            "num_experts_per_tok"
+        );
+    }
+
+    #[test]
+    fn top_k_above_experts_names_num_experts_per_tok() {
+        let j = qwen3_moe_json("")
+            .replace(r#""num_experts_per_tok": 2"#, r#""num_experts_per_tok": 9"#);
+        assert_eq!(
+            field_of(&model_from_hf_config(&j, None).unwrap_err()),
+            "num_experts_per_tok"
+        );
+    }
+
+    #[test]
+    fn document_errors() {
+        assert_eq!(
+            field_of(&model_from_hf_config("[1, 2]", None).unwrap_err()),
+            DOCUMENT
+        );
+        assert_eq!(
+            field_of(&model_from_hf_config("{", None).unwrap_err()),
+            DOCUMENT
+        );
+        let e = model_from_hf_config(r#"{"model_type": 3}"#, None).unwrap_err();
+        assert_eq!(field_of(&e), "model_type");
+        let e = model_from_hf_config(r#"{"hidden_size": 3}"#, None).unwrap_err();
+        assert!(
+            e.to_string().contains("missing") && e.to_string().contains("qwen3_moe"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn describe_truncates_long_values() {
+        let long = Value::String("x".repeat(100));
+        assert!(describe(&long).len() < 50);
+        assert_eq!(describe(&Value::Bool(true)), "true");
+    }
 }
