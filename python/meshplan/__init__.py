@@ -1,0 +1,48 @@
+"""meshplan: a parallelism planner for large-model training.
+
+Given a model, a cluster and a workload, :func:`search` enumerates every way to split the GPUs
+into data, tensor, pipeline, expert and context parallelism (with micro-batch, ZeRO, recompute,
+sequence parallel, interleaving and schedule), prunes what cannot run, scores the rest with the
+Rust cost model and returns ranked plans; :func:`evaluate` scores one plan and says why it does
+or does not fit.
+
+>>> import meshplan
+>>> result = meshplan.search(
+...     "llama3-70b",
+...     meshplan.Cluster("h100-sxm", 512),
+...     meshplan.Workload(global_batch=1024, seq_len=8192),
+... )  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from . import errors
+from ._core import CancelToken, __version__
+from .api import evaluate, search
+from .hardware import Cluster, Gpu
+from .model import Mla, Model, Moe
+from .plan import Plan
+from .report import Evaluation, SearchResult, SearchStats, Violation
+from .space import Degree, SearchSpace
+from .workload import Workload
+
+__all__ = [
+    "search",
+    "evaluate",
+    "Model",
+    "Moe",
+    "Mla",
+    "Gpu",
+    "Cluster",
+    "Workload",
+    "Plan",
+    "SearchSpace",
+    "Degree",
+    "Evaluation",
+    "SearchResult",
+    "SearchStats",
+    "Violation",
+    "CancelToken",
+    "errors",
+    "__version__",
+]

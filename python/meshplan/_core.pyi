@@ -1,0 +1,81 @@
+"""The compiled core (Rust, PyO3). Plain data in, plain data out.
+
+Every function converts its arguments to Rust values (a dict that does not fit raises
+``InvalidInputError`` naming the field path, e.g. ``model.moe.top_k``), releases the GIL, calls
+the core, and maps its errors onto ``meshplan.errors``. Use the typed API of ``meshplan``
+instead unless you hold the dicts already.
+"""
+
+from typing import Any, Optional, final
+
+__all__ = [
+    "__version__",
+    "CancelToken",
+    "model_presets",
+    "model_preset",
+    "gpu_presets",
+    "gpu_preset",
+    "model_from_hf_config",
+    "default_space",
+    "evaluate",
+    "search",
+]
+
+__version__: str
+
+@final
+class CancelToken:
+    """A flag that stops a running search from another thread.
+
+    Pass it as ``search(..., cancel=token)`` and call ``token.cancel()``; the search then raises
+    ``CancelledError``. A token stays cancelled once cancelled.
+    """
+
+    def __new__(cls) -> CancelToken: ...
+    def cancel(self) -> None:
+        """Asks every search holding this token to stop."""
+    @property
+    def cancelled(self) -> bool:
+        """Whether ``cancel()`` was called."""
+
+def model_presets() -> list[str]:
+    """Names of the built-in model presets, sorted."""
+
+def model_preset(name: str) -> dict[str, Any]:
+    """The model preset ``name`` (core ``Model`` shape); ``UnknownPresetError`` otherwise."""
+
+def gpu_presets() -> list[str]:
+    """Names of the built-in GPU presets, sorted."""
+
+def gpu_preset(name: str) -> dict[str, Any]:
+    """The GPU preset ``name`` (core ``Gpu`` shape); ``UnknownPresetError`` otherwise."""
+
+def model_from_hf_config(json_text: str, name: Optional[str] = None) -> dict[str, Any]:
+    """A model dict from the text of a Hugging Face ``config.json``; ``HfConfigError`` when it
+    cannot be parsed or mapped. ``name`` overrides the name taken from the file."""
+
+def default_space() -> dict[str, Any]:
+    """The default search space (core ``SearchSpace`` shape, every field present)."""
+
+def evaluate(problem: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """Scores one plan on ``problem`` = ``{"model", "cluster", "workload"}`` (full dicts).
+
+    Returns the core ``Evaluation`` shape; an infeasible plan has ``feasible`` False and its
+    ``reasons``. A malformed plan (zero degree, product not the GPU count) raises
+    ``InvalidInputError``.
+    """
+
+def search(
+    problem: dict[str, Any],
+    space: Optional[dict[str, Any]] = None,
+    threads: Optional[int] = None,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+) -> dict[str, Any]:
+    """Ranked plans of ``problem`` in ``space`` (None: the default space).
+
+    Returns ``{"plans": [Evaluation...], "stats": {...}}``. ``threads`` None uses
+    ``MESHPLAN_THREADS``, else every core. ``timeout_s`` raises ``DeadlineExceededError`` when it
+    passes, ``cancel`` raises ``CancelledError`` once cancelled; Ctrl-C stops the search and
+    raises ``KeyboardInterrupt``.
+    """

@@ -1,0 +1,419 @@
+"""The ``meshplan`` command: ``search``, ``evaluate``, ``models``, ``gpus``.
+
+Exit codes: 0 success; 2 bad input (one line ``meshplan: error: <message naming the field>`` on
+stderr, no traceback); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO
+
+from . import __version__
+from .api import as_model, evaluate, search
+from .errors import InvalidInputError, MeshplanError
+from .hardware import Cluster, Gpu
+from .model import Model
+from .plan import Plan
+from .report import Evaluation, SearchResult, SearchStats
+from .space import DEGREES, SearchSpace
+from .workload import Workload
+
+PLAN_COLUMNS = (
+    "rank",
+    "dp",
+    "tp",
+    "pp",
+    "ep",
+    "cp",
+    "vpp",
+    "micro_batch",
+    "zero",
+    "recompute",
+    "sequence_parallel",
+    "schedule",
+)
+METRIC_COLUMNS = (
+    "feasible",
+    "step_time_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "model_tflops_per_gpu",
+    "hardware_tflops_per_gpu",
+    "peak_memory_gib",
+    "micro_batches",
+    "worst_stage",
+)
+
+
+class UsageError(Exception):
+    """A command line that argparse rejects (reported like any other bad input)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _list_of(kind: Callable[[str], Any], what: str) -> Callable[[str], list[Any]]:
+    """An argparse type for comma-separated lists such as ``--zero 0,1,2``."""
+
+    def parse(text: str) -> list[Any]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}")
+        try:
+            return [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {what}, got {text!r}"
+            ) from None
+
+    return parse
+
+
+def _problem_flags() -> _Parser:
+    p = _Parser(add_help=False)
+    g = p.add_argument_group("model, cluster and workload")
+    g.add_argument(
+        "--model", required=True, metavar="NAME|config.json",
+        help="a model preset (see `meshplan models`) or a Hugging Face config.json",
+    )
+    g.add_argument("--model-name", help="name for a model read from a config.json")
+    g.add_argument("--gpu", required=True, metavar="NAME", help="a GPU preset (see `meshplan gpus`)")
+    g.add_argument("--gpus", required=True, type=int, metavar="N", help="number of GPUs")
+    g.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the GPU preset's")
+    g.add_argument("--nvlink-domain", type=int, metavar="N", help="GPUs per NVLink domain (default: the preset's)")
+    g.add_argument("--global-batch", required=True, type=int, metavar="B", help="sequences per step")
+    g.add_argument("--seq-len", required=True, type=int, metavar="S", help="tokens per sequence")
+    g.add_argument("--precision", default="bf16", help="bf16 (default), fp16, fp8, mxfp8 or nvfp4")
+    g.add_argument("--optimizer", default="adam", help="adam (default) or sgd-momentum")
+    g.add_argument("--grad-bytes", type=int, default=4, help="gradient bytes per element, 4 (default) or 2")
+    return p
+
+
+def _space_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "search space",
+        "Everything is open by default. Fix a degree with --dp/--tp/--pp/--ep/--cp/--vpp/"
+        "--micro-batch N, or bound it with --min-X N / --max-X N (e.g. --max-pp 16).",
+    )
+    for name in DEGREES:
+        flag = name.replace("_", "-")
+        g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix {name}")
+        g.add_argument(f"--min-{flag}", type=int, metavar="N", help=argparse.SUPPRESS)
+        g.add_argument(f"--max-{flag}", type=int, metavar="N", help=argparse.SUPPRESS)
+    g.add_argument("--zero", type=_list_of(int, "ZeRO stages"), metavar="0,1,2,3")
+    g.add_argument("--recompute", type=_list_of(str, "modes"), metavar="none,selective,full")
+    g.add_argument("--sequence-parallel", choices=("on", "off", "both"))
+    g.add_argument("--schedules", type=_list_of(str, "schedules"), metavar="1f1b,interleaved-1f1b,zb-h1")
+    g.add_argument("--memory-headroom-gib", type=float, metavar="GIB", help="kept free per GPU (default 1)")
+    g.add_argument("--allow-tp-cross-domain", action="store_true", help="let TP groups leave the NVLink domain")
+    g.add_argument("--cp-within-domain", action="store_true", help="keep CP groups inside one NVLink domain")
+    g.add_argument("--ep-within-domain", action="store_true", help="keep EP groups inside one NVLink domain")
+    g.add_argument("--top-k", type=int, metavar="K", help="plans shown (default 10)")
+    g.add_argument("--max-candidates", type=int, metavar="N", help="refuse larger spaces")
+    g.add_argument("--threads", type=int, metavar="N", help="default: MESHPLAN_THREADS, else all cores")
+    g.add_argument("--timeout-s", type=float, metavar="S", help="give up after S seconds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``meshplan``."""
+    parser = _Parser(prog="meshplan", description="Parallelism planner for large-model training.")
+    parser.add_argument("--version", action="version", version=f"meshplan {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    common = _problem_flags()
+
+    s = sub.add_parser("search", parents=[common], help="rank the best parallel plans")
+    _space_flags(s)
+    out = s.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print JSON")
+    out.add_argument("--csv", action="store_true", help="print CSV, one row per plan")
+    s.set_defaults(run=_search)
+
+    e = sub.add_parser("evaluate", parents=[common], help="score one plan, feasible or not")
+    e.add_argument(
+        "--plan", required=True, metavar="dp=..,tp=..,pp=..",
+        help="e.g. dp=8,tp=8,pp=4,ep=1,cp=1,micro_batch=1,zero=1,recompute=selective,vpp=1,sequence_parallel=true",
+    )
+    e.add_argument("--json", action="store_true", help="print JSON")
+    e.set_defaults(run=_evaluate)
+
+    m = sub.add_parser("models", help="list the model presets")
+    m.add_argument("--json", action="store_true", help="print the full presets as JSON")
+    m.set_defaults(run=_models)
+
+    g = sub.add_parser("gpus", help="list the GPU presets")
+    g.add_argument("--json", action="store_true", help="print the full presets as JSON")
+    g.set_defaults(run=_gpus)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs ``meshplan`` with ``argv`` (default: the process arguments); returns the exit code."""
+    try:
+        args = build_parser().parse_args(argv)
+        code: int = args.run(args, sys.stdout)
+        return code
+    except (UsageError, InvalidInputError) as e:
+        return _fail(e, 2)
+    except MeshplanError as e:
+        return _fail(e, 1)
+    except KeyboardInterrupt:
+        print("meshplan: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as e:  # --help and --version
+        return e.code if isinstance(e.code, int) else 0
+    except BrokenPipeError:
+        # The reader (`| head`) went away: stop quietly, and keep Python from complaining again
+        # when it flushes stdout at exit.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+
+
+def _fail(error: Exception, code: int) -> int:
+    message = " ".join(str(error).split("\n")) or type(error).__name__
+    print(f"meshplan: error: {message}", file=sys.stderr)
+    return code
+
+
+# --- building inputs ---------------------------------------------------------------------------
+
+
+def _model(args: argparse.Namespace) -> Model:
+    model = as_model(args.model)
+    if args.model_name:
+        model.name = args.model_name
+    return model
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    return Cluster(Gpu.preset(args.gpu), args.gpus, args.gpus_per_node, args.nvlink_domain)
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    return Workload(args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes)
+
+
+def _space(args: argparse.Namespace) -> SearchSpace:
+    space = SearchSpace(
+        zero=args.zero,
+        recompute=args.recompute,
+        schedules=args.schedules,
+        sequence_parallel={"on": [True], "off": [False], "both": [False, True], None: None}[
+            args.sequence_parallel
+        ],
+        memory_headroom_gib=args.memory_headroom_gib,
+        tp_within_domain=False if args.allow_tp_cross_domain else None,
+        cp_within_domain=True if args.cp_within_domain else None,
+        ep_within_domain=True if args.ep_within_domain else None,
+        top_k=args.top_k,
+        max_candidates=args.max_candidates,
+    )
+    for name in DEGREES:
+        for attr in (name, f"min_{name}", f"max_{name}"):
+            setattr(space, attr, getattr(args, attr))
+    return space
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+
+def _search(args: argparse.Namespace, out: TextIO) -> int:
+    model, cluster, workload = _model(args), _cluster(args), _workload(args)
+    result = search(
+        model, cluster, workload, _space(args),
+        threads=args.threads, timeout_s=args.timeout_s,
+    )
+    if args.json:
+        json.dump(search_json(result), out, indent=2)
+        out.write("\n")
+    elif args.csv:
+        write_csv(result.plans, out)
+    else:
+        out.write(_title(model, cluster, workload) + "\n\n")
+        if result.plans:
+            out.write(plans_table(result.plans) + "\n\n")
+        else:
+            out.write("no feasible plan (see what was pruned below)\n\n")
+        out.write(stats_block(result.stats) + "\n")
+    return 0
+
+
+def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
+    model, cluster, workload = _model(args), _cluster(args), _workload(args)
+    ev = evaluate(model, cluster, workload, Plan.parse(args.plan))
+    if args.json:
+        json.dump(ev.to_flat_dict(), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(_title(model, cluster, workload) + "\n\n")
+        out.write(evaluation_block(ev) + "\n")
+    return 0
+
+
+def _models(args: argparse.Namespace, out: TextIO) -> int:
+    models = [Model.preset(name) for name in Model.presets()]
+    if args.json:
+        json.dump([m.to_dict() for m in models], out, indent=2)
+        out.write("\n")
+        return 0
+    rows = []
+    for m in models:
+        experts = "-" if m.moe is None else f"{m.moe.num_experts} (top {m.moe.top_k})"
+        attention = "MLA" if m.mla is not None else ("MHA" if m.kv_heads == m.heads else "GQA")
+        rows.append([
+            m.name, m.layers, m.hidden, m.heads, m.kv_heads, attention,
+            m.ffn_hidden, m.vocab, m.activation, experts,
+        ])
+    header = ["name", "layers", "hidden", "heads", "kv", "attn", "ffn", "vocab", "act", "experts"]
+    out.write(table(header, rows) + "\n")
+    return 0
+
+
+def _gpus(args: argparse.Namespace, out: TextIO) -> int:
+    gpus = [Gpu.preset(name) for name in Gpu.presets()]
+    if args.json:
+        json.dump([g.to_dict() for g in gpus], out, indent=2)
+        out.write("\n")
+        return 0
+    rows = []
+    for g in gpus:
+        peak = g.peak_tflops
+        rows.append([
+            g.name,
+            f"{g.memory_gib:g}",
+            *(f"{peak[p]:g}" if p in peak else "-" for p in ("bf16", "fp8", "nvfp4")),
+            f"{g.memory_bandwidth_gbps:g}",
+            f"{g.scaleup_bandwidth_gbps:g} x{g.scaleup_domain}",
+            f"{g.network_bandwidth_gbps:g}",
+            g.description,
+        ])
+    header = [
+        "name", "HBM GiB", "bf16 TF/s", "fp8 TF/s", "nvfp4 TF/s", "HBM GB/s",
+        "NVLink GB/s x domain", "net GB/s", "description",
+    ]
+    out.write(table(header, rows) + "\n")
+    return 0
+
+
+# --- rendering ---------------------------------------------------------------------------------
+
+
+def search_json(result: SearchResult) -> dict[str, Any]:
+    """``{"plans": [flat plan records], "stats": {...}}`` (the ``search --json`` shape)."""
+    return {"plans": [p.to_flat_dict() for p in result.plans], "stats": result.stats.to_dict()}
+
+
+def flat_row(ev: Evaluation) -> dict[str, Any]:
+    """One CSV row: the plan, the metrics, and ``memory_gib.*`` / ``time_s.*`` columns."""
+    flat = ev.to_flat_dict()
+    row = {k: flat[k] for k in PLAN_COLUMNS + METRIC_COLUMNS}
+    row.update({f"memory_gib.{k}": v for k, v in ev.memory_gib.items()})
+    row.update({f"time_s.{k}": v for k, v in ev.time_s.items()})
+    return row
+
+
+def write_csv(plans: Sequence[Evaluation], out: TextIO) -> None:
+    """The plans as CSV with a header row."""
+    rows = [flat_row(p) for p in plans]
+    header = list(rows[0]) if rows else list(PLAN_COLUMNS + METRIC_COLUMNS)
+    writer = csv.DictWriter(out, fieldnames=header, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """An aligned text table: text columns left-aligned, numbers right-aligned."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in row] for row in rows]
+    numeric = [
+        all(_is_number(r[i]) or r[i] == "-" for r in cells[1:])
+        and any(_is_number(r[i]) for r in cells[1:])
+        for i in range(len(header))
+    ]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for r in cells:
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)]
+        lines.append("  ".join(parts).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) or (
+        isinstance(value, str) and value.replace(",", "").replace(".", "", 1).isdigit()
+    )
+
+
+def plans_table(plans: Sequence[Evaluation]) -> str:
+    """The ranked plans as an aligned table."""
+    header = [
+        "rank", "dp", "tp", "pp", "ep", "cp", "vpp", "mb", "zero", "recompute", "sp",
+        "schedule", "step s", "tok/s/GPU", "MFU %", "mem GiB",
+    ]
+    rows = []
+    for ev in plans:
+        p = ev.plan
+        rows.append([
+            ev.rank if ev.rank is not None else "-", p.dp, p.tp, p.pp, p.ep, p.cp, p.vpp,
+            p.micro_batch, p.zero, p.recompute, "on" if p.sequence_parallel else "off",
+            p.schedule or "-", f"{ev.step_time_s:.3f}", f"{ev.tokens_per_s_per_gpu:,.0f}",
+            f"{100 * ev.mfu:.1f}", f"{ev.peak_memory_gib:.1f}",
+        ])
+    return table(header, rows)
+
+
+def stats_block(stats: SearchStats) -> str:
+    """What was searched and what was pruned, largest reason first."""
+    lines = [
+        f"candidates  {stats.candidates:,}",
+        f"feasible    {stats.feasible:,}",
+        f"elapsed     {stats.elapsed_s:.2f} s" + (f" ({stats.threads} threads)" if stats.threads else ""),
+    ]
+    if stats.pruned:
+        lines.append("pruned")
+        reasons = sorted(stats.pruned.items(), key=lambda kv: (-kv[1], kv[0]))
+        width = max(len(r) for r, _ in reasons)
+        count_width = max(len(f"{c:,}") for _, c in reasons)
+        lines += [f"  {r.ljust(width)}  {f'{c:,}'.rjust(count_width)}" for r, c in reasons]
+    return "\n".join(lines)
+
+
+def evaluation_block(ev: Evaluation) -> str:
+    """One evaluated plan: feasibility with reasons, throughput, and both breakdowns."""
+    p = ev.plan
+    lines = [
+        f"plan        {p}",
+        f"feasible    {'yes' if ev.feasible else 'NO'}",
+    ]
+    lines += [f"  - {r.rule}: {r.message}" for r in ev.reasons]
+    lines += [
+        f"step time   {ev.step_time_s:.3f} s  ({ev.micro_batches} micro-batches per pipeline)",
+        f"throughput  {ev.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {100 * ev.mfu:.1f} %, "
+        f"{ev.model_tflops_per_gpu:.0f} model TFLOP/s per GPU",
+        f"peak memory {ev.peak_memory_gib:.1f} GiB per GPU (stage {ev.worst_stage})",
+        "",
+        "memory GiB  " + "  ".join(f"{k} {v:.2f}" for k, v in ev.memory_gib.items()),
+        "time s      " + "  ".join(f"{k} {v:.4f}" for k, v in ev.time_s.items()),
+    ]
+    return "\n".join(lines)
+
+
+def _title(model: Model, cluster: Cluster, workload: Workload) -> str:
+    gpu = cluster.gpu.name if isinstance(cluster.gpu, Gpu) else cluster.gpu
+    return (
+        f"{model.name} on {cluster.num_gpus} x {gpu}, global batch {workload.global_batch} x "
+        f"{workload.seq_len} tokens, {workload.precision}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

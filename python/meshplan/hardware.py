@@ -1,0 +1,127 @@
+"""Hardware: a GPU type and a cluster of them.
+
+Mirrors the core's ``Gpu`` and ``Cluster`` (``rust/meshplan-core/src/hardware.rs``). GPU values
+(peak FLOP/s per precision, HBM, fabrics, calibration constants) come from the core's data files
+through :meth:`Gpu.preset`; change any of them with :func:`dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Union
+
+from . import _core
+from ._fields import checked
+from .errors import InvalidInputError
+
+
+@dataclass
+class Gpu:
+    """A GPU type. Units are in the names: GiB (binary), GB/s (decimal), TFLOP/s (dense)."""
+
+    name: str
+    peak_tflops: dict[str, float]
+    """Dense tensor-core peak per precision (``bf16``, ``fp16``, ``fp8``, ``mxfp8``, ``nvfp4``);
+    a precision the chip lacks is absent."""
+    memory_gib: float
+    """Usable HBM per GPU."""
+    memory_bandwidth_gbps: float
+    sm_count: int
+    scaleup_bandwidth_gbps: float
+    """NVLink/xGMI bandwidth per GPU, per direction."""
+    scaleup_domain: int
+    """GPUs in one scale-up (NVLink) domain by default."""
+    gpus_per_node: int
+    network_bandwidth_gbps: float
+    """Scale-out NIC bandwidth per GPU, per direction."""
+    calibration: dict[str, Any] = field(default_factory=dict)
+    """Calibration constants of the cost model (see the core's GPU data file for sources)."""
+    description: str = ""
+    scaleup_topology: str = "switch"
+    """``"switch"`` (NVSwitch) or ``"mesh"`` (AMD xGMI)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "peak_tflops": dict(self.peak_tflops),
+            "memory_gib": self.memory_gib,
+            "memory_bandwidth_gbps": self.memory_bandwidth_gbps,
+            "sm_count": self.sm_count,
+            "scaleup_bandwidth_gbps": self.scaleup_bandwidth_gbps,
+            "scaleup_domain": self.scaleup_domain,
+            "scaleup_topology": self.scaleup_topology,
+            "gpus_per_node": self.gpus_per_node,
+            "network_bandwidth_gbps": self.network_bandwidth_gbps,
+            "calibration": dict(self.calibration),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Gpu:
+        fields = checked(cls, data, "gpu")
+        peak = fields["peak_tflops"]
+        if isinstance(peak, Mapping):
+            # The core lists every precision, None where the chip has none: keep the real ones.
+            fields["peak_tflops"] = {k: v for k, v in peak.items() if v is not None}
+        return cls(**fields)
+
+    @staticmethod
+    def presets() -> list[str]:
+        """Names of the built-in GPU presets."""
+        return _core.gpu_presets()
+
+    @classmethod
+    def preset(cls, name: str) -> Gpu:
+        """The built-in GPU ``name`` (see :meth:`presets`); ``UnknownPresetError`` otherwise."""
+        return cls.from_dict(_core.gpu_preset(name))
+
+
+@dataclass
+class Cluster:
+    """GPUs of one type: how many, how many per node and per NVLink domain.
+
+    ``gpu`` is a :class:`Gpu` or a preset name; ``gpus_per_node`` and ``nvlink_domain`` default
+    (None) to the GPU's own values.
+    """
+
+    gpu: Union[str, Gpu]
+    num_gpus: int
+    gpus_per_node: Optional[int] = None
+    nvlink_domain: Optional[int] = None
+
+    @classmethod
+    def preset(
+        cls,
+        gpu_name: str,
+        num_gpus: int,
+        gpus_per_node: Optional[int] = None,
+        nvlink_domain: Optional[int] = None,
+    ) -> Cluster:
+        """``num_gpus`` of the GPU preset ``gpu_name``."""
+        return cls(Gpu.preset(gpu_name), num_gpus, gpus_per_node, nvlink_domain)
+
+    def resolved_gpu(self) -> Gpu:
+        """The GPU, looked up in the presets when given by name."""
+        if isinstance(self.gpu, Gpu):
+            return self.gpu
+        if isinstance(self.gpu, str):
+            return Gpu.preset(self.gpu)
+        raise InvalidInputError(
+            f"invalid cluster.gpu: expected a Gpu or a preset name, got {type(self.gpu).__name__}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu": self.resolved_gpu().to_dict(),
+            "num_gpus": self.num_gpus,
+            "gpus_per_node": self.gpus_per_node,
+            "nvlink_domain": self.nvlink_domain,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Cluster:
+        fields = checked(cls, data, "cluster")
+        gpu = fields["gpu"]
+        if isinstance(gpu, Mapping):
+            fields["gpu"] = Gpu.from_dict(gpu)
+        return cls(**fields)

@@ -1,0 +1,109 @@
+"""A parallel plan: the five degrees (``N = dp·tp·pp·ep·cp``) and their knobs (core ``plan.rs``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from ._fields import checked
+from .errors import InvalidInputError
+
+_INT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero")
+_ALIASES = {"mb": "micro_batch", "sp": "sequence_parallel"}
+_TRUE = ("true", "1", "on", "yes")
+_FALSE = ("false", "0", "off", "no")
+
+
+@dataclass
+class Plan:
+    """One way to run a workload on a cluster.
+
+    Dense layers see ``dp·ep`` as their data-parallel degree; routed experts are split ``ep``
+    ways. ``zero``: 0 none (DDP), 1 optimizer states (Megatron's distributed optimizer),
+    2 + gradients, 3 + parameters (FSDP). ``schedule`` None picks ``interleaved-1f1b`` when
+    ``vpp > 1``, else ``1f1b``; ``zb-h1`` is the zero-bubble schedule.
+    """
+
+    dp: int
+    tp: int
+    pp: int
+    ep: int = 1
+    cp: int = 1
+    vpp: int = 1
+    micro_batch: int = 1
+    zero: int = 0
+    recompute: str = "none"
+    """``"none"``, ``"selective"`` (core attention) or ``"full"``."""
+    sequence_parallel: bool = False
+    schedule: Optional[str] = None
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the plan uses: ``dp·tp·pp·ep·cp``."""
+        return self.dp * self.tp * self.pp * self.ep * self.cp
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
+        return cls(**checked(cls, data, "plan"))
+
+    @classmethod
+    def parse(cls, text: str) -> Plan:
+        """A plan from ``"dp=8,tp=8,pp=4,micro_batch=1,zero=1,recompute=selective,..."``.
+
+        Keys are the field names (``mb`` and ``sp`` are accepted for ``micro_batch`` and
+        ``sequence_parallel``); ``dp``, ``tp`` and ``pp`` are required, the rest default as in
+        the constructor. Booleans are ``true/false``, ``on/off``, ``yes/no`` or ``1/0``.
+        """
+        if not isinstance(text, str):
+            raise InvalidInputError(f"invalid plan: expected a string, got {type(text).__name__}")
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        fields: dict[str, Any] = {}
+        for piece in (p.strip() for p in text.split(",")):
+            if not piece:
+                continue
+            key, eq, value = (s.strip() for s in piece.partition("="))
+            if not eq or not key or not value:
+                raise InvalidInputError(
+                    f"invalid plan: {piece!r} is not key=value (e.g. dp=8,tp=8,pp=4)"
+                )
+            key = _ALIASES.get(key.replace("-", "_"), key.replace("-", "_"))
+            if key not in allowed:
+                raise InvalidInputError(
+                    f"invalid plan.{key}: unknown field (allowed: {', '.join(allowed)})"
+                )
+            if key in fields:
+                raise InvalidInputError(f"invalid plan.{key}: given twice")
+            fields[key] = _value(key, value)
+        for key in ("dp", "tp", "pp"):
+            if key not in fields:
+                raise InvalidInputError(f"missing plan.{key} (a required field)")
+        return cls(**fields)
+
+    def __str__(self) -> str:
+        """The plan in the syntax :meth:`parse` reads."""
+        parts = [f"{k}={v}" for k, v in self.to_dict().items() if v is not None]
+        return ",".join(parts).replace("=True", "=true").replace("=False", "=false")
+
+
+def _value(key: str, text: str) -> Any:
+    if key in _INT_FIELDS:
+        try:
+            return int(text)
+        except ValueError:
+            raise InvalidInputError(
+                f"invalid plan.{key}: {text!r} (allowed: an integer)"
+            ) from None
+    if key == "sequence_parallel":
+        low = text.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise InvalidInputError(
+            f"invalid plan.sequence_parallel: {text!r} (allowed: true/false, on/off, yes/no, 1/0)"
+        )
+    return text

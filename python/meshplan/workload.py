@@ -1,0 +1,37 @@
+"""The training workload: batch, sequence length, precision, optimizer (core ``workload.rs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ._fields import checked
+
+
+@dataclass
+class Workload:
+    """What is trained per optimizer step, independent of how it is split."""
+
+    global_batch: int
+    """Sequences per optimizer step."""
+    seq_len: int
+    """Tokens per sequence."""
+    precision: str = "bf16"
+    """GEMM precision: ``bf16``, ``fp16``, ``fp8``, ``mxfp8`` or ``nvfp4`` (where the GPU has it)."""
+    optimizer: str = "adam"
+    """``"adam"`` (mixed-precision Adam/AdamW) or ``"sgd-momentum"``."""
+    grad_bytes: int = 4
+    """Bytes per gradient element in the reduction: 4 (fp32, Megatron's default) or 2."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "global_batch": self.global_batch,
+            "seq_len": self.seq_len,
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "grad_bytes": self.grad_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Workload:
+        return cls(**checked(cls, data, "workload"))
