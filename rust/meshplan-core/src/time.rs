@@ -412,15 +412,32 @@ impl<'a> TimeContext<'a> {
 
     /// The step time of the plan over `stages`, by component.
     pub fn step(&self, stages: &[Stage], micro_batches: u32) -> TimeBreakdown {
-        let plan = self.plan;
+        let (dense, moe) = self.layers();
+        self.step_with(stages, micro_batches, &dense, &moe)
+    }
+
+    /// Per-micro-batch times of a dense and an MoE layer (equal for dense models). They depend
+    /// on the degrees, micro-batch, sequence parallelism and recompute, not on ZeRO or schedule.
+    pub fn layers(&self) -> (LayerTime, LayerTime) {
         let dense = self.layer(false);
         let moe = if self.model().is_moe() {
             self.layer(true)
         } else {
             dense
         };
-        let per_stage: Vec<LayerTime> =
-            stages.iter().map(|s| self.stage(s, &dense, &moe)).collect();
+        (dense, moe)
+    }
+
+    /// [`Self::step`] with the layer times already computed by [`Self::layers`].
+    pub fn step_with(
+        &self,
+        stages: &[Stage],
+        micro_batches: u32,
+        dense: &LayerTime,
+        moe: &LayerTime,
+    ) -> TimeBreakdown {
+        let plan = self.plan;
+        let per_stage: Vec<LayerTime> = stages.iter().map(|s| self.stage(s, dense, moe)).collect();
         let worst = per_stage
             .iter()
             .copied()
