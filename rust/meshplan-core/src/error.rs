@@ -40,7 +40,11 @@ pub enum Error {
 
 impl Error {
     /// Shorthand for [`Error::InvalidField`].
-    pub fn invalid(field: impl Into<String>, value: impl ToString, allowed: impl Into<String>) -> Self {
+    pub fn invalid(
+        field: impl Into<String>,
+        value: impl ToString,
+        allowed: impl Into<String>,
+    ) -> Self {
         Error::InvalidField {
             field: field.into(),
             value: value.to_string(),

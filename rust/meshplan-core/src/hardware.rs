@@ -6,7 +6,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// Numeric precision of the GEMMs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     #[default]
@@ -69,7 +71,10 @@ impl PerPrecision {
 
     /// The precisions with a value, in [`Precision::ALL`] order.
     pub fn available(&self) -> Vec<Precision> {
-        Precision::ALL.into_iter().filter(|p| self.get(*p).is_some()).collect()
+        Precision::ALL
+            .into_iter()
+            .filter(|p| self.get(*p).is_some())
+            .collect()
     }
 }
 
@@ -152,7 +157,11 @@ pub struct Gpu {
 
 fn check_fraction(field: &str, v: f64, lo: f64, hi: f64) -> Result<()> {
     if !(v.is_finite() && v >= lo && v <= hi) {
-        return Err(Error::invalid(field, v, format!("a number in [{lo}, {hi}]")));
+        return Err(Error::invalid(
+            field,
+            v,
+            format!("a number in [{lo}, {hi}]"),
+        ));
     }
     Ok(())
 }
@@ -168,14 +177,23 @@ impl Gpu {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         if self.peak_tflops.available().is_empty() {
-            return Err(Error::invalid("gpu.peak_tflops", "{}", "at least one precision"));
+            return Err(Error::invalid(
+                "gpu.peak_tflops",
+                "{}",
+                "at least one precision",
+            ));
         }
         for p in Precision::ALL {
             if let Some(v) = self.peak_tflops.get(p) {
                 check_positive(&format!("gpu.peak_tflops.{}", p.name()), v)?;
             }
             if let Some(v) = self.calibration.gemm_efficiency.get(p) {
-                check_fraction(&format!("gpu.calibration.gemm_efficiency.{}", p.name()), v, 0.01, 1.0)?;
+                check_fraction(
+                    &format!("gpu.calibration.gemm_efficiency.{}", p.name()),
+                    v,
+                    0.01,
+                    1.0,
+                )?;
             }
         }
         check_positive("gpu.memory_gib", self.memory_gib)?;
@@ -192,14 +210,54 @@ impl Gpu {
             return Err(Error::invalid("gpu.gpus_per_node", 0, "an integer >= 1"));
         }
         let c = &self.calibration;
-        check_fraction("gpu.calibration.attention_efficiency", c.attention_efficiency, 0.01, 1.0)?;
-        check_fraction("gpu.calibration.memory_efficiency", c.memory_efficiency, 0.01, 1.0)?;
-        check_fraction("gpu.calibration.scaleup_bus_efficiency", c.scaleup_bus_efficiency, 0.01, 1.5)?;
-        check_fraction("gpu.calibration.network_bus_efficiency", c.network_bus_efficiency, 0.01, 1.5)?;
-        check_fraction("gpu.calibration.elementwise_bytes_per_hidden", c.elementwise_bytes_per_hidden, 0.0, 1e4)?;
-        check_fraction("gpu.calibration.scaleup_latency_us", c.scaleup_latency_us, 0.0, 1e4)?;
-        check_fraction("gpu.calibration.network_latency_us", c.network_latency_us, 0.0, 1e4)?;
-        check_fraction("gpu.calibration.fixed_memory_gib", c.fixed_memory_gib, 0.0, 1e3)?;
+        check_fraction(
+            "gpu.calibration.attention_efficiency",
+            c.attention_efficiency,
+            0.01,
+            1.0,
+        )?;
+        check_fraction(
+            "gpu.calibration.memory_efficiency",
+            c.memory_efficiency,
+            0.01,
+            1.0,
+        )?;
+        check_fraction(
+            "gpu.calibration.scaleup_bus_efficiency",
+            c.scaleup_bus_efficiency,
+            0.01,
+            1.5,
+        )?;
+        check_fraction(
+            "gpu.calibration.network_bus_efficiency",
+            c.network_bus_efficiency,
+            0.01,
+            1.5,
+        )?;
+        check_fraction(
+            "gpu.calibration.elementwise_bytes_per_hidden",
+            c.elementwise_bytes_per_hidden,
+            0.0,
+            1e4,
+        )?;
+        check_fraction(
+            "gpu.calibration.scaleup_latency_us",
+            c.scaleup_latency_us,
+            0.0,
+            1e4,
+        )?;
+        check_fraction(
+            "gpu.calibration.network_latency_us",
+            c.network_latency_us,
+            0.0,
+            1e4,
+        )?;
+        check_fraction(
+            "gpu.calibration.fixed_memory_gib",
+            c.fixed_memory_gib,
+            0.0,
+            1e3,
+        )?;
         check_fraction("gpu.calibration.fragmentation", c.fragmentation, 0.0, 1.0)?;
         check_fraction("gpu.calibration.tp_overlap", c.tp_overlap, 0.0, 1.0)?;
         check_fraction("gpu.calibration.dp_overlap", c.dp_overlap, 0.0, 1.0)?;
@@ -211,7 +269,12 @@ impl Gpu {
     /// Dense peak FLOP/s (not TFLOP/s) at precision `p`, or an error naming the allowed ones.
     pub fn peak_flops(&self, p: Precision) -> Result<f64> {
         self.peak_tflops.get(p).map(|t| t * 1e12).ok_or_else(|| {
-            let allowed: Vec<&str> = self.peak_tflops.available().iter().map(|p| p.name()).collect();
+            let allowed: Vec<&str> = self
+                .peak_tflops
+                .available()
+                .iter()
+                .map(|p| p.name())
+                .collect();
             Error::invalid(
                 "workload.precision",
                 p.name(),
@@ -253,10 +316,18 @@ impl Cluster {
             return Err(Error::invalid("cluster.num_gpus", 0, "an integer >= 1"));
         }
         if self.gpus_per_node() == 0 {
-            return Err(Error::invalid("cluster.gpus_per_node", 0, "an integer >= 1"));
+            return Err(Error::invalid(
+                "cluster.gpus_per_node",
+                0,
+                "an integer >= 1",
+            ));
         }
         if self.nvlink_domain() == 0 {
-            return Err(Error::invalid("cluster.nvlink_domain", 0, "an integer >= 1"));
+            return Err(Error::invalid(
+                "cluster.nvlink_domain",
+                0,
+                "an integer >= 1",
+            ));
         }
         Ok(())
     }

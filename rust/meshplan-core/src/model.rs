@@ -114,7 +114,10 @@ impl Model {
             return Err(Error::invalid(
                 "model.head_dim",
                 "null",
-                format!("an explicit head_dim, since hidden {} is not a multiple of heads {}", self.hidden, self.heads),
+                format!(
+                    "an explicit head_dim, since hidden {} is not a multiple of heads {}",
+                    self.hidden, self.heads
+                ),
             ));
         }
         if self.kv_heads > self.heads || self.heads % self.kv_heads != 0 {
@@ -174,7 +177,9 @@ impl Model {
 
     /// Number of MoE layers `L_moe` (0 for dense models).
     pub fn moe_layers(&self) -> u32 {
-        self.moe.as_ref().map_or(0, |m| self.layers - m.first_dense_layers)
+        self.moe
+            .as_ref()
+            .map_or(0, |m| self.layers - m.first_dense_layers)
     }
 
     /// Number of layers with a dense FFN.
@@ -190,7 +195,8 @@ impl Model {
     /// Summed intermediate size of all shared experts `f_sh`.
     pub fn shared_ffn_hidden(&self) -> u64 {
         self.moe.as_ref().map_or(0, |m| {
-            m.shared_experts as u64 * m.shared_expert_ffn_hidden.unwrap_or(m.expert_ffn_hidden) as u64
+            m.shared_experts as u64
+                * m.shared_expert_ffn_hidden.unwrap_or(m.expert_ffn_hidden) as u64
         })
     }
 
@@ -205,7 +211,8 @@ impl Model {
                     Some(r) => h * r as u64 + r as u64 * a * qk + r as u64,
                     None => h * a * qk,
                 };
-                let kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim) as u64 + m.kv_lora_rank as u64;
+                let kv_down =
+                    h * (m.kv_lora_rank + m.qk_rope_head_dim) as u64 + m.kv_lora_rank as u64;
                 let kv_up = m.kv_lora_rank as u64 * a * (m.qk_nope_head_dim + m.v_head_dim) as u64;
                 let o = a * m.v_head_dim as u64 * h;
                 q + kv_down + kv_up + o
@@ -265,7 +272,10 @@ impl Model {
     pub fn total_params(&self) -> u64 {
         let l = self.layers as u64;
         let per_layer = self.attention_params() + self.norm_params();
-        let routed = self.moe.as_ref().map_or(0, |m| m.num_experts as u64 * self.expert_params());
+        let routed = self
+            .moe
+            .as_ref()
+            .map_or(0, |m| m.num_experts as u64 * self.expert_params());
         l * per_layer
             + self.dense_layers() as u64 * self.dense_ffn_params()
             + self.moe_layers() as u64 * (routed + self.moe_dense_part_params())
@@ -278,7 +288,10 @@ impl Model {
     /// top-k routed experts, shared experts, LM head; not the input embedding.
     pub fn active_matmul_params(&self) -> u64 {
         let l = self.layers as u64;
-        let routed_active = self.moe.as_ref().map_or(0, |m| m.top_k as u64 * self.expert_params());
+        let routed_active = self
+            .moe
+            .as_ref()
+            .map_or(0, |m| m.top_k as u64 * self.expert_params());
         let shared = self.activation.ffn_matrices() * self.hidden as u64 * self.shared_ffn_hidden();
         let head = self.embedding_params(); // the LM head multiplies whether or not it is tied
         l * self.attention_params()
@@ -358,6 +371,10 @@ mod tests {
             shared_expert_ffn_hidden: None,
             first_dense_layers: 0,
         });
-        assert!(m.validate().unwrap_err().to_string().contains("model.moe.top_k"));
+        assert!(m
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("model.moe.top_k"));
     }
 }

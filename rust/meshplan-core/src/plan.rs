@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 
 /// Activation recomputation mode (COSTMODEL §1.3, §2.4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
     #[default]
@@ -31,7 +33,9 @@ impl Recompute {
 }
 
 /// Pipeline schedule (COSTMODEL §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
 pub enum Schedule {
     /// PipeDream-Flush one-forward-one-backward; also the label of plans without pipelining.
     #[default]
@@ -46,7 +50,11 @@ pub enum Schedule {
 }
 
 impl Schedule {
-    pub const ALL: [Schedule; 3] = [Schedule::OneFOneB, Schedule::Interleaved, Schedule::ZeroBubbleH1];
+    pub const ALL: [Schedule; 3] = [
+        Schedule::OneFOneB,
+        Schedule::Interleaved,
+        Schedule::ZeroBubbleH1,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -143,7 +151,11 @@ impl Plan {
         }
         match (self.schedule(), self.vpp) {
             (Schedule::Interleaved, 1) => {
-                return Err(Error::invalid("plan.vpp", 1, "an integer >= 2 with the interleaved-1f1b schedule"))
+                return Err(Error::invalid(
+                    "plan.vpp",
+                    1,
+                    "an integer >= 2 with the interleaved-1f1b schedule",
+                ))
             }
             (s, v) if s != Schedule::Interleaved && v > 1 => {
                 return Err(Error::invalid(

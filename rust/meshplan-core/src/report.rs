@@ -28,7 +28,12 @@ pub struct MemoryBreakdown {
 impl MemoryBreakdown {
     /// Sum of the components.
     pub fn total(&self) -> f64 {
-        self.weights + self.gradients + self.optimizer + self.activations + self.transient + self.fixed
+        self.weights
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.transient
+            + self.fixed
     }
 }
 
@@ -56,7 +61,14 @@ pub struct TimeBreakdown {
 impl TimeBreakdown {
     /// Sum of the components.
     pub fn total(&self) -> f64 {
-        self.compute + self.tp + self.cp + self.ep + self.pp_p2p + self.bubble + self.dp + self.optimizer
+        self.compute
+            + self.tp
+            + self.cp
+            + self.ep
+            + self.pp_p2p
+            + self.bubble
+            + self.dp
+            + self.optimizer
     }
 }
 

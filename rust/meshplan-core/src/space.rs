@@ -32,7 +32,11 @@ impl Degree {
     fn validate(&self, field: &str) -> Result<()> {
         for (name, v) in [("fixed", self.fixed), ("min", self.min), ("max", self.max)] {
             if v == Some(0) {
-                return Err(Error::invalid(format!("space.{field}.{name}"), 0, "an integer >= 1"));
+                return Err(Error::invalid(
+                    format!("space.{field}.{name}"),
+                    0,
+                    "an integer >= 1",
+                ));
             }
         }
         if let (Some(lo), Some(hi)) = (self.min, self.max) {
@@ -138,16 +142,32 @@ impl SearchSpace {
             d.validate(name)?;
         }
         if self.zero.is_empty() {
-            return Err(Error::invalid("space.zero", "[]", "a non-empty subset of {0, 1, 2, 3}"));
+            return Err(Error::invalid(
+                "space.zero",
+                "[]",
+                "a non-empty subset of {0, 1, 2, 3}",
+            ));
         }
         if let Some(z) = self.zero.iter().find(|z| **z > 3) {
-            return Err(Error::invalid("space.zero", z, "a non-empty subset of {0, 1, 2, 3}"));
+            return Err(Error::invalid(
+                "space.zero",
+                z,
+                "a non-empty subset of {0, 1, 2, 3}",
+            ));
         }
         if self.recompute.is_empty() {
-            return Err(Error::invalid("space.recompute", "[]", "a non-empty subset of {none, selective, full}"));
+            return Err(Error::invalid(
+                "space.recompute",
+                "[]",
+                "a non-empty subset of {none, selective, full}",
+            ));
         }
         if self.sequence_parallel.is_empty() {
-            return Err(Error::invalid("space.sequence_parallel", "[]", "a non-empty subset of {false, true}"));
+            return Err(Error::invalid(
+                "space.sequence_parallel",
+                "[]",
+                "a non-empty subset of {false, true}",
+            ));
         }
         if self.schedules.is_empty() {
             return Err(Error::invalid(
@@ -157,7 +177,11 @@ impl SearchSpace {
             ));
         }
         if !(self.memory_headroom_gib.is_finite() && self.memory_headroom_gib >= 0.0) {
-            return Err(Error::invalid("space.memory_headroom_gib", self.memory_headroom_gib, "a finite number >= 0"));
+            return Err(Error::invalid(
+                "space.memory_headroom_gib",
+                self.memory_headroom_gib,
+                "a finite number >= 0",
+            ));
         }
         if self.top_k == 0 {
             return Err(Error::invalid("space.top_k", 0, "an integer >= 1"));

@@ -63,13 +63,25 @@ impl Workload {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         if self.global_batch == 0 {
-            return Err(Error::invalid("workload.global_batch", 0, "an integer >= 1 (sequences)"));
+            return Err(Error::invalid(
+                "workload.global_batch",
+                0,
+                "an integer >= 1 (sequences)",
+            ));
         }
         if self.seq_len == 0 {
-            return Err(Error::invalid("workload.seq_len", 0, "an integer >= 1 (tokens)"));
+            return Err(Error::invalid(
+                "workload.seq_len",
+                0,
+                "an integer >= 1 (tokens)",
+            ));
         }
         if self.grad_bytes != 2 && self.grad_bytes != 4 {
-            return Err(Error::invalid("workload.grad_bytes", self.grad_bytes, "2 or 4"));
+            return Err(Error::invalid(
+                "workload.grad_bytes",
+                self.grad_bytes,
+                "2 or 4",
+            ));
         }
         Ok(())
     }
