@@ -18,6 +18,7 @@ pub mod report;
 pub mod space;
 pub mod stages;
 pub mod time;
+pub mod traffic;
 pub mod workload;
 
 pub use error::{Error, Result};

@@ -111,7 +111,7 @@ fn degree_values(d: &Degree, upper: u32) -> Vec<u32> {
     (1..=upper).filter(|v| d.allows(*v)).collect()
 }
 
-fn knobs(problem: &Problem, space: &SearchSpace, tp: u32, pp: u32) -> Knobs {
+fn knobs(problem: &Problem, space: &SearchSpace, [dp, tp, pp, ep, cp]: [u32; 5]) -> Knobs {
     let mb_upper = space
         .micro_batch
         .fixed
@@ -142,6 +142,10 @@ fn knobs(problem: &Problem, space: &SearchSpace, tp: u32, pp: u32) -> Knobs {
     let mut zero = space.zero.clone();
     zero.sort();
     zero.dedup();
+    if dp * ep * cp == 1 {
+        // Nothing to shard over: every ZeRO stage is the same plan; keep the lowest allowed.
+        zero.truncate(1);
+    }
     let mut recompute = space.recompute.clone();
     recompute.sort();
     recompute.dedup();
@@ -347,7 +351,7 @@ impl Searcher<'_> {
             feasible: 0,
             pruned: BTreeMap::new(),
         };
-        let knobs = knobs(self.problem, self.space, tp, pp);
+        let knobs = knobs(self.problem, self.space, [dp, tp, pp, ep, cp]);
         part.candidates = knobs.count();
         if part.candidates == 0 {
             return Ok(part);
@@ -437,7 +441,7 @@ pub fn search(problem: &Problem, space: &SearchSpace, control: &Control) -> Resu
     if let Some(limit) = space.max_candidates {
         let candidates: u64 = tuples
             .iter()
-            .map(|t| knobs(problem, space, t[1], t[2]).count())
+            .map(|t| knobs(problem, space, *t).count())
             .sum();
         if candidates > limit {
             return Err(Error::SpaceTooLarge { candidates, limit });

@@ -1,0 +1,225 @@
+//! Invariants of the search and the cost model (proptest), and an exhaustive cross-check: the
+//! pruned, parallel search returns exactly what brute-force evaluation of every plan returns.
+
+use std::collections::BTreeMap;
+
+use meshplan_core::*;
+use proptest::prelude::*;
+
+const MODELS: [&str; 4] = ["llama3-8b", "mixtral-8x7b", "gpt-1.7b", "qwen3-30b-a3b"];
+const GPUS: [&str; 4] = ["h100-sxm", "a100-sxm-40g", "gb200-nvl72", "mi300x"];
+
+fn problem(model: &str, gpu: &str, n: u32, global_batch: u32, seq_len: u32) -> Problem {
+    let cluster = Cluster {
+        gpu: presets::gpu(gpu).unwrap(),
+        num_gpus: n,
+        gpus_per_node: None,
+        nvlink_domain: None,
+    };
+    Problem::new(
+        presets::model(model).unwrap(),
+        cluster,
+        Workload::new(global_batch, seq_len),
+    )
+    .unwrap()
+}
+
+fn divisors(n: u32) -> Vec<u32> {
+    (1..=n).filter(|d| n % d == 0).collect()
+}
+
+/// Every (dp, tp, pp, ep, cp) with product n.
+fn factorisations(n: u32, moe: bool) -> Vec<[u32; 5]> {
+    let mut out = Vec::new();
+    for tp in divisors(n) {
+        for pp in divisors(n / tp) {
+            for cp in divisors(n / tp / pp) {
+                for ep in divisors(n / tp / pp / cp) {
+                    if !moe && ep > 1 {
+                        continue;
+                    }
+                    out.push([n / tp / pp / cp / ep, tp, pp, ep, cp]);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn arb_problem() -> impl Strategy<Value = Problem> {
+    (
+        0..MODELS.len(),
+        0..GPUS.len(),
+        2u32..=5,
+        3u32..=7,
+        prop::sample::select(vec![1024u32, 2048, 4096]),
+    )
+        .prop_map(|(m, g, log_n, log_b, s)| problem(MODELS[m], GPUS[g], 1 << log_n, 1 << log_b, s))
+}
+
+fn small_space() -> SearchSpace {
+    SearchSpace {
+        micro_batch: Degree {
+            fixed: None,
+            min: None,
+            max: Some(4),
+        },
+        vpp: Degree {
+            fixed: None,
+            min: None,
+            max: Some(3),
+        },
+        top_k: 25,
+        ..SearchSpace::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn searched_plans_multiply_to_the_gpu_count(p in arb_problem()) {
+        let r = search(&p, &small_space(), &Control::default()).unwrap();
+        for e in &r.plans {
+            prop_assert_eq!(e.plan.num_gpus(), p.cluster.num_gpus as u64);
+            prop_assert!(e.feasible);
+            if !p.model.is_moe() {
+                prop_assert_eq!(e.plan.ep, 1);
+            }
+        }
+        let pruned: u64 = r.stats.pruned.values().sum();
+        prop_assert_eq!(r.stats.feasible + pruned, r.stats.candidates);
+    }
+
+    #[test]
+    fn memory_never_decreases_as_the_micro_batch_grows(
+        p in arb_problem(),
+        pick in any::<prop::sample::Index>(),
+        zero in 0u8..=3,
+        recompute in prop::sample::select(Recompute::ALL.to_vec()),
+        sp in any::<bool>(),
+    ) {
+        let tuples = factorisations(p.cluster.num_gpus, p.model.is_moe());
+        let [dp, tp, pp, ep, cp] = tuples[pick.index(tuples.len())];
+        let per_replica = p.workload.global_batch / (dp * ep).min(p.workload.global_batch);
+        let mut prev = 0.0;
+        for b in divisors(per_replica.max(1)) {
+            let plan = Plan { dp, tp, pp, ep, cp, vpp: 1, micro_batch: b, zero, recompute, sequence_parallel: sp, schedule: None };
+            let e = evaluate(&p, &plan).unwrap();
+            prop_assert!(e.peak_memory_gib >= prev - 1e-9, "b = {}: {} < {}", b, e.peak_memory_gib, prev);
+            prev = e.peak_memory_gib;
+        }
+    }
+
+    #[test]
+    fn a_higher_zero_stage_never_needs_more_state_memory(p in arb_problem(), pick in any::<prop::sample::Index>()) {
+        let tuples = factorisations(p.cluster.num_gpus, p.model.is_moe());
+        let [dp, tp, pp, ep, cp] = tuples[pick.index(tuples.len())];
+        let mut prev = f64::INFINITY;
+        for zero in 0..=3 {
+            let plan = Plan { dp, tp, pp, ep, cp, vpp: 1, micro_batch: 1, zero, recompute: Recompute::None, sequence_parallel: false, schedule: None };
+            let m = evaluate(&p, &plan).unwrap().memory_gib;
+            let states = m.weights + m.gradients + m.optimizer;
+            prop_assert!(states <= prev + 1e-9, "zero {}: {} > {}", zero, states, prev);
+            prev = states;
+        }
+    }
+
+    #[test]
+    fn the_ranking_does_not_depend_on_the_thread_count(p in arb_problem()) {
+        let one = search(&p, &small_space(), &Control { threads: Some(1), ..Control::default() }).unwrap();
+        let two = search(&p, &small_space(), &Control { threads: Some(2), ..Control::default() }).unwrap();
+        prop_assert_eq!(one.plans, two.plans);
+        prop_assert_eq!(one.stats.pruned, two.stats.pruned);
+        prop_assert_eq!(one.stats.feasible, two.stats.feasible);
+    }
+}
+
+/// Every plan of `space` as the search defines it, by brute force.
+fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
+    let mut out = Vec::new();
+    for [dp, tp, pp, ep, cp] in factorisations(p.cluster.num_gpus, p.model.is_moe()) {
+        let mut schedules = vec![(Schedule::OneFOneB, 1)];
+        if pp > 1 {
+            schedules.push((Schedule::ZeroBubbleH1, 1));
+            for v in 2..=space.vpp.max.unwrap() {
+                schedules.push((Schedule::Interleaved, v));
+            }
+        }
+        let zeros: Vec<u8> = if dp * ep * cp == 1 {
+            vec![0]
+        } else {
+            vec![0, 1, 2, 3]
+        };
+        let sps: Vec<bool> = if tp > 1 {
+            vec![false, true]
+        } else {
+            vec![false]
+        };
+        for b in 1..=space.micro_batch.max.unwrap().min(p.workload.global_batch) {
+            for &(schedule, vpp) in &schedules {
+                for &zero in &zeros {
+                    for recompute in Recompute::ALL {
+                        for &sequence_parallel in &sps {
+                            out.push(Plan {
+                                dp,
+                                tp,
+                                pp,
+                                ep,
+                                cp,
+                                vpp,
+                                micro_batch: b,
+                                zero,
+                                recompute,
+                                sequence_parallel,
+                                schedule: Some(schedule),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn pruned_search_equals_brute_force() {
+    let space = small_space();
+    for (model, gpu, n, gb, s) in [
+        ("llama3-8b", "h100-sxm", 16, 64, 4096),
+        ("mixtral-8x7b", "h100-sxm", 32, 64, 4096),
+        ("gpt-1.7b", "a100-sxm-40g", 16, 128, 2048),
+        ("qwen3-30b-a3b", "gb200-nvl72", 16, 32, 4096),
+    ] {
+        let p = problem(model, gpu, n, gb, s);
+        let plans = all_plans(&p, &space);
+        let mut pruned: BTreeMap<String, u64> = BTreeMap::new();
+        let mut feasible = Vec::new();
+        for plan in &plans {
+            let e = evaluate_in(&p, plan, &space).unwrap();
+            match e.reasons.first() {
+                Some(v) => *pruned.entry(v.rule.clone()).or_default() += 1,
+                None => feasible.push(e),
+            }
+        }
+        feasible.sort_by(|a, b| b.tokens_per_s_per_gpu.total_cmp(&a.tokens_per_s_per_gpu));
+        let r = search(&p, &space, &Control::default()).unwrap();
+        assert_eq!(r.stats.candidates, plans.len() as u64, "{model}");
+        assert_eq!(r.stats.feasible, feasible.len() as u64, "{model}");
+        assert_eq!(r.stats.pruned, pruned, "{model}");
+        let want: Vec<f64> = feasible
+            .iter()
+            .take(space.top_k as usize)
+            .map(|e| e.tokens_per_s_per_gpu)
+            .collect();
+        let got: Vec<f64> = r.plans.iter().map(|e| e.tokens_per_s_per_gpu).collect();
+        assert_eq!(got, want, "{model}");
+        for e in &r.plans {
+            let again = evaluate_in(&p, &e.plan, &space).unwrap();
+            assert!(again.feasible);
+            assert_eq!(again.step_time_s, e.step_time_s);
+            assert_eq!(again.memory_gib, e.memory_gib);
+        }
+    }
+}
