@@ -225,8 +225,7 @@ def test_search_ranking_does_not_depend_on_threads(
 def test_search_releases_the_gil() -> None:
     """While a long search runs in a thread, the main thread keeps running Python code."""
     big = dict(
-        model="llama3.1-405b", cluster=mp.Cluster("h100-sxm", 16384),
-        workload=mp.Workload(2048, 8192),
+        model="llama3-70b", cluster=mp.Cluster("h100-sxm", 512), workload=mp.Workload(1024, 8192),
     )
     started, done = threading.Event(), threading.Event()
 

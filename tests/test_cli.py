@@ -1,0 +1,224 @@
+"""The ``meshplan`` command, in-process through ``main(argv)`` and once through its entry point."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HF_CONFIGS
+
+import meshplan as mp
+from meshplan.cli import main
+
+PROBLEM = ["--model", "llama2-7b", "--gpu", "a100-sxm-40g", "--gpus", "8",
+           "--global-batch", "64", "--seq-len", "4096"]
+SMALL = ["--max-micro-batch", "2", "--recompute", "none,full", "--zero", "0,1,3",
+         "--schedules", "1f1b"]
+PLAN_KEYS = {"rank", "dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero", "recompute",
+             "sequence_parallel", "schedule", "step_time_s", "tokens_per_s_per_gpu", "mfu",
+             "peak_memory_gib", "memory_gib", "time_s"}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_models_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    for name in ["llama3-70b", "deepseek-v3", "gpt3-175b"]:
+        assert name in out
+    code, out, _ = run(capsys, "models", "--json")
+    assert code == 0
+    assert [m["name"] for m in json.loads(out)] == mp.Model.presets()
+
+
+def test_gpus_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "gpus")
+    assert code == 0 and "h100-sxm" in out and "mi300x" in out
+    code, out, _ = run(capsys, "gpus", "--json")
+    gpus = json.loads(out)
+    assert [g["name"] for g in gpus] == mp.Gpu.presets()
+    assert all("calibration" in g for g in gpus)
+
+
+def test_search_table(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "search", *PROBLEM, *SMALL, "--top-k", "5")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("rank"))
+    for column in ["dp", "tp", "pp", "ep", "cp", "vpp", "mb", "zero", "recompute", "sp",
+                   "schedule", "step s", "tok/s/GPU", "MFU %", "mem GiB"]:
+        assert column in header
+    first = lines.index(header) + 2  # header, rule, then the plans
+    assert [line.split()[0] for line in lines[first:first + 5]] == ["1", "2", "3", "4", "5"]
+    assert any(line.startswith("candidates") for line in lines)
+    assert any(line.startswith("feasible") for line in lines)
+    assert any(line.startswith("elapsed") for line in lines)
+    # Pruning reasons are listed largest first.
+    pruned = lines[lines.index("pruned") + 1:]
+    counts = [int(line.split()[-1].replace(",", "")) for line in pruned if line.strip()]
+    assert counts and counts == sorted(counts, reverse=True)
+
+
+def test_search_json_shape_matches_the_api(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "search", *PROBLEM, *SMALL, "--tp", "2", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert set(doc) == {"plans", "stats"}
+    assert doc["plans"]
+    for i, plan in enumerate(doc["plans"], start=1):
+        assert PLAN_KEYS <= set(plan)
+        assert plan["rank"] == i and plan["tp"] == 2
+        assert isinstance(plan["memory_gib"], dict) and isinstance(plan["time_s"], dict)
+    assert {"candidates", "feasible", "pruned", "elapsed_s"} <= set(doc["stats"])
+    assert all(isinstance(v, int) for v in doc["stats"]["pruned"].values())
+    api = mp.search("llama2-7b", mp.Cluster("a100-sxm-40g", 8), mp.Workload(64, 4096),
+                    mp.SearchSpace(tp=2, max_micro_batch=2, recompute=["none", "full"],
+                                   zero=[0, 1, 3], schedules=["1f1b"]))
+    assert [p["tokens_per_s_per_gpu"] for p in doc["plans"]] == [
+        p.tokens_per_s_per_gpu for p in api.plans
+    ]
+
+
+def test_search_csv(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "search", *PROBLEM, *SMALL, "--top-k", "4", "--csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 4
+    assert [r["rank"] for r in rows] == ["1", "2", "3", "4"]
+    assert {"dp", "tp", "pp", "step_time_s", "mfu", "memory_gib.weights", "time_s.compute"} <= set(
+        rows[0]
+    )
+
+
+def test_search_flags_reach_the_space(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "search", *PROBLEM, "--max-micro-batch", "2", "--zero", "3",
+                       "--recompute", "full", "--sequence-parallel", "off", "--dp", "8",
+                       "--json")
+    assert code == 0
+    plans = json.loads(out)["plans"]
+    assert plans
+    assert all(p["dp"] == 8 and p["zero"] == 3 and p["recompute"] == "full" for p in plans)
+    assert all(not p["sequence_parallel"] and p["micro_batch"] <= 2 for p in plans)
+
+
+def test_search_with_nothing_feasible(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "search", "--model", "llama3-70b", "--gpu", "a100-sxm-40g",
+                       "--gpus", "2", "--global-batch", "8", "--seq-len", "4096")
+    assert code == 0
+    assert "no feasible plan" in out and "memory" in out
+
+
+def test_evaluate_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "evaluate", *PROBLEM, "--plan",
+                       "dp=8,tp=1,pp=1,ep=1,cp=1,micro_batch=1,zero=3,recompute=none,vpp=1,"
+                       "sequence_parallel=false", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert PLAN_KEYS | {"feasible", "reasons"} <= set(doc)
+    assert doc["feasible"] is True and doc["reasons"] == [] and doc["zero"] == 3
+
+
+def test_evaluate_infeasible_plan_shows_reasons(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["evaluate", "--model", "llama3-70b", "--gpu", "a100-sxm-40g", "--gpus", "8",
+            "--global-batch", "64", "--seq-len", "4096", "--plan", "dp=8,tp=1,pp=1"]
+    code, out, _ = run(capsys, *argv)
+    assert code == 0
+    assert "feasible    NO" in out and "memory" in out
+    code, out, _ = run(capsys, *argv, "--json")
+    doc = json.loads(out)
+    assert doc["feasible"] is False
+    assert any(r["rule"] == "memory" for r in doc["reasons"])
+
+
+def test_model_from_config_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "evaluate", "--model", str(HF_CONFIGS / "Mixtral-8x7B-v0.1.json"),
+                       "--model-name", "mixtral-from-hf", "--gpu", "h100-sxm", "--gpus", "8",
+                       "--global-batch", "64", "--seq-len", "4096", "--plan", "dp=1,tp=1,pp=1,ep=8")
+    assert code == 0 and "mixtral-from-hf on 8 x h100-sxm" in out
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["search", *PROBLEM[2:], "--model", "gpt-5"], ["gpt-5", "llama3-70b"]),
+        (["search", *PROBLEM[:2], "--gpu", "tpu", *PROBLEM[4:]], ["tpu"]),
+        (["search", *PROBLEM[:-1], "many"], ["--seq-len", "many"]),
+        (["search", *PROBLEM[2:]], ["--model"]),
+        (["search", *PROBLEM, "--precision", "fp8"], ["workload.precision", "fp8"]),
+        (["search", *PROBLEM, "--precision", "fp5"], ["workload.precision", "fp5"]),
+        (["search", *PROBLEM, "--zero", "0,x"], ["--zero"]),
+        (["search", *PROBLEM, "--recompute", "most"], ["space.recompute", "most"]),
+        (["search", *PROBLEM, "--max-pp", "0"], ["space.pp.max"]),
+        (["search", *PROBLEM, "--sequence-parallel", "maybe"], ["--sequence-parallel"]),
+        (["search", *PROBLEM, "--threads", "0"], ["threads"]),
+        (["search", *PROBLEM, "--json", "--csv"], ["--csv"]),
+        (["evaluate", *PROBLEM, "--plan", "dp=4,tp=1,pp=1"], ["plan", "8"]),
+        (["evaluate", *PROBLEM, "--plan", "dp=8,tp=1"], ["plan.pp"]),
+        (["evaluate", *PROBLEM, "--plan", "dp=8 tp=1 pp=1"], ["plan.dp"]),
+        (["evaluate", *PROBLEM], ["--plan"]),
+        (["search", "--model", "missing/config.json", *PROBLEM[2:]], ["missing/config.json"]),
+        (["search", *PROBLEM, "--gpus", "0"], ["cluster.num_gpus"]),
+        (["frobnicate"], ["frobnicate"]),
+        ([], ["COMMAND"]),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], argv: list[str], names: list[str]
+) -> None:
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert err.startswith("meshplan: error: ") and err.count("\n") == 1, err
+    for name in names:
+        assert name in err, (name, err)
+
+
+def test_bad_json_config_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "config.json"
+    bad.write_text("{oops")
+    code, _, err = run(capsys, "search", "--model", str(bad), *PROBLEM[2:])
+    assert code == 2 and "JSON" in err and err.count("\n") == 1
+
+
+def test_other_failures_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "search", *PROBLEM, "--max-candidates", "10")
+    assert code == 1
+    assert err.startswith("meshplan: error: search space too large") and err.count("\n") == 1
+
+
+def test_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and mp.__version__ in out
+    code, out, _ = run(capsys, "search", "--help")
+    assert code == 0 and "--max-candidates" in out
+
+
+def _entry_point() -> str:
+    here = Path(sys.executable).parent / "meshplan"
+    found = str(here) if here.exists() else shutil.which("meshplan")
+    assert found, "the `meshplan` entry point is not installed (pip install .)"
+    return found
+
+
+def test_entry_point_search_json_and_bad_input() -> None:
+    exe = _entry_point()
+    done = subprocess.run([exe, "search", *PROBLEM, *SMALL, "--top-k", "3", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert len(doc["plans"]) == 3 and doc["stats"]["candidates"] > 0
+    bad = subprocess.run([exe, "evaluate", *PROBLEM, "--plan", "dp=3,tp=1,pp=1"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.startswith("meshplan: error: invalid plan") and bad.stderr.count("\n") == 1
+    assert "Traceback" not in bad.stderr
