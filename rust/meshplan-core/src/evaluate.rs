@@ -174,15 +174,18 @@ fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> (f64, f64, f64, 
     let n = problem.cluster.num_gpus as f64;
     let w = &problem.workload;
     let tokens = w.tokens_per_step();
-    let model_flops =
-        tokens * train_flops_per_token(&problem.model, w.seq_len, AttentionCounting::Causal);
+    let model_flops = tokens * train_flops_per_token(&problem.model, w, AttentionCounting::Causal);
     let recompute_flops = tokens
         * match plan.recompute {
             // One more forward of every layer (not of the LM head).
             Recompute::Full => {
-                (train_flops_per_token(&problem.model, w.seq_len, AttentionCounting::Causal)
-                    - 6.0 * problem.model.embedding_params() as f64)
-                    / 3.0
+                let model = &problem.model;
+                2.0 * (model.active_matmul_params() - model.embedding_params()) as f64
+                    + model.layers as f64
+                        * crate::flops::attention_core_fwd_flops_per_token(
+                            model,
+                            w.seq_len as f64 / 2.0,
+                        )
             }
             Recompute::Selective => {
                 problem.model.layers as f64

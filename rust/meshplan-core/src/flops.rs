@@ -6,6 +6,7 @@
 //! comparisons with sources that count that way.
 
 use crate::model::Model;
+use crate::workload::Workload;
 
 /// How core-attention FLOPs are counted (COSTMODEL §9 item 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,13 +22,20 @@ pub fn attention_core_fwd_flops_per_token(model: &Model, s_ctx: f64) -> f64 {
     2.0 * model.heads as f64 * (model.qk_head_dim() + model.v_head_dim()) as f64 * s_ctx
 }
 
-/// Model training FLOPs (forward + backward, no recompute) per token at sequence length `seq_len`.
-pub fn train_flops_per_token(model: &Model, seq_len: u32, counting: AttentionCounting) -> f64 {
+/// Model training FLOPs (forward + backward, no recompute) per token of `workload`. Weight GEMMs
+/// cost 6 FLOPs per parameter (forward, input gradient, weight gradient), 4 under LoRA where
+/// the frozen weights get no weight gradient.
+pub fn train_flops_per_token(
+    model: &Model,
+    workload: &Workload,
+    counting: AttentionCounting,
+) -> f64 {
     let s_ctx = match counting {
-        AttentionCounting::Causal => seq_len as f64 / 2.0,
-        AttentionCounting::Full => seq_len as f64,
+        AttentionCounting::Causal => workload.seq_len as f64 / 2.0,
+        AttentionCounting::Full => workload.seq_len as f64,
     };
-    6.0 * model.active_matmul_params() as f64
+    let per_param = if workload.lora { 4.0 } else { 6.0 };
+    per_param * model.active_matmul_params() as f64
         + 3.0 * model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx)
 }
 
@@ -56,7 +64,7 @@ mod tests {
         };
         let (l, h, s, v) = (96.0, 12288.0, 2048.0, 51200.0);
         let expected = 72.0 * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));
-        let got = train_flops_per_token(&m, 2048, AttentionCounting::Full);
+        let got = train_flops_per_token(&m, &Workload::new(1, 2048), AttentionCounting::Full);
         assert!((got / expected - 1.0).abs() < 1e-9, "{got} vs {expected}");
     }
 }

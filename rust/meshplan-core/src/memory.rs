@@ -215,6 +215,23 @@ pub fn stage_memory(
         grad_bytes,
         opt_bytes,
     );
+    // LoRA: frozen 16-bit base weights only (sharded under ZeRO-3), no gradients or optimizer.
+    let ((wd, gd, od), (we, ge, oe)) = if problem.workload.lora {
+        let frozen = |p: f64, group: u32| {
+            let d = if plan.zero >= 3 {
+                group.max(1) as f64
+            } else {
+                1.0
+            };
+            (WEIGHT_BYTES * p / d, 0.0, 0.0)
+        };
+        (
+            frozen(params.dense, groups.dense_dp.size),
+            frozen(params.expert, groups.expert_dp.size),
+        )
+    } else {
+        ((wd, gd, od), (we, ge, oe))
+    };
 
     let dense_layer = layer_activation_bytes_per_token(model, plan, false, 1.0);
     let moe_layer = layer_activation_bytes_per_token(model, plan, true, cal.moe_imbalance);

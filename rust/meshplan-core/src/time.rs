@@ -250,7 +250,9 @@ impl<'a> TimeContext<'a> {
             cal.elementwise_bytes_per_hidden * h * tok / self.sp_div() / self.memory_bytes_per_s;
 
         let fwd_compute = g.0 + attn_fwd + elem_fwd;
-        let bwd_compute = g.1 + g.2 + attn_bwd + 2.0 * elem_fwd;
+        // LoRA freezes the base weights: no weight-gradient GEMMs.
+        let wgrad = if self.problem.workload.lora { 0.0 } else { g.2 };
+        let bwd_compute = g.1 + wgrad + attn_bwd + 2.0 * elem_fwd;
 
         // Tensor parallel (§3.4).
         let tp_fwd = if plan.tp > 1 {
@@ -305,11 +307,7 @@ impl<'a> TimeContext<'a> {
             Recompute::Selective => bwd.compute += attn_fwd,
             Recompute::None => {}
         }
-        LayerTime {
-            fwd,
-            bwd,
-            wgrad: g.2,
-        }
+        LayerTime { fwd, bwd, wgrad }
     }
 
     /// Extra seconds of the first (embedding) and last (LM head, loss) ranks per micro-batch.
@@ -336,6 +334,7 @@ impl<'a> TimeContext<'a> {
             // Softmax cross-entropy over fp32 logits: a few passes over tok × V/t.
             let ce = 3.0 * 4.0 * tok * v_local / self.memory_bytes_per_s;
             out.fwd.compute += f + ce;
+            let w = if self.problem.workload.lora { 0.0 } else { w };
             out.bwd.compute += d + w + ce;
             out.wgrad += w;
             out.fwd.tp += tp;
@@ -354,6 +353,9 @@ impl<'a> TimeContext<'a> {
 
     /// Exposed DP/ZeRO communication of `stage` per step (§3.6), given its per-micro-batch time.
     fn dp_exposed(&self, stage: &Stage, st: &LayerTime, micro_batches: u32) -> f64 {
+        if self.problem.workload.lora {
+            return 0.0; // only the (negligible) adapters are reduced
+        }
         let plan = self.plan;
         let cal = &self.problem.cluster.gpu.calibration;
         let params = stage_params(self.model(), plan, stage);
@@ -395,6 +397,9 @@ impl<'a> TimeContext<'a> {
 
     /// Optimizer-step seconds of `stage` (§3.9): memory-bound over the local optimizer shard.
     fn optimizer_s(&self, stage: &Stage) -> f64 {
+        if self.problem.workload.lora {
+            return 0.0; // only the (negligible) adapters are updated
+        }
         let params = stage_params(self.model(), self.plan, stage);
         let shard = |p: f64, group: u32| {
             if self.plan.zero >= 1 {

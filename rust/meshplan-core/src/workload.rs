@@ -42,6 +42,11 @@ pub struct Workload {
     /// Megatron's default with bf16) or 2 (`--no-grad-reduce-in-fp32`, DeepSpeed) [MEG-DISTOPT].
     #[serde(default = "default_grad_bytes")]
     pub grad_bytes: u32,
+    /// LoRA fine-tuning: the base weights are frozen, so there are no weight-gradient GEMMs,
+    /// no gradients or optimizer state for them and no data-parallel gradient reduction (the
+    /// adapters are small enough to neglect).
+    #[serde(default)]
+    pub lora: bool,
 }
 
 fn default_grad_bytes() -> u32 {
@@ -57,6 +62,7 @@ impl Workload {
             precision: Precision::Bf16,
             optimizer: Optimizer::Adam,
             grad_bytes: default_grad_bytes(),
+            lora: false,
         }
     }
 
