@@ -1,0 +1,115 @@
+"""Import of real Hugging Face ``config.json`` files (verbatim copies in fixtures/hf)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import HF_CONFIGS
+
+import meshplan as mp
+
+CONFIGS = sorted(HF_CONFIGS.glob("*.json"))
+
+# (file, preset with the same architecture)
+SAME_AS_PRESET = [
+    ("Llama-3.1-405B.json", "llama3.1-405b"),
+    ("Mixtral-8x7B-v0.1.json", "mixtral-8x7b"),
+    ("Mixtral-8x22B-v0.1.json", "mixtral-8x22b"),
+    ("DeepSeek-V3.json", "deepseek-v3"),
+    ("Qwen3-30B-A3B.json", "qwen3-30b-a3b"),
+    ("Qwen3-235B-A22B.json", "qwen3-235b-a22b"),
+]
+
+
+def load(name: str) -> dict[str, Any]:
+    raw: dict[str, Any] = json.loads((HF_CONFIGS / name).read_text())
+    return raw
+
+
+def shape(m: mp.Model) -> dict[str, Any]:
+    d = m.to_dict()
+    del d["name"]
+    return d
+
+
+def test_fixtures_are_present() -> None:
+    assert len(CONFIGS) >= 10
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_fixture_imports_with_the_files_dimensions(path: Path) -> None:
+    raw = json.loads(path.read_text())
+    m = mp.Model.from_hf_config(path)
+    assert m.layers == raw["num_hidden_layers"]
+    assert m.hidden == raw["hidden_size"]
+    assert m.heads == raw["num_attention_heads"]
+    assert m.vocab == raw["vocab_size"]
+    assert m.tied_embeddings == raw.get("tie_word_embeddings", False)
+    if "head_dim" in raw and raw.get("model_type") not in ("deepseek_v3", "kimi_k2"):
+        assert m.head_dim == raw["head_dim"]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_path_dict_and_text_give_the_same_model(path: Path) -> None:
+    by_path = mp.Model.from_hf_config(path)
+    assert mp.Model.from_hf_config(str(path)) == by_path
+    assert mp.Model.from_hf_config(json.loads(path.read_text())) == by_path
+    assert mp.Model.from_hf_config(path.read_text()) == by_path
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_imported_model_can_be_evaluated(path: Path) -> None:
+    m = mp.Model.from_hf_config(path)
+    ep = 8 if m.moe is not None else 1
+    ev = mp.evaluate(m, mp.Cluster("b200", 64), mp.Workload(256, 4096),
+                     mp.Plan(dp=64 // (8 * ep), tp=8, pp=1, ep=ep, zero=1))
+    assert ev.step_time_s > 0 and ev.peak_memory_gib > 0
+
+
+@pytest.mark.parametrize("file, preset", SAME_AS_PRESET)
+def test_import_matches_the_preset(file: str, preset: str) -> None:
+    assert shape(mp.Model.from_hf_config(HF_CONFIGS / file)) == shape(mp.Model.preset(preset))
+
+
+def test_mixtral_moe_fields() -> None:
+    m = mp.Model.from_hf_config(HF_CONFIGS / "Mixtral-8x7B-v0.1.json")
+    assert m.moe is not None and m.mla is None
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.expert_ffn_hidden) == (8, 2, 14336)
+    assert m.kv_heads == 8
+
+
+def test_qwen3_moe_head_dim_differs_from_hidden_over_heads() -> None:
+    raw = load("Qwen3-30B-A3B.json")
+    m = mp.Model.from_hf_config(raw)
+    assert m.head_dim == 128 != m.hidden // m.heads
+    assert m.moe is not None
+    assert m.moe.expert_ffn_hidden == raw["moe_intermediate_size"]
+    assert m.moe.num_experts == raw["num_experts"] and m.moe.top_k == raw["num_experts_per_tok"]
+
+
+def test_deepseek_v3_moe_and_mla() -> None:
+    raw = load("DeepSeek-V3.json")
+    m = mp.Model.from_hf_config(raw)
+    assert m.moe is not None and m.mla is not None
+    assert m.moe.num_experts == raw["n_routed_experts"]
+    assert m.moe.shared_experts == raw["n_shared_experts"]
+    assert m.moe.first_dense_layers == raw["first_k_dense_replace"]
+    assert m.moe.expert_ffn_hidden == raw["moe_intermediate_size"]
+    assert m.mla.q_lora_rank == raw["q_lora_rank"]
+    assert m.mla.kv_lora_rank == raw["kv_lora_rank"]
+    assert m.mla.qk_rope_head_dim == raw["qk_rope_head_dim"]
+
+
+def test_name_override() -> None:
+    m = mp.Model.from_hf_config(HF_CONFIGS / "Qwen2.5-72B.json", name="my-qwen")
+    assert m.name == "my-qwen"
+    assert mp.Model.from_hf_config(HF_CONFIGS / "Qwen2.5-72B.json").name != ""
+
+
+def test_search_on_an_imported_model() -> None:
+    result = mp.search(str(HF_CONFIGS / "Mixtral-8x7B-v0.1.json"), mp.Cluster("h100-sxm", 16),
+                       mp.Workload(128, 4096), mp.SearchSpace(max_micro_batch=1, top_k=3))
+    assert result.plans and all(p.plan.num_gpus == 16 for p in result.plans)
