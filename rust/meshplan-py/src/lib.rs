@@ -373,3 +373,81 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(search, m)?)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One error of every kind the core can return.
+    fn every_error() -> Vec<core::Error> {
+        vec![
+            core::Error::invalid("model.layers", 0, "an integer >= 1"),
+            core::Error::UnknownPreset {
+                kind: "model",
+                name: "x".into(),
+                available: "y".into(),
+            },
+            core::Error::HfConfig {
+                field: "model_type".into(),
+                reason: "missing".into(),
+            },
+            core::Error::DataFile {
+                what: "data/gpus.toml".into(),
+                reason: "bad".into(),
+            },
+            core::Error::SpaceTooLarge {
+                candidates: 2,
+                limit: 1,
+            },
+            core::Error::Cancelled,
+            core::Error::DeadlineExceeded { elapsed_s: 1.0 },
+        ]
+    }
+
+    #[test]
+    fn every_core_error_kind_has_its_own_python_class() {
+        let errors = every_error();
+        for e in &errors {
+            assert!(
+                ERROR_CLASSES.iter().any(|(kind, _)| *kind == e.kind()),
+                "no Python class for {}",
+                e.kind()
+            );
+        }
+        let mut classes: Vec<&str> = ERROR_CLASSES.iter().map(|c| c.1).collect();
+        classes.sort_unstable();
+        classes.dedup();
+        assert_eq!(
+            classes.len(),
+            ERROR_CLASSES.len(),
+            "two kinds share a class"
+        );
+        assert_eq!(ERROR_CLASSES.len(), errors.len());
+    }
+
+    #[test]
+    fn guarded_turns_a_panic_into_a_failure() {
+        match guarded::<()>(|| panic!("boom {}", 7)) {
+            Err(Failure::Panic(text)) => assert_eq!(text, "boom 7"),
+            _ => panic!("the panic was not caught"),
+        }
+        assert!(matches!(guarded(|| Ok(3)), Ok(3)));
+        assert!(matches!(
+            guarded::<()>(|| Err(core::Error::Cancelled)),
+            Err(Failure::Core(core::Error::Cancelled))
+        ));
+    }
+
+    #[test]
+    fn interruptible_returns_the_work_result() {
+        // The waiting thread attaches to Python to look for Ctrl-C while the work runs.
+        Python::initialize();
+        let flag = AtomicBool::new(false);
+        let (outcome, interrupt) = interruptible(&flag, || {
+            std::thread::sleep(3 * SIGNAL_POLL);
+            Ok(41 + 1)
+        });
+        assert!(matches!(outcome, Ok(42)));
+        assert!(interrupt.is_none() && !flag.load(Ordering::SeqCst));
+    }
+}
