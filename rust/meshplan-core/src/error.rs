@@ -27,6 +27,13 @@ pub enum Error {
     /// A data file (preset table, calibration file) that does not parse.
     #[error("cannot parse {what}: {reason}")]
     DataFile { what: String, reason: String },
+    /// A validation case (published run) that does not fit the case schema.
+    #[error("validation case {index} ({id}): {reason}")]
+    InvalidCase {
+        index: usize,
+        id: String,
+        reason: String,
+    },
     /// The search space holds more candidates than the configured cap.
     #[error("search space too large: {candidates} candidates exceed the limit of {limit} (constrain the degrees or raise max_candidates)")]
     SpaceTooLarge { candidates: u64, limit: u64 },
@@ -59,6 +66,7 @@ impl Error {
             Error::UnknownPreset { .. } => "unknown_preset",
             Error::HfConfig { .. } => "hf_config",
             Error::DataFile { .. } => "data_file",
+            Error::InvalidCase { .. } => "invalid_case",
             Error::SpaceTooLarge { .. } => "space_too_large",
             Error::Cancelled => "cancelled",
             Error::DeadlineExceeded { .. } => "deadline_exceeded",

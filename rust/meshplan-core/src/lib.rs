@@ -5,6 +5,7 @@
 //! run, scores the rest with the cost model of `COSTMODEL.md` and returns ranked plans;
 //! [`evaluate`] scores one given plan. Pure Rust: no Python, no I/O beyond the embedded presets.
 
+pub mod calibration;
 pub mod comm;
 pub mod error;
 pub mod flops;
@@ -19,6 +20,7 @@ pub mod space;
 pub mod stages;
 pub mod time;
 pub mod traffic;
+pub mod validation;
 pub mod workload;
 
 pub use error::{Error, Result};
@@ -61,4 +63,4 @@ pub mod evaluate;
 mod search;
 
 pub use evaluate::{evaluate, evaluate_in};
-pub use search::{search, Control};
+pub use search::{search, search_counting_faster, Control};

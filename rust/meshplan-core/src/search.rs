@@ -280,6 +280,8 @@ impl TopK {
 /// What one outer tuple contributes.
 struct Partial {
     top: TopK,
+    /// Feasible plans strictly faster than [`Searcher::faster_than`].
+    faster: u64,
     candidates: u64,
     feasible: u64,
     pruned: BTreeMap<&'static str, u64>,
@@ -288,6 +290,7 @@ struct Partial {
 impl Partial {
     fn merge(mut self, other: Partial) -> Partial {
         self.top = self.top.merge(other.top);
+        self.faster += other.faster;
         self.candidates += other.candidates;
         self.feasible += other.feasible;
         for (k, v) in other.pruned {
@@ -303,6 +306,7 @@ struct Searcher<'a> {
     capacity_gib: f64,
     control: &'a Control,
     started: Instant,
+    faster_than: Option<f64>,
 }
 
 impl Searcher<'_> {
@@ -347,6 +351,7 @@ impl Searcher<'_> {
         let k = self.space.top_k as usize;
         let mut part = Partial {
             top: TopK::new(k),
+            faster: 0,
             candidates: 0,
             feasible: 0,
             pruned: BTreeMap::new(),
@@ -411,6 +416,9 @@ impl Searcher<'_> {
                             let time = ctx.step_with(&stage_list, m, &dense, &moe);
                             let tokens_per_s = self.problem.workload.tokens_per_step()
                                 / (time.total() * self.problem.cluster.num_gpus as f64);
+                            if self.faster_than.is_some_and(|t| tokens_per_s > t) {
+                                part.faster += 1;
+                            }
                             if part.top.would_accept(tokens_per_s) {
                                 part.top.push(score(
                                     self.problem,
@@ -434,6 +442,26 @@ impl Searcher<'_> {
 
 /// Searches `space` for the best plans of `problem`.
 pub fn search(problem: &Problem, space: &SearchSpace, control: &Control) -> Result<SearchResult> {
+    run(problem, space, control, None).map(|(r, _)| r)
+}
+
+/// [`search`], also counting the feasible plans predicted strictly faster than
+/// `tokens_per_s_per_gpu` (how a given plan ranks among all feasible plans).
+pub fn search_counting_faster(
+    problem: &Problem,
+    space: &SearchSpace,
+    control: &Control,
+    tokens_per_s_per_gpu: f64,
+) -> Result<(SearchResult, u64)> {
+    run(problem, space, control, Some(tokens_per_s_per_gpu))
+}
+
+fn run(
+    problem: &Problem,
+    space: &SearchSpace,
+    control: &Control,
+    faster_than: Option<f64>,
+) -> Result<(SearchResult, u64)> {
     let started = Instant::now();
     space.validate()?;
     let threads = control.thread_count()?;
@@ -453,6 +481,7 @@ pub fn search(problem: &Problem, space: &SearchSpace, control: &Control) -> Resu
         capacity_gib: memory_capacity_gib(problem, space),
         control,
         started,
+        faster_than,
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -466,6 +495,7 @@ pub fn search(problem: &Problem, space: &SearchSpace, control: &Control) -> Resu
         })?;
     let empty = || Partial {
         top: TopK::new(space.top_k as usize),
+        faster: 0,
         candidates: 0,
         feasible: 0,
         pruned: BTreeMap::new(),
@@ -480,7 +510,7 @@ pub fn search(problem: &Problem, space: &SearchSpace, control: &Control) -> Resu
     for (i, p) in plans.iter_mut().enumerate() {
         p.rank = Some(i as u32 + 1);
     }
-    Ok(SearchResult {
+    let result = SearchResult {
         plans,
         stats: SearchStats {
             candidates: total.candidates,
@@ -493,7 +523,8 @@ pub fn search(problem: &Problem, space: &SearchSpace, control: &Control) -> Resu
             elapsed_s: started.elapsed().as_secs_f64(),
             threads: threads as u32,
         },
-    })
+    };
+    Ok((result, total.faster))
 }
 
 #[cfg(test)]

@@ -1,0 +1,175 @@
+//! User overrides of the calibration constants of `data/gpus.toml`, for fitting meshplan to one's
+//! own cluster: a TOML (or JSON) table per GPU preset name (or `"*"` for every GPU) holding any
+//! subset of the [`Calibration`] fields, e.g.
+//!
+//! ```toml
+//! [h100-sxm]
+//! gemm_efficiency = { bf16 = 0.72, fp8 = 0.55 }
+//! network_bus_efficiency = 0.7
+//! ```
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::hardware::{Calibration, Gpu, PerPrecision, Precision};
+
+/// A partial [`Calibration`]: every field optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrationOverride {
+    #[serde(default)]
+    pub gemm_efficiency: Option<PerPrecision>,
+    #[serde(default)]
+    pub attention_efficiency: Option<f64>,
+    #[serde(default)]
+    pub memory_efficiency: Option<f64>,
+    #[serde(default)]
+    pub elementwise_bytes_per_hidden: Option<f64>,
+    #[serde(default)]
+    pub scaleup_bus_efficiency: Option<f64>,
+    #[serde(default)]
+    pub network_bus_efficiency: Option<f64>,
+    #[serde(default)]
+    pub scaleup_latency_us: Option<f64>,
+    #[serde(default)]
+    pub network_latency_us: Option<f64>,
+    #[serde(default)]
+    pub fixed_memory_gib: Option<f64>,
+    #[serde(default)]
+    pub fragmentation: Option<f64>,
+    #[serde(default)]
+    pub tp_overlap: Option<f64>,
+    #[serde(default)]
+    pub dp_overlap: Option<f64>,
+    #[serde(default)]
+    pub ep_overlap: Option<f64>,
+    #[serde(default)]
+    pub moe_imbalance: Option<f64>,
+}
+
+/// Overrides by GPU preset name; the key `"*"` applies to every GPU before its own entry.
+pub type CalibrationOverrides = BTreeMap<String, CalibrationOverride>;
+
+/// Parses an overrides file: JSON when it starts with `{`, TOML otherwise.
+pub fn parse_overrides(text: &str) -> Result<CalibrationOverrides> {
+    let parsed = if text.trim_start().starts_with('{') {
+        serde_json::from_str::<CalibrationOverrides>(text).map_err(|e| e.to_string())
+    } else {
+        toml::from_str::<CalibrationOverrides>(text).map_err(|e| e.to_string())
+    };
+    parsed.map_err(|reason| Error::DataFile {
+        what: "calibration overrides".into(),
+        reason,
+    })
+}
+
+impl CalibrationOverride {
+    /// Sets the fields this override names.
+    pub fn apply(&self, cal: &mut Calibration) {
+        if let Some(g) = &self.gemm_efficiency {
+            for p in Precision::ALL {
+                if let Some(v) = g.get(p) {
+                    let slot = match p {
+                        Precision::Bf16 => &mut cal.gemm_efficiency.bf16,
+                        Precision::Fp16 => &mut cal.gemm_efficiency.fp16,
+                        Precision::Fp8 => &mut cal.gemm_efficiency.fp8,
+                        Precision::Mxfp8 => &mut cal.gemm_efficiency.mxfp8,
+                        Precision::Nvfp4 => &mut cal.gemm_efficiency.nvfp4,
+                    };
+                    *slot = Some(v);
+                }
+            }
+        }
+        let scalars = [
+            (self.attention_efficiency, &mut cal.attention_efficiency),
+            (self.memory_efficiency, &mut cal.memory_efficiency),
+            (
+                self.elementwise_bytes_per_hidden,
+                &mut cal.elementwise_bytes_per_hidden,
+            ),
+            (self.scaleup_bus_efficiency, &mut cal.scaleup_bus_efficiency),
+            (self.network_bus_efficiency, &mut cal.network_bus_efficiency),
+            (self.scaleup_latency_us, &mut cal.scaleup_latency_us),
+            (self.network_latency_us, &mut cal.network_latency_us),
+            (self.fixed_memory_gib, &mut cal.fixed_memory_gib),
+            (self.fragmentation, &mut cal.fragmentation),
+            (self.tp_overlap, &mut cal.tp_overlap),
+            (self.dp_overlap, &mut cal.dp_overlap),
+            (self.ep_overlap, &mut cal.ep_overlap),
+            (self.moe_imbalance, &mut cal.moe_imbalance),
+        ];
+        for (value, slot) in scalars {
+            if let Some(v) = value {
+                *slot = v;
+            }
+        }
+    }
+}
+
+/// Applies the `"*"` entry and then `gpu.name`'s entry to `gpu`, and re-validates it (so an
+/// out-of-range override is reported with its field name).
+pub fn apply_overrides(overrides: &CalibrationOverrides, gpu: &mut Gpu) -> Result<()> {
+    for key in ["*", gpu.name.as_str()] {
+        if let Some(o) = overrides.get(key) {
+            o.apply(&mut gpu.calibration);
+        }
+    }
+    gpu.validate()
+}
+
+/// GPU names in `overrides` that are neither `"*"` nor in `known` (likely typos).
+pub fn unknown_gpus(overrides: &CalibrationOverrides, known: &[String]) -> Vec<String> {
+    overrides
+        .keys()
+        .filter(|k| k.as_str() != "*" && !known.iter().any(|n| n == *k))
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn toml_overrides_set_only_the_named_fields() {
+        let o =
+            parse_overrides("[h100-sxm]\ngemm_efficiency = { bf16 = 0.5 }\ntp_overlap = 0.25\n")
+                .unwrap();
+        let mut gpu = crate::presets::gpu("h100-sxm").unwrap();
+        let before = gpu.calibration.clone();
+        apply_overrides(&o, &mut gpu).unwrap();
+        assert_eq!(gpu.calibration.gemm_efficiency.bf16, Some(0.5));
+        assert_eq!(
+            gpu.calibration.gemm_efficiency.fp8,
+            before.gemm_efficiency.fp8
+        );
+        assert_eq!(gpu.calibration.tp_overlap, 0.25);
+        assert_eq!(gpu.calibration.dp_overlap, before.dp_overlap);
+    }
+
+    #[test]
+    fn wildcard_applies_to_every_gpu_then_the_named_entry_wins() {
+        let o = parse_overrides(
+            r#"{"*": {"fragmentation": 0.2}, "a100-sxm-80g": {"fragmentation": 0.1}}"#,
+        )
+        .unwrap();
+        let mut h100 = crate::presets::gpu("h100-sxm").unwrap();
+        let mut a100 = crate::presets::gpu("a100-sxm-80g").unwrap();
+        apply_overrides(&o, &mut h100).unwrap();
+        apply_overrides(&o, &mut a100).unwrap();
+        assert_eq!(h100.calibration.fragmentation, 0.2);
+        assert_eq!(a100.calibration.fragmentation, 0.1);
+    }
+
+    #[test]
+    fn bad_overrides_name_the_problem() {
+        let e = parse_overrides("[h100-sxm]\ngemm_eficiency = 0.5\n").unwrap_err();
+        assert!(e.to_string().contains("gemm_eficiency"), "{e}");
+        let o = parse_overrides("[h100-sxm]\ntp_overlap = 1.5\n").unwrap();
+        let mut gpu = crate::presets::gpu("h100-sxm").unwrap();
+        let e = apply_overrides(&o, &mut gpu).unwrap_err();
+        assert!(e.to_string().contains("tp_overlap"), "{e}");
+    }
+}

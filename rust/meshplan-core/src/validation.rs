@@ -1,0 +1,779 @@
+//! Holds the cost model against published training runs (the schema of
+//! `shared/validation/cases.json`): every representable case's published plan is evaluated and
+//! compared with what was measured; optionally the search runs on the same problem to see where
+//! the published plan ranks and how much better the planner thinks it could do.
+//!
+//! Unknown (null) fields get documented defaults, and every row lists the defaults it needed:
+//!
+//! | field | default |
+//! |---|---|
+//! | `model.head_dim` | `hidden / heads` |
+//! | `model.kv_heads` | `heads` |
+//! | `model.ffn_hidden` | the expert FFN size for MoE models without dense layers (unused) |
+//! | `model.vocab` | 51,200 for GeLU (GPT-2 tokenizer padded, Megatron GPT), else 32,000 |
+//! | `model.activation` | SwiGLU |
+//! | `training.precision` | bf16 |
+//! | `training.global_batch` | `4·pp` micro-batches per pipeline |
+//! | `plan.micro_batch` | 1 |
+//! | `plan.zero` | 1 (Megatron's distributed optimizer) |
+//! | `plan.sequence_parallel` | on when `tp > 1` |
+//! | `plan.vpp` | 1 without pipelining, else the interleaving (1..=16) the model predicts fastest |
+//! | `plan.recompute` | the least recompute (none, selective, full) that fits in memory |
+//!
+//! Norm and embeddings follow the family: GeLU models are GPT-style (LayerNorm, tied
+//! embeddings), SwiGLU models Llama-style (RMSNorm, untied).
+//!
+//! Throughput is compared as tokens/s per GPU. A source that reports only step time, model
+//! TFLOP/s, hardware TFLOP/s (which counts recompute) or MFU is converted with the source's own
+//! FLOP basis: Megatron-Bridge counts causal attention at half (`s/2`), every other source in
+//! the file (NeMo 24.x, Narayanan 2021, Korthikanti 2022, Llama 3, torchtitan) at full `s`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::calibration::{apply_overrides, CalibrationOverrides};
+use crate::error::{Error, Result};
+use crate::evaluate::evaluate_in;
+use crate::flops::{attention_core_fwd_flops_per_token, train_flops_per_token, AttentionCounting};
+use crate::hardware::{Cluster, Precision};
+use crate::model::{Activation, Mla, Model, Moe, Norm};
+use crate::plan::{Plan, Recompute, Schedule};
+use crate::report::Evaluation;
+use crate::search::{search_counting_faster, Control};
+use crate::space::{Degree, SearchSpace, DEFAULT_MAX_MICRO_BATCH, DEFAULT_MAX_VPP};
+use crate::workload::Workload;
+use crate::{presets, Problem};
+
+/// One published run, as in the case file.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Case {
+    pub id: String,
+    #[serde(default)]
+    pub source: String,
+    #[serde(default)]
+    pub task: Option<String>,
+    pub model: CaseModel,
+    pub cluster: CaseCluster,
+    pub training: CaseTraining,
+    pub plan: CasePlan,
+    #[serde(default)]
+    pub measured: Measured,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CaseModel {
+    pub name: String,
+    #[serde(default)]
+    pub arch: Option<String>,
+    pub layers: u32,
+    pub hidden: u32,
+    pub heads: u32,
+    #[serde(default)]
+    pub kv_heads: Option<u32>,
+    #[serde(default)]
+    pub head_dim: Option<u32>,
+    #[serde(default)]
+    pub ffn_hidden: Option<u32>,
+    #[serde(default)]
+    pub vocab: Option<u32>,
+    #[serde(default)]
+    pub activation: Option<Activation>,
+    #[serde(default)]
+    pub moe: Option<CaseMoe>,
+    #[serde(default)]
+    pub mla: Option<Mla>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CaseMoe {
+    pub num_experts: u32,
+    pub top_k: u32,
+    pub expert_ffn_hidden: u32,
+    #[serde(default)]
+    pub shared_experts: Option<u32>,
+    #[serde(default)]
+    pub first_dense_layers: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CaseCluster {
+    pub gpu: String,
+    pub num_gpus: u32,
+    #[serde(default)]
+    pub gpus_per_node: Option<u32>,
+    #[serde(default)]
+    pub nvlink_domain: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CaseTraining {
+    #[serde(default)]
+    pub global_batch: Option<u32>,
+    pub seq_len: u32,
+    #[serde(default)]
+    pub precision: Option<Precision>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CasePlan {
+    pub dp: u32,
+    pub tp: u32,
+    pub pp: u32,
+    #[serde(default)]
+    pub ep: Option<u32>,
+    #[serde(default)]
+    pub cp: Option<u32>,
+    #[serde(default)]
+    pub vpp: Option<u32>,
+    #[serde(default)]
+    pub micro_batch: Option<u32>,
+    #[serde(default)]
+    pub zero: Option<u8>,
+    #[serde(default)]
+    pub recompute: Option<Recompute>,
+    #[serde(default)]
+    pub sequence_parallel: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Measured {
+    #[serde(default)]
+    pub tokens_per_s_per_gpu: Option<f64>,
+    #[serde(default)]
+    pub step_time_s: Option<f64>,
+    #[serde(default)]
+    pub model_tflops_per_gpu: Option<f64>,
+    #[serde(default)]
+    pub hardware_tflops_per_gpu: Option<f64>,
+    #[serde(default)]
+    pub mfu: Option<f64>,
+    #[serde(default)]
+    pub peak_memory_gib: Option<f64>,
+}
+
+/// Options of a validation run.
+#[derive(Debug, Clone, Default)]
+pub struct ValidateOptions {
+    /// Also search each case's problem (rank and regret of the published plan).
+    pub search: bool,
+    /// Calibration overrides applied to every case's GPU.
+    pub calibration: Option<CalibrationOverrides>,
+    /// Worker threads of the searches.
+    pub threads: Option<usize>,
+}
+
+/// Memory comparison of one case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryCheck {
+    pub measured_gib: f64,
+    pub predicted_gib: f64,
+    pub ape: f64,
+}
+
+/// One case of the report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CaseRow {
+    pub id: String,
+    pub gpu: String,
+    pub arch: String,
+    pub precision: String,
+    pub task: String,
+    /// `ok`, `unrepresentable` or `error`.
+    pub status: String,
+    /// Why a case was not evaluated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The plan evaluated, with defaults filled in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plan: Option<String>,
+    /// Fields that were null and got a default.
+    pub defaults: Vec<String>,
+    /// Which measurement the throughput comparison uses.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metric: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_tokens_per_s_per_gpu: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_tokens_per_s_per_gpu: Option<f64>,
+    /// |predicted / measured − 1|.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ape: Option<f64>,
+    /// predicted / measured − 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signed_error: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub feasible: Option<bool>,
+    pub reasons: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryCheck>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_s: Option<crate::report::TimeBreakdown>,
+    /// With search: 1 + feasible plans the model predicts faster than the published one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u64>,
+    /// With search: best predicted / published predicted − 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regret: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_plan: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub best_tokens_per_s_per_gpu: Option<f64>,
+}
+
+/// Throughput error statistics of a group of cases.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThroughputSummary {
+    pub n: usize,
+    pub median_ape: Option<f64>,
+    pub p90_ape: Option<f64>,
+    pub within_10pct: Option<f64>,
+    pub within_20pct: Option<f64>,
+    pub median_signed_error: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemorySummary {
+    pub n: usize,
+    pub median_ape: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RegretSummary {
+    pub n: usize,
+    pub median: Option<f64>,
+    pub p90: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    pub throughput: ThroughputSummary,
+    pub memory: MemorySummary,
+    /// Fraction of evaluated published plans judged feasible (with search only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub feasible_recall: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub regret: Option<RegretSummary>,
+    pub by_gpu: BTreeMap<String, ThroughputSummary>,
+    pub by_arch: BTreeMap<String, ThroughputSummary>,
+    /// Cases evaluated / not representable / failed.
+    pub evaluated: usize,
+    pub unrepresentable: usize,
+    pub errors: usize,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ValidationReport {
+    pub cases: Vec<CaseRow>,
+    pub summary: Summary,
+}
+
+/// A case of the file: fully parsed when representable; otherwise only what the report shows
+/// (an unrepresentable case may leave required fields null).
+#[derive(Debug, Clone)]
+pub enum Entry {
+    Case(Box<Case>),
+    Unrepresentable(CaseRow),
+}
+
+fn text_at<'a>(v: &'a serde_json::Value, path: &[&str]) -> Option<&'a str> {
+    path.iter().try_fold(v, |v, k| v.get(*k))?.as_str()
+}
+
+/// Parses the case file (a JSON list), naming the case and field of any schema error.
+pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
+    let values: Vec<serde_json::Value> =
+        serde_json::from_str(json_text).map_err(|e| Error::DataFile {
+            what: "validation cases".into(),
+            reason: format!("expected a JSON list of cases: {e}"),
+        })?;
+    values
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let id = text_at(&v, &["id"]).unwrap_or("?").to_string();
+            if v.get("representable").and_then(|r| r.as_bool()) == Some(false) {
+                let text =
+                    |path: &[&str], default: &str| text_at(&v, path).unwrap_or(default).to_string();
+                let mut row = empty_row(
+                    id,
+                    text(&["cluster", "gpu"], "?"),
+                    text(&["model", "arch"], "?"),
+                    text(&["training", "precision"], "?"),
+                    text(&["task"], "pretrain"),
+                );
+                row.status = "unrepresentable".into();
+                row.reason = Some(text(&["unrepresentable_reason"], "not representable"));
+                return Ok(Entry::Unrepresentable(row));
+            }
+            serde_path_to_error::deserialize::<_, Case>(v)
+                .map(|c| Entry::Case(Box::new(c)))
+                .map_err(|e| Error::InvalidCase {
+                    index,
+                    id,
+                    reason: format!("{}: {}", e.path(), e.inner()),
+                })
+        })
+        .collect()
+}
+
+/// The FLOP-counting basis of a source (see the module docs).
+fn source_counting(source: &str) -> AttentionCounting {
+    if source.contains("Megatron-Bridge") {
+        AttentionCounting::Causal
+    } else {
+        AttentionCounting::Full
+    }
+}
+
+/// The case's model, cluster and workload, with the defaults it needed.
+fn problem_of(
+    case: &Case,
+    overrides: Option<&CalibrationOverrides>,
+    defaults: &mut Vec<String>,
+) -> Result<Problem> {
+    let m = &case.model;
+    let activation = m.activation.unwrap_or_else(|| {
+        defaults.push("model.activation".into());
+        Activation::Swiglu
+    });
+    let gpt_style = activation == Activation::Gelu;
+    let moe = m.moe.as_ref().map(|x| Moe {
+        num_experts: x.num_experts,
+        top_k: x.top_k,
+        expert_ffn_hidden: x.expert_ffn_hidden,
+        shared_experts: x.shared_experts.unwrap_or(0),
+        shared_expert_ffn_hidden: None,
+        first_dense_layers: x.first_dense_layers.unwrap_or(0),
+    });
+    let ffn_hidden = match (m.ffn_hidden, &moe) {
+        (Some(f), _) => f,
+        (None, Some(x)) if x.first_dense_layers == 0 => x.expert_ffn_hidden,
+        (None, _) => {
+            return Err(Error::invalid(
+                "model.ffn_hidden",
+                "null",
+                "a number (the model has dense FFN layers)",
+            ))
+        }
+    };
+    if m.ffn_hidden.is_none() {
+        defaults.push("model.ffn_hidden".into());
+    }
+    let vocab = m.vocab.unwrap_or_else(|| {
+        defaults.push("model.vocab".into());
+        if gpt_style {
+            51200
+        } else {
+            32000
+        }
+    });
+    let kv_heads = m.kv_heads.unwrap_or_else(|| {
+        defaults.push("model.kv_heads".into());
+        m.heads
+    });
+    let model = Model {
+        name: m.name.clone(),
+        layers: m.layers,
+        hidden: m.hidden,
+        heads: m.heads,
+        kv_heads,
+        head_dim: if m.mla.is_some() { None } else { m.head_dim },
+        ffn_hidden,
+        vocab,
+        activation,
+        norm: if gpt_style {
+            Norm::Layernorm
+        } else {
+            Norm::Rmsnorm
+        },
+        tied_embeddings: gpt_style,
+        moe,
+        mla: m.mla.clone(),
+    };
+    let mut gpu = presets::gpu(&case.cluster.gpu)?;
+    if let Some(o) = overrides {
+        apply_overrides(o, &mut gpu)?;
+    }
+    let cluster = Cluster {
+        gpu,
+        num_gpus: case.cluster.num_gpus,
+        gpus_per_node: case.cluster.gpus_per_node,
+        nvlink_domain: case.cluster.nvlink_domain,
+    };
+    let precision = case.training.precision.unwrap_or_else(|| {
+        defaults.push("training.precision".into());
+        Precision::Bf16
+    });
+    let p = &case.plan;
+    let per_step = p.dp * p.ep.unwrap_or(1) * p.micro_batch.unwrap_or(1);
+    let global_batch = case.training.global_batch.unwrap_or_else(|| {
+        defaults.push("training.global_batch".into());
+        per_step * 4 * p.pp
+    });
+    let mut workload = Workload::new(global_batch, case.training.seq_len);
+    workload.precision = precision;
+    workload.lora = case.task.as_deref() == Some("lora");
+    Problem::new(model, cluster, workload)
+}
+
+/// Picks the published plan, filling unknown knobs (see the module docs).
+fn published_plan(
+    problem: &Problem,
+    case: &Case,
+    space: &SearchSpace,
+    defaults: &mut Vec<String>,
+) -> Result<Evaluation> {
+    let p = &case.plan;
+    let mut base = Plan {
+        dp: p.dp,
+        tp: p.tp,
+        pp: p.pp,
+        ep: p.ep.unwrap_or(1),
+        cp: p.cp.unwrap_or(1),
+        vpp: 1,
+        micro_batch: p.micro_batch.unwrap_or(1),
+        zero: p.zero.unwrap_or(1),
+        recompute: p.recompute.unwrap_or(Recompute::None),
+        sequence_parallel: p.sequence_parallel.unwrap_or(p.tp > 1),
+        schedule: None,
+    };
+    for (field, missing) in [
+        ("plan.micro_batch", p.micro_batch.is_none()),
+        ("plan.zero", p.zero.is_none()),
+        ("plan.sequence_parallel", p.sequence_parallel.is_none()),
+    ] {
+        if missing {
+            defaults.push(field.into());
+        }
+    }
+    let vpps: Vec<u32> = match p.vpp {
+        Some(v) => vec![v],
+        None if p.pp == 1 => vec![1],
+        None => {
+            defaults.push("plan.vpp".into());
+            (1..=DEFAULT_MAX_VPP)
+                .filter(|v| p.pp * v <= problem.model.layers)
+                .collect()
+        }
+    };
+    let recomputes: Vec<Recompute> = match p.recompute {
+        Some(r) => vec![r],
+        None => {
+            defaults.push("plan.recompute".into());
+            Recompute::ALL.to_vec()
+        }
+    };
+    let mut fallback: Option<Evaluation> = None;
+    for rec in recomputes {
+        let mut best: Option<Evaluation> = None;
+        for &v in &vpps {
+            base.recompute = rec;
+            base.vpp = v;
+            base.schedule = Some(if v > 1 {
+                Schedule::Interleaved
+            } else {
+                Schedule::OneFOneB
+            });
+            let e = evaluate_in(problem, &base, space)?;
+            let better = |b: &Evaluation| e.tokens_per_s_per_gpu > b.tokens_per_s_per_gpu;
+            if e.feasible && best.as_ref().is_none_or(better) {
+                best = Some(e.clone());
+            }
+            if fallback.as_ref().is_none_or(better) {
+                fallback = Some(e);
+            }
+        }
+        if let Some(b) = best {
+            return Ok(b);
+        }
+    }
+    Ok(fallback.expect("at least one vpp candidate"))
+}
+
+/// The measured throughput as tokens/s per GPU, and which measurement it came from.
+fn measured_tokens(case: &Case, problem: &Problem, plan: &Plan) -> Option<(String, f64)> {
+    let m = &case.measured;
+    let w = &problem.workload;
+    let n = problem.cluster.num_gpus as f64;
+    let counting = source_counting(&case.source);
+    let flops_per_token = train_flops_per_token(&problem.model, w, counting);
+    if let Some(t) = m.tokens_per_s_per_gpu {
+        return Some(("tokens_per_s_per_gpu".into(), t));
+    }
+    if let Some(s) = m.step_time_s {
+        return Some(("step_time_s".into(), w.tokens_per_step() / (s * n)));
+    }
+    if let Some(tf) = m.model_tflops_per_gpu {
+        return Some(("model_tflops_per_gpu".into(), tf * 1e12 / flops_per_token));
+    }
+    if let Some(tf) = m.hardware_tflops_per_gpu {
+        let s_ctx = match counting {
+            AttentionCounting::Causal => w.seq_len as f64 / 2.0,
+            AttentionCounting::Full => w.seq_len as f64,
+        };
+        let model = &problem.model;
+        let recompute = match plan.recompute {
+            Recompute::Full => {
+                2.0 * (model.active_matmul_params() - model.embedding_params()) as f64
+                    + model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx)
+            }
+            Recompute::Selective => {
+                model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx)
+            }
+            Recompute::None => 0.0,
+        };
+        return Some((
+            "hardware_tflops_per_gpu".into(),
+            tf * 1e12 / (flops_per_token + recompute),
+        ));
+    }
+    if let Some(mfu) = m.mfu {
+        let peak = problem.cluster.gpu.peak_tflops.get(w.precision)? * 1e12;
+        return Some(("mfu".into(), mfu * peak / flops_per_token));
+    }
+    None
+}
+
+fn base_row(case: &Case) -> CaseRow {
+    let arch = case.model.arch.clone().unwrap_or_else(|| {
+        if case.model.moe.is_some() {
+            "moe".into()
+        } else {
+            "dense".into()
+        }
+    });
+    empty_row(
+        case.id.clone(),
+        case.cluster.gpu.clone(),
+        arch,
+        case.training
+            .precision
+            .map_or("bf16", |p| p.name())
+            .to_string(),
+        case.task.clone().unwrap_or_else(|| "pretrain".into()),
+    )
+}
+
+fn empty_row(id: String, gpu: String, arch: String, precision: String, task: String) -> CaseRow {
+    CaseRow {
+        id,
+        gpu,
+        arch,
+        precision,
+        task,
+        status: "ok".into(),
+        reason: None,
+        plan: None,
+        defaults: Vec::new(),
+        metric: None,
+        measured_tokens_per_s_per_gpu: None,
+        predicted_tokens_per_s_per_gpu: None,
+        ape: None,
+        signed_error: None,
+        feasible: None,
+        reasons: Vec::new(),
+        memory: None,
+        time_s: None,
+        rank: None,
+        regret: None,
+        best_plan: None,
+        best_tokens_per_s_per_gpu: None,
+    }
+}
+
+/// Evaluates one case; the row carries the failure instead of an error.
+fn validate_case(case: &Case, options: &ValidateOptions) -> CaseRow {
+    let mut row = base_row(case);
+    match fill_row(case, options, &mut row) {
+        Ok(()) => row,
+        Err(e) => {
+            row.status = "error".into();
+            row.reason = Some(e.to_string());
+            row
+        }
+    }
+}
+
+fn fill_row(case: &Case, options: &ValidateOptions, row: &mut CaseRow) -> Result<()> {
+    let problem = problem_of(case, options.calibration.as_ref(), &mut row.defaults)?;
+    let mb = case.plan.micro_batch.unwrap_or(1);
+    let space = SearchSpace {
+        micro_batch: Degree {
+            fixed: None,
+            min: None,
+            max: Some(DEFAULT_MAX_MICRO_BATCH.max(mb)),
+        },
+        vpp: Degree {
+            fixed: None,
+            min: None,
+            max: Some(DEFAULT_MAX_VPP.max(case.plan.vpp.unwrap_or(1))),
+        },
+        top_k: 1,
+        ..SearchSpace::default()
+    };
+    let e = published_plan(&problem, case, &space, &mut row.defaults)?;
+    row.plan = Some(e.plan.to_string());
+    row.feasible = Some(e.feasible);
+    row.reasons = e.reasons.iter().map(|v| v.message.clone()).collect();
+    row.predicted_tokens_per_s_per_gpu = Some(e.tokens_per_s_per_gpu);
+    row.time_s = Some(e.time_s.clone());
+    if let Some((metric, measured)) = measured_tokens(case, &problem, &e.plan) {
+        let ratio = e.tokens_per_s_per_gpu / measured;
+        row.metric = Some(metric);
+        row.measured_tokens_per_s_per_gpu = Some(measured);
+        row.ape = Some((ratio - 1.0).abs());
+        row.signed_error = Some(ratio - 1.0);
+    }
+    if let Some(mem) = case.measured.peak_memory_gib {
+        row.memory = Some(MemoryCheck {
+            measured_gib: mem,
+            predicted_gib: e.peak_memory_gib,
+            ape: (e.peak_memory_gib / mem - 1.0).abs(),
+        });
+    }
+    if options.search {
+        let control = Control {
+            threads: options.threads,
+            ..Control::default()
+        };
+        let (result, faster) =
+            search_counting_faster(&problem, &space, &control, e.tokens_per_s_per_gpu)?;
+        if let Some(best) = result.plans.first() {
+            row.best_plan = Some(best.plan.to_string());
+            row.best_tokens_per_s_per_gpu = Some(best.tokens_per_s_per_gpu);
+            row.regret = Some((best.tokens_per_s_per_gpu / e.tokens_per_s_per_gpu - 1.0).max(0.0));
+        }
+        if e.feasible {
+            row.rank = Some(faster + 1);
+        }
+    }
+    Ok(())
+}
+
+/// Linear-interpolation percentile (NumPy's default) of `values`, `q` in [0, 1].
+pub fn percentile(values: &[f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let pos = q * (v.len() - 1) as f64;
+    let lo = pos.floor() as usize;
+    let hi = pos.ceil() as usize;
+    Some(v[lo] + (v[hi] - v[lo]) * (pos - lo as f64))
+}
+
+fn throughput_summary<'a>(rows: impl Iterator<Item = &'a CaseRow>) -> ThroughputSummary {
+    let (apes, signed): (Vec<f64>, Vec<f64>) =
+        rows.filter_map(|r| Some((r.ape?, r.signed_error?))).unzip();
+    let n = apes.len();
+    let share = |limit: f64| {
+        (n > 0).then(|| apes.iter().filter(|a| **a <= limit).count() as f64 / n as f64)
+    };
+    ThroughputSummary {
+        n,
+        median_ape: percentile(&apes, 0.5),
+        p90_ape: percentile(&apes, 0.9),
+        within_10pct: share(0.10),
+        within_20pct: share(0.20),
+        median_signed_error: percentile(&signed, 0.5),
+    }
+}
+
+/// Summarises rows (see [`Summary`]).
+pub fn summarise(rows: &[CaseRow], searched: bool) -> Summary {
+    let ok: Vec<&CaseRow> = rows.iter().filter(|r| r.status == "ok").collect();
+    let mem: Vec<f64> = ok
+        .iter()
+        .filter_map(|r| r.memory.as_ref().map(|m| m.ape))
+        .collect();
+    let group = |key: fn(&CaseRow) -> &str| {
+        let mut keys: Vec<&str> = ok.iter().map(|r| key(r)).collect();
+        keys.sort();
+        keys.dedup();
+        keys.into_iter()
+            .map(|k| {
+                (
+                    k.to_string(),
+                    throughput_summary(ok.iter().copied().filter(|r| key(r) == k)),
+                )
+            })
+            .collect::<BTreeMap<_, _>>()
+    };
+    let (feasible_recall, regret) = if searched {
+        let feasible = ok.iter().filter(|r| r.feasible == Some(true)).count();
+        let regrets: Vec<f64> = ok.iter().filter_map(|r| r.regret).collect();
+        (
+            (!ok.is_empty()).then(|| feasible as f64 / ok.len() as f64),
+            Some(RegretSummary {
+                n: regrets.len(),
+                median: percentile(&regrets, 0.5),
+                p90: percentile(&regrets, 0.9),
+            }),
+        )
+    } else {
+        (None, None)
+    };
+    Summary {
+        throughput: throughput_summary(ok.iter().copied()),
+        memory: MemorySummary {
+            n: mem.len(),
+            median_ape: percentile(&mem, 0.5),
+        },
+        feasible_recall,
+        regret,
+        by_gpu: group(|r| r.gpu.as_str()),
+        by_arch: group(|r| r.arch.as_str()),
+        evaluated: ok.len(),
+        unrepresentable: rows
+            .iter()
+            .filter(|r| r.status == "unrepresentable")
+            .count(),
+        errors: rows.iter().filter(|r| r.status == "error").count(),
+    }
+}
+
+/// Validates every case of a case file (JSON text).
+pub fn validate(json_text: &str, options: &ValidateOptions) -> Result<ValidationReport> {
+    let cases = parse_cases(json_text)?;
+    if let Some(o) = &options.calibration {
+        let unknown = crate::calibration::unknown_gpus(o, &presets::gpu_names());
+        if let Some(name) = unknown.first() {
+            return Err(Error::invalid(
+                "calibration",
+                name,
+                format!(
+                    "\"*\" or a GPU preset ({})",
+                    presets::gpu_names().join(", ")
+                ),
+            ));
+        }
+    }
+    let rows: Vec<CaseRow> = cases
+        .iter()
+        .map(|entry| match entry {
+            Entry::Case(c) => validate_case(c, options),
+            Entry::Unrepresentable(row) => row.clone(),
+        })
+        .collect();
+    let summary = summarise(&rows, options.search);
+    Ok(ValidationReport {
+        cases: rows,
+        summary,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentile_interpolates_like_numpy() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(percentile(&v, 0.5), Some(2.5));
+        assert!((percentile(&v, 0.9).unwrap() - 3.7).abs() < 1e-12);
+        assert_eq!(percentile(&[], 0.5), None);
+    }
+}
