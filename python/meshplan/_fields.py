@@ -7,6 +7,7 @@ The core validates values and names the bad field; this module only checks the *
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, TypeVar
 
 from .errors import InvalidInputError
@@ -14,13 +15,20 @@ from .errors import InvalidInputError
 T = TypeVar("T")
 
 
-def required_keys(cls: type) -> list[str]:
+@functools.lru_cache(maxsize=None)
+def field_names(cls: type) -> tuple[str, ...]:
+    """Fields of the dataclass ``cls``, in order (cached: ``from_dict`` runs per result)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.lru_cache(maxsize=None)
+def required_keys(cls: type) -> tuple[str, ...]:
     """Fields of the dataclass ``cls`` that have no default."""
-    return [
+    return tuple(
         f.name
         for f in dataclasses.fields(cls)
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
+    )
 
 
 def checked(
@@ -38,13 +46,13 @@ def checked(
     """
     if not isinstance(data, Mapping):
         raise InvalidInputError(f"invalid {where}: expected a mapping, got {type(data).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = field_names(cls)
     out = dict(data)
     for key in out:
         if not isinstance(key, str):
             raise InvalidInputError(f"invalid {where}: keys must be strings, got {key!r}")
         if key not in names and not allow_extra:
-            allowed = ", ".join(f.name for f in dataclasses.fields(cls))
+            allowed = ", ".join(names)
             raise InvalidInputError(f"invalid {where}.{key}: unknown field (allowed: {allowed})")
     for key in required_keys(cls):
         if key not in out:

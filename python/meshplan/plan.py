@@ -44,7 +44,19 @@ class Plan:
         return self.dp * self.tp * self.pp * self.ep * self.cp
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {
+            "dp": self.dp,
+            "tp": self.tp,
+            "pp": self.pp,
+            "ep": self.ep,
+            "cp": self.cp,
+            "vpp": self.vpp,
+            "micro_batch": self.micro_batch,
+            "zero": self.zero,
+            "recompute": self.recompute,
+            "sequence_parallel": self.sequence_parallel,
+            "schedule": self.schedule,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:

@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from ._fields import checked
+from ._fields import checked, field_names
 from .plan import Plan
 
 
 def _split(cls: type, data: Mapping[str, Any], where: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(known fields, extra keys) of a core result dict."""
     fields = checked(cls, data, where, allow_extra=True)
-    names = set(cls.__dataclass_fields__)  # type: ignore[attr-defined]
+    names = field_names(cls)
     extra = {k: fields.pop(k) for k in list(fields) if k not in names}
     return fields, extra
 
