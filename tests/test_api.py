@@ -251,3 +251,25 @@ def test_cancel_token() -> None:
     assert not token.cancelled
     token.cancel()
     assert token.cancelled and "True" in repr(token)
+
+
+def test_ctrl_c_cancels_a_running_search() -> None:
+    """SIGINT during a search raises KeyboardInterrupt and raises the search's cancel flag."""
+    import _thread
+    import time
+
+    token = mp.CancelToken()
+
+    def interrupt() -> None:
+        time.sleep(0.05)
+        _thread.interrupt_main()
+
+    threading.Thread(target=interrupt).start()
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        mp.search("llama3.1-405b", mp.Cluster("h100-sxm", 16384), mp.Workload(2048, 8192),
+                  threads=1, cancel=token)
+        time.sleep(5)  # only reached when the search ended before the interrupt
+    # The wait loop saw the signal while the core was still working and told it to stop.
+    assert token.cancelled
+    assert time.perf_counter() - start < 5
