@@ -43,9 +43,17 @@ def test_workload_defaults_and_round_trip() -> None:
     w = mp.Workload(512, 2048)
     assert w.to_dict() == {
         "global_batch": 512, "seq_len": 2048, "precision": "bf16", "optimizer": "adam",
-        "grad_bytes": 4,
+        "grad_bytes": 4, "lora": False,
     }
     assert mp.Workload.from_dict(w.to_dict()) == w
+
+
+def test_lora_reaches_the_core(model: mp.Model, cluster: mp.Cluster) -> None:
+    full = mp.evaluate(model, cluster, mp.Workload(64, 4096), FSDP)
+    lora = mp.evaluate(model, cluster, mp.Workload(64, 4096, lora=True), FSDP)
+    # Frozen base weights: no gradients or optimizer state for them.
+    assert lora.memory_gib["optimizer"] < full.memory_gib["optimizer"]
+    assert lora.peak_memory_gib < full.peak_memory_gib
 
 
 def test_cluster_from_dict_accepts_a_gpu_dict_or_a_name() -> None:
@@ -145,6 +153,11 @@ def test_evaluate_accepts_model_by_preset_path_and_dict(
     by_path = mp.evaluate(str(hf), mp.Cluster("h100-sxm", 8), workload, "dp=1,tp=1,pp=1,ep=8")
     by_pathlib = mp.evaluate(hf, mp.Cluster("h100-sxm", 8), workload, "dp=1,tp=1,pp=1,ep=8")
     assert by_path == by_pathlib
+    snapshot = tmp_path / "Mixtral-8x7B"
+    snapshot.mkdir()
+    (snapshot / "config.json").write_text(hf.read_text())
+    by_dir = mp.evaluate(snapshot, mp.Cluster("h100-sxm", 8), workload, "dp=1,tp=1,pp=1,ep=8")
+    assert by_dir == by_path
     m = llama2_7b()
     by_obj = mp.evaluate(m, cluster, workload, FSDP)
     by_dict = mp.evaluate(m.to_dict(), cluster.to_dict(), workload.to_dict(), FSDP)  # type: ignore[arg-type]

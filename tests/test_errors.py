@@ -166,6 +166,11 @@ def test_missing_config_file(tmp_path: Path) -> None:
     raises(InvalidInputError, "config.json")(
         lambda: mp.evaluate(str(missing), CLUSTER, WORKLOAD, "dp=8,tp=1,pp=1")
     )
+    # A directory stands for its config.json; a string with a separator is never a preset name.
+    raises(InvalidInputError, "config.json")(lambda: mp.evaluate(tmp_path, CLUSTER, WORKLOAD, "dp=8,tp=1,pp=1"))
+    raises(InvalidInputError, "models/llama")(
+        lambda: mp.evaluate("models/llama", CLUSTER, WORKLOAD, "dp=8,tp=1,pp=1")
+    )
 
 
 def test_bad_json(tmp_path: Path) -> None:
@@ -274,11 +279,24 @@ def test_generated_bad_problem_fields(part: str, key: str, value: Any) -> None:
     )
 
 
+# Degrees up to 2^12 (five of them multiply to < 2^64; larger products are the overflow test's
+# below), and values outside u32 that the conversion must reject.
+PLAN_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-3, max_value=2**12),
+    st.sampled_from([2**32, 2**64, -(2**63)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6),
+    st.lists(st.integers(-1, 5), max_size=3),
+)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(
     st.sampled_from(["dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero", "recompute",
                      "sequence_parallel", "schedule", "other"]),
-    ANY_VALUE, max_size=6,
+    PLAN_VALUE, max_size=6,
 ))
 def test_generated_bad_plans(overrides: dict[str, Any]) -> None:
     _check_only_meshplan_errors(lambda: _core.evaluate(problem(), {**PLAN, **overrides}))
@@ -307,3 +325,14 @@ def test_generated_bad_spaces(space: dict[str, Any]) -> None:
     # A tiny cluster keeps every generated search fast.
     p = problem(cluster={"num_gpus": 2})
     _check_only_meshplan_errors(lambda: _core.search(p, {**space, "max_candidates": 5000}))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core bug: Plan::num_gpus multiplies the degrees in u64 without overflow checks, so "
+    "this plan panics (debug) or wraps to exactly 8 GPUs (release) instead of being rejected",
+)
+def test_degrees_whose_product_overflows_are_rejected() -> None:
+    # 24 · 2863311531 · (2^32 - 1)^2 = 8 + 3·2^64·..., i.e. exactly 8 modulo 2^64.
+    plan = {"dp": 24, "tp": 2**32 - 1, "pp": 2**32 - 1, "ep": 2863311531, "cp": 1}
+    raises(InvalidInputError, "plan")(lambda: _core.evaluate(problem(), plan))

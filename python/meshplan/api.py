@@ -26,15 +26,24 @@ ModelLike = Union[Model, str, "os.PathLike[str]"]
 def as_model(model: object) -> Model:
     """A :class:`Model` from a Model, a dict, a preset name or a path to a ``config.json``.
 
-    A string is a path when it names an existing file or ends in ``.json``; otherwise it is a
-    preset name.
+    A string is a path when it exists, ends in ``.json`` or contains a path separator (preset
+    names have none); a directory stands for the ``config.json`` inside it (a Hugging Face
+    snapshot). Any other string is a preset name.
     """
-    if isinstance(model, os.PathLike):
-        return Model.from_hf_config(model)
-    if isinstance(model, str):
-        if model.endswith(".json") or os.path.isfile(model):
-            return Model.from_hf_config(model)
-        return Model.preset(model)
+    if isinstance(model, (str, os.PathLike)):
+        path = os.fspath(model)
+        is_path = (
+            not isinstance(model, str)
+            or path.endswith(".json")
+            or "/" in path
+            or os.sep in path
+            or os.path.exists(path)
+        )
+        if not is_path:
+            return Model.preset(path)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        return Model.from_hf_config(path)
     return as_type(Model, model, "model")
 
 

@@ -93,6 +93,7 @@ def _problem_flags() -> _Parser:
     g.add_argument("--precision", default="bf16", help="bf16 (default), fp16, fp8, mxfp8 or nvfp4")
     g.add_argument("--optimizer", default="adam", help="adam (default) or sgd-momentum")
     g.add_argument("--grad-bytes", type=int, default=4, help="gradient bytes per element, 4 (default) or 2")
+    g.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
     return p
 
 
@@ -199,7 +200,9 @@ def _cluster(args: argparse.Namespace) -> Cluster:
 
 
 def _workload(args: argparse.Namespace) -> Workload:
-    return Workload(args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes)
+    return Workload(
+        args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes, args.lora
+    )
 
 
 def _space(args: argparse.Namespace) -> SearchSpace:

@@ -22,6 +22,9 @@ class Workload:
     """``"adam"`` (mixed-precision Adam/AdamW) or ``"sgd-momentum"``."""
     grad_bytes: int = 4
     """Bytes per gradient element in the reduction: 4 (fp32, Megatron's default) or 2."""
+    lora: bool = False
+    """LoRA fine-tuning: frozen base weights (no weight gradients, optimizer state or DP
+    gradient reduction for them)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -30,6 +33,7 @@ class Workload:
             "precision": self.precision,
             "optimizer": self.optimizer,
             "grad_bytes": self.grad_bytes,
+            "lora": self.lora,
         }
 
     @classmethod
