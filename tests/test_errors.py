@@ -327,11 +327,6 @@ def test_generated_bad_spaces(space: dict[str, Any]) -> None:
     _check_only_meshplan_errors(lambda: _core.search(p, {**space, "max_candidates": 5000}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: Plan::num_gpus multiplies the degrees in u64 without overflow checks, so "
-    "this plan panics (debug) or wraps to exactly 8 GPUs (release) instead of being rejected",
-)
 def test_degrees_whose_product_overflows_are_rejected() -> None:
     # 24 · 2863311531 · (2^32 - 1)^2 = 8 + 3·2^64·..., i.e. exactly 8 modulo 2^64.
     plan = {"dp": 24, "tp": 2**32 - 1, "pp": 2**32 - 1, "ep": 2863311531, "cp": 1}

@@ -87,7 +87,14 @@ impl Fabric {
             Collective::AllGather | Collective::ReduceScatter => {
                 let intra = (p1f - 1.0) / p1f * bytes / b_up;
                 let inter = (p2f - 1.0) / p2f * (bytes / p1f) / b_net;
-                lat + intra + inter
+                // NCCL runs all-gather and reduce-scatter as rings: P − 1 steps, each as slow as
+                // the network once the ring leaves the domain ([THAKUR05] ring latency term).
+                let step = if p2 > 1 {
+                    self.network_latency_s
+                } else {
+                    self.scaleup_latency_s
+                };
+                (pf - 1.0) * step + intra + inter
             }
             Collective::AllToAll => {
                 // (P1−1)/P of the buffer stays in the domain, (P−P1)/P crosses the network (§3.2).
@@ -101,6 +108,34 @@ impl Fabric {
                 lat + intra.max(inter)
             }
         }
+    }
+
+    /// Time of one MoE token dispatch (or combine) over the expert-parallel `group`: `tokens`
+    /// tokens each sent to `top_k` experts spread uniformly over the group's ranks, `bytes_per_copy`
+    /// each. Inside one domain this is the all-to-all of §3.7. When the group spans domains, a
+    /// token crosses the network once per distinct remote domain it is routed to and is fanned
+    /// out over NVLink there (node-deduplicated dispatch: DeepSeek-V3 §3.2.2, DeepEP, Megatron's
+    /// flex dispatcher): with `D` domains, `(D − 1)·(1 − (1 − 1/D)^k)` network copies per token
+    /// instead of `k·(P − P1)/P` [derived].
+    pub fn dispatch_s(&self, tokens: f64, bytes_per_copy: f64, top_k: u32, group: Group) -> f64 {
+        let p = group.size;
+        if p <= 1 || tokens <= 0.0 {
+            return 0.0;
+        }
+        let p1 = group.per_domain.clamp(1, p);
+        let d = (p / p1).max(1) as f64;
+        let k = top_k as f64;
+        let pf = p as f64;
+        let nvlink_copies = k * (pf - 1.0) / pf;
+        let network_copies = (d - 1.0) * (1.0 - (1.0 - 1.0 / d).powf(k));
+        let intra = tokens * nvlink_copies * bytes_per_copy / self.domain_bytes_per_s(p1.max(2));
+        let inter = tokens * network_copies * bytes_per_copy / self.network_bytes_per_s;
+        let lat = if d > 1.0 {
+            self.network_latency_s
+        } else {
+            self.scaleup_latency_s
+        };
+        lat + intra.max(inter)
     }
 
     /// Time of one point-to-point transfer of `bytes`, on NVLink when `same_domain`.
@@ -166,6 +201,31 @@ mod tests {
         let ar = f.collective_s(Collective::AllReduce, 1e9, g);
         let ag = f.collective_s(Collective::AllGather, 1e9, g);
         assert!((ar - 2.0 * ag).abs() < 1e-12);
+    }
+
+    #[test]
+    fn dispatch_inside_a_domain_is_the_all_to_all() {
+        let f = fabric();
+        let g = Group {
+            size: 8,
+            per_domain: 8,
+        };
+        let a2a = f.collective_s(Collective::AllToAll, 8192.0 * 2.0 * 8192.0 * 2.0, g);
+        let dispatch = f.dispatch_s(8192.0, 8192.0 * 2.0, 2, g);
+        assert!((a2a - dispatch).abs() < 1e-12, "{a2a} vs {dispatch}");
+    }
+
+    #[test]
+    fn dispatch_across_domains_sends_each_token_once_per_remote_domain() {
+        let f = fabric();
+        // 64 ranks over 8 domains, top-8: (8 − 1)·(1 − (7/8)^8) = 4.59 network copies, not 7.
+        let g = Group {
+            size: 64,
+            per_domain: 8,
+        };
+        let t = f.dispatch_s(1.0, 50e9, 8, g);
+        let want = 7.0 * (1.0 - (7.0f64 / 8.0).powi(8));
+        assert!((t - want).abs() < 1e-9, "{t} vs {want}");
     }
 
     #[test]

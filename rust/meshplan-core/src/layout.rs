@@ -104,9 +104,22 @@ pub struct Groups {
     pub pp: Group,
 }
 
+/// GPUs of the job inside one NVLink domain: the largest divisor of the job size that fits in a
+/// domain. A job is spread over domains in equal blocks (a 256-GPU job on 72-GPU NVL72 racks
+/// runs 64 GPUs per rack; a 512-GPU job on 8-GPU HGX nodes fills each node), so no rank group
+/// straddles a domain boundary that the block size does not force.
+pub fn domain_block(num_gpus: u64, domain: u32) -> u32 {
+    let n = num_gpus.max(1);
+    (1..=domain.max(1) as u64)
+        .rev()
+        .find(|d| n % d == 0)
+        .unwrap_or(1) as u32
+}
+
 impl Groups {
     /// Places every group of `plan` on a cluster with NVLink domains of `domain` GPUs.
     pub fn of(plan: &Plan, domain: u32) -> Self {
+        let domain = domain_block(plan.num_gpus(), domain);
         let pp_all = group(plan, &[Axis::Pp], domain);
         // Two consecutive stages share a domain iff the pipeline axis has more than one member per domain.
         let pp = if plan.pp > 1 {
@@ -178,17 +191,28 @@ mod tests {
     }
 
     #[test]
-    fn nvl72_dp_group_spans_two_domains() {
+    fn a_group_that_does_not_tile_the_domain_spans_two() {
         // 16 DP ranks with stride 1 in a 72-GPU domain: gcd(16, 72) = 8 per domain.
-        let g = Groups::of(&plan(16, 1, 1, 1, 1), 72);
+        let g = group(&plan(16, 1, 1, 1, 1), &[Axis::Dp], 72);
         assert_eq!(
-            g.dense_dp,
+            g,
             Group {
                 size: 16,
                 per_domain: 8
             }
         );
-        assert_eq!(g.dense_dp.domains(), 2);
+        assert_eq!(g.domains(), 2);
+    }
+
+    #[test]
+    fn jobs_fill_nvl72_racks_in_power_of_two_blocks() {
+        assert_eq!(domain_block(256, 72), 64);
+        assert_eq!(domain_block(576, 72), 72);
+        assert_eq!(domain_block(8, 72), 8);
+        assert_eq!(domain_block(96, 8), 8);
+        // EP = 64 of a 256-GPU job stays inside one rack.
+        let g = Groups::of(&plan(1, 1, 4, 64, 1), 72);
+        assert!(g.ep.within_domain());
     }
 
     #[test]

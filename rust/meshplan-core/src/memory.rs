@@ -241,7 +241,14 @@ pub fn stage_memory(
         Recompute::Full => stage.layers() as f64 * ACT_BYTES * model.hidden as f64 / sp_div,
         // With flash attention, core-attention recompute stores what no-recompute stores
         // minus nothing: the a·s² tensors it would save are never materialised (§2.4.2).
-        Recompute::None | Recompute::Selective => full_layers,
+        Recompute::Selective => full_layers,
+        // Unfused attention also keeps softmax output, its dropout mask and output:
+        // 5·a·s²·b bytes per layer, split over TP (KOR22 §4.1), i.e. 5·(a/t)·s per token.
+        Recompute::None if !problem.workload.flash_attention => {
+            let scores = 5.0 * model.heads as f64 / t * problem.workload.seq_len as f64;
+            full_layers + stage.layers() as f64 * scores
+        }
+        Recompute::None => full_layers,
     } * tokens;
     let vocab_local = model.vocab as f64 / t;
     // Last rank: LM-head input and the fp32 softmax kept for the cross-entropy backward.

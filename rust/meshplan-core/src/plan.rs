@@ -106,8 +106,11 @@ fn one() -> u32 {
 
 impl Plan {
     /// Total GPUs the plan uses.
+    /// (Saturates at `u64::MAX`, so absurd degrees never wrap around to a valid GPU count.)
     pub fn num_gpus(&self) -> u64 {
-        self.dp as u64 * self.tp as u64 * self.pp as u64 * self.ep as u64 * self.cp as u64
+        [self.dp, self.tp, self.pp, self.ep, self.cp]
+            .into_iter()
+            .fold(1u64, |acc, d| acc.saturating_mul(d as u64))
     }
 
     /// The schedule in effect.
@@ -187,5 +190,30 @@ impl fmt::Display for Plan {
             self.sequence_parallel,
             self.schedule().name()
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn degrees_whose_product_overflows_are_rejected() {
+        // 24 · (2^32 − 1)^2 · 2863311531 is exactly 8 modulo 2^64: it must not pass as 8 GPUs.
+        let plan = Plan {
+            dp: 24,
+            tp: u32::MAX,
+            pp: u32::MAX,
+            ep: 2_863_311_531,
+            cp: 1,
+            vpp: 1,
+            micro_batch: 1,
+            zero: 0,
+            recompute: Recompute::None,
+            sequence_parallel: false,
+            schedule: None,
+        };
+        let e = plan.validate(8).unwrap_err();
+        assert!(e.to_string().contains("plan"), "{e}");
     }
 }

@@ -17,6 +17,14 @@ use crate::Problem;
 
 /// Bytes per activation element on the wire (bf16).
 const WIRE_BYTES: f64 = 2.0;
+/// Bytes moved per element cast from 16 bits to 8 (read 2, write 1).
+const CAST_BYTES: f64 = 3.0;
+/// Bytes moved per element of a transposed FP8 copy (write 1, read 1).
+const TRANSPOSE_BYTES: f64 = 2.0;
+/// Bytes moved per attention-score element by unfused scale-mask-softmax and dropout in the
+/// forward pass: scores written and read (2 + 2), probabilities written and read (2 + 2),
+/// dropout mask (1), dropped probabilities written (2) [KOR22 §4.1 tensors].
+const UNFUSED_SCORE_BYTES: f64 = 11.0;
 /// Flash-attention backward does 2.5× the forward's matmul work (5 GEMMs against 2) [FA2 §3.2].
 const ATTENTION_BACKWARD_RATIO: f64 = 2.5;
 /// Bytes of HBM traffic per parameter of an Adam step on fp32 state: read grad, master, m, v;
@@ -76,6 +84,10 @@ pub struct TimeContext<'a> {
     groups: Groups,
     fabric: Fabric,
     gemm: GemmDevice,
+    /// 16-bit GEMMs (unfused attention).
+    gemm16: GemmDevice,
+    /// The linear layers run in FP8/FP4 and cast their inputs.
+    quantized: bool,
     attention_flops_per_s: f64,
     memory_bytes_per_s: f64,
     /// Tokens of one micro-batch on one GPU before TP sharding: `b·s/c`.
@@ -119,12 +131,24 @@ impl<'a> TimeContext<'a> {
                 Precision::Bf16 | Precision::Fp16 => 2.0,
             },
         };
+        let gemm16 = GemmDevice {
+            peak_flops: attention_peak,
+            efficiency: cal
+                .gemm_efficiency
+                .get(attention_precision)
+                .or(cal.gemm_efficiency.get(Precision::Bf16))
+                .unwrap_or(0.5),
+            element_bytes: 2.0,
+            ..gemm
+        };
         TimeContext {
             problem,
             plan,
             groups,
             fabric: Fabric::of(&problem.cluster),
             gemm,
+            gemm16,
+            quantized: low_precision,
             attention_flops_per_s: attention_peak * cal.attention_efficiency,
             memory_bytes_per_s,
             tokens: plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64,
@@ -144,8 +168,17 @@ impl<'a> TimeContext<'a> {
     }
 
     /// Adds a linear layer's (fwd, dgrad, wgrad) to `acc`.
+    ///
+    /// FP8/FP4 linears first cast their 16-bit inputs (read 2 B, write 1 B per element of the
+    /// activation in forward, of the output gradient in backward) and keep a transposed copy of
+    /// the input for the weight-gradient GEMM (write and read 1 B) [derived: Transformer
+    /// Engine's cast/transpose kernels; memory-bound, §5.3].
     fn linear(&self, acc: &mut (f64, f64, f64), m: f64, n: f64, k: f64, repeat: f64) {
-        let (f, d, w) = linear_s(&self.gemm, m, n, k);
+        let (mut f, mut d, w) = linear_s(&self.gemm, m, n, k);
+        if self.quantized {
+            f += CAST_BYTES * m * k / self.memory_bytes_per_s;
+            d += (CAST_BYTES * m * n + TRANSPOSE_BYTES * m * k) / self.memory_bytes_per_s;
+        }
         acc.0 += f * repeat;
         acc.1 += d * repeat;
         acc.2 += w * repeat;
@@ -243,11 +276,32 @@ impl<'a> TimeContext<'a> {
 
         // Core attention: each query sees s/2 keys on average under the causal mask.
         let seq = self.problem.workload.seq_len as f64;
-        let attn_fwd = tok * 2.0 * a_local * (dqk + dv) * (seq / 2.0) / self.attention_flops_per_s;
-        let attn_bwd = ATTENTION_BACKWARD_RATIO * attn_fwd;
+        let (attn_fwd, attn_bwd) = if self.problem.workload.flash_attention {
+            // Each query sees s/2 keys on average under the causal mask.
+            let fwd = tok * 2.0 * a_local * (dqk + dv) * (seq / 2.0) / self.attention_flops_per_s;
+            (fwd, ATTENTION_BACKWARD_RATIO * fwd)
+        } else {
+            // Unfused: QKᵀ and P·V as batched 16-bit GEMMs over the full s × s square, plus the
+            // memory-bound softmax and dropout over the score tensor (backward ≈ 2× both).
+            let batches = plan.micro_batch as f64 * a_local;
+            let q = seq / plan.cp as f64;
+            let gemms = batches
+                * (crate::gemm::gemm_s(&self.gemm16, q, seq, dqk)
+                    + crate::gemm::gemm_s(&self.gemm16, q, dv, seq));
+            let scores = UNFUSED_SCORE_BYTES * batches * q * seq / self.memory_bytes_per_s;
+            (gemms + scores, 2.0 * (gemms + scores))
+        };
         // Element-wise work (norms, activation, RoPE, residuals), sequence-sharded with SP (§5.3).
-        let elem_fwd =
+        let mut elem_fwd =
             cal.elementwise_bytes_per_hidden * h * tok / self.sp_div() / self.memory_bytes_per_s;
+        if let Some(m) = moe_cfg {
+            // Routed copies: permute and unpermute move each copy's hidden vector twice
+            // (4 + 4 bytes per element) and the expert activation reads two f_e/t-wide
+            // intermediates and writes one (6 bytes per element) [derived, §5.3].
+            let copies = tok * m.top_k as f64 * cal.moe_imbalance;
+            let per_copy = 8.0 * h + 6.0 * m.expert_ffn_hidden as f64 / t;
+            elem_fwd += copies * per_copy / self.memory_bytes_per_s;
+        }
 
         let fwd_compute = g.0 + attn_fwd + elem_fwd;
         // LoRA freezes the base weights: no weight-gradient GEMMs.
@@ -281,11 +335,11 @@ impl<'a> TimeContext<'a> {
         // Expert parallel all-to-all (§3.7): dispatch + combine each way.
         let ep_fwd = match moe_cfg {
             Some(m) if plan.ep > 1 => {
-                let bytes = tok / self.sp_div() * m.top_k as f64 * h * WIRE_BYTES;
-                let a2a = self
-                    .fabric
-                    .collective_s(Collective::AllToAll, bytes, self.groups.ep);
-                (1.0 - cal.ep_overlap) * 2.0 * a2a * cal.moe_imbalance
+                let tokens = tok / self.sp_div();
+                let one_way =
+                    self.fabric
+                        .dispatch_s(tokens, h * WIRE_BYTES, m.top_k, self.groups.ep);
+                (1.0 - cal.ep_overlap) * 2.0 * one_way * cal.moe_imbalance
             }
             _ => 0.0,
         };

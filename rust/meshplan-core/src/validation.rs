@@ -20,6 +20,9 @@
 //! | `plan.vpp` | 1 without pipelining, else the interleaving (1..=16) the model predicts fastest |
 //! | `plan.recompute` | the least recompute (none, selective, full) that fits in memory |
 //!
+//! Runs from Narayanan et al. 2021 and Korthikanti et al. 2022 predate fused attention in
+//! Megatron; they are evaluated with `flash_attention = false` (what those papers describe).
+//!
 //! Norm and embeddings follow the family: GeLU models are GPT-style (LayerNorm, tied
 //! embeddings), SwiGLU models Llama-style (RMSNorm, untied).
 //!
@@ -318,6 +321,12 @@ pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
         .collect()
 }
 
+/// Sources whose runs predate fused (flash) attention in Megatron: Narayanan et al. 2021 and
+/// Korthikanti et al. 2022 materialise the `a·s²` scores (KOR22 §4.1).
+fn unfused_attention_source(source: &str) -> bool {
+    source.starts_with("Narayanan") || source.starts_with("Korthikanti")
+}
+
 /// The FLOP-counting basis of a source (see the module docs).
 fn source_counting(source: &str) -> AttentionCounting {
     if source.contains("Megatron-Bridge") {
@@ -415,6 +424,7 @@ fn problem_of(
     let mut workload = Workload::new(global_batch, case.training.seq_len);
     workload.precision = precision;
     workload.lora = case.task.as_deref() == Some("lora");
+    workload.flash_attention = !unfused_attention_source(&case.source);
     Problem::new(model, cluster, workload)
 }
 

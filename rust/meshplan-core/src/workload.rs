@@ -47,6 +47,15 @@ pub struct Workload {
     /// adapters are small enough to neglect).
     #[serde(default)]
     pub lora: bool,
+    /// Fused (flash) attention: no `a·s²` score tensors are stored or moved, and the causal
+    /// mask halves the work. `false` models the unfused softmax of pre-2023 Megatron
+    /// (Korthikanti et al. 2022 §4.1: `5·a·s²·b` bytes stored per layer).
+    #[serde(default = "yes")]
+    pub flash_attention: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_grad_bytes() -> u32 {
@@ -63,6 +72,7 @@ impl Workload {
             optimizer: Optimizer::Adam,
             grad_bytes: default_grad_bytes(),
             lora: false,
+            flash_attention: true,
         }
     }
 
