@@ -101,10 +101,12 @@ pub fn structural_rules(
         w.global_batch,
         per_step
     );
+    // The embedding and the loss may each fill a pipeline chunk of their own (Megatron's
+    // account_for_embedding/loss_in_pipeline_split), so L + 2 chunks is the most.
     rule!(
-        plan.pp * plan.vpp > model.layers,
+        plan.pp * plan.vpp > model.layers + 2,
         "pp_layers",
-        "pp·vpp = {} model chunks exceed the {} layers",
+        "pp·vpp = {} model chunks exceed the {} layers plus the embedding and loss chunks",
         plan.pp * plan.vpp,
         model.layers
     );
@@ -237,8 +239,7 @@ pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Resul
         });
         true
     });
-    let pp_effective = plan.pp.min(problem.model.layers);
-    let stages = stages(&problem.model, pp_effective);
+    let stages = stages(&problem.model, plan.pp);
     let m = micro_batches(problem, &plan);
     let (memory, worst_stage) = peak_memory(problem, &plan, &groups, &stages, m);
     let capacity = memory_capacity_gib(problem, space);

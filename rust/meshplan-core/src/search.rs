@@ -375,8 +375,8 @@ impl Searcher<'_> {
             schedule: Some(Schedule::OneFOneB),
         };
         let groups = Groups::of(&base, self.problem.cluster.nvlink_domain());
-        let stage_list = stages(&self.problem.model, pp.min(self.problem.model.layers));
-        let hopeless = pp <= self.problem.model.layers
+        let stage_list = stages(&self.problem.model, pp);
+        let hopeless = pp <= self.problem.model.layers + 2
             && self.memory_lower_bound(&base, &knobs, &groups, &stage_list) > self.capacity_gib;
 
         for &b in &knobs.micro_batches {

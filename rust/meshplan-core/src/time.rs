@@ -440,11 +440,20 @@ impl<'a> TimeContext<'a> {
                     + hide(coll(Collective::AllGather, wb), t_f)
             }
             _ => {
-                let ag = coll(Collective::AllGather, wb);
-                let rs = coll(Collective::ReduceScatter, gb);
-                // Prefetched unit by unit; the first gather and the last reduce-scatter are exposed.
+                // One FSDP unit per layer: every unit is gathered in forward and again in
+                // backward and its gradient reduce-scattered, each a collective of its own (so
+                // the latency is paid per unit). Prefetching hides them behind the micro-batch's
+                // compute; the first gather and the last reduce-scatter are exposed (§3.6).
                 let units = stage.layers().max(1) as f64;
-                m * hide(2.0 * ag + rs, t_f + t_b) + (ag + rs) / units
+                let unit = |kind, per_param: f64| -> f64 {
+                    groups
+                        .iter()
+                        .map(|(p, g)| f.collective_s(kind, p / units * per_param, *g))
+                        .sum()
+                };
+                let ag = unit(Collective::AllGather, wb);
+                let rs = unit(Collective::ReduceScatter, gb);
+                m * hide(units * (2.0 * ag + rs), t_f + t_b) + ag + rs
             }
         }
     }

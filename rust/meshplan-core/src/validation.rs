@@ -20,6 +20,9 @@
 //! | `plan.vpp` | 1 without pipelining, else the interleaving (1..=16) the model predicts fastest |
 //! | `plan.recompute` | the least recompute (none, selective, full) that fits in memory |
 //!
+//! Gradients are reduced in bf16 (2 bytes) for NVIDIA's NeMo, Megatron-Bridge and DGX Cloud
+//! recipes, in fp32 for every other source (Megatron-LM's and torchtitan's defaults).
+//!
 //! Runs from Narayanan et al. 2021 and Korthikanti et al. 2022 predate fused attention in
 //! Megatron; they are evaluated with `flash_attention = false` (what those papers describe).
 //!
@@ -321,6 +324,19 @@ pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
         .collect()
 }
 
+/// Bytes per gradient element in reduction and main-grad buffers by source: NVIDIA's NeMo,
+/// Megatron-Bridge and DGX Cloud performance recipes reduce gradients in bf16
+/// (NeMo-Framework-Launcher `optim.grad_sync_dtype=bf16`); Megatron-LM's default for bf16/fp16
+/// training, torchtitan (FSDP2 `reduce_dtype=float32`) and the rest keep fp32.
+fn source_grad_bytes(source: &str) -> u32 {
+    let nvidia_recipe = ["NVIDIA NeMo", "NVIDIA Megatron-Bridge", "NVIDIA DGX Cloud"];
+    if nvidia_recipe.iter().any(|s| source.starts_with(s)) {
+        2
+    } else {
+        4
+    }
+}
+
 /// Sources whose runs predate fused (flash) attention in Megatron: Narayanan et al. 2021 and
 /// Korthikanti et al. 2022 materialise the `a·s²` scores (KOR22 §4.1).
 fn unfused_attention_source(source: &str) -> bool {
@@ -424,6 +440,7 @@ fn problem_of(
     let mut workload = Workload::new(global_batch, case.training.seq_len);
     workload.precision = precision;
     workload.lora = case.task.as_deref() == Some("lora");
+    workload.grad_bytes = source_grad_bytes(&case.source);
     workload.flash_attention = !unfused_attention_source(&case.source);
     Problem::new(model, cluster, workload)
 }
