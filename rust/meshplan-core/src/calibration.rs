@@ -47,6 +47,8 @@ pub struct CalibrationOverride {
     pub ep_overlap: Option<f64>,
     #[serde(default)]
     pub moe_imbalance: Option<f64>,
+    #[serde(default)]
+    pub layer_overhead_us: Option<f64>,
 }
 
 /// Overrides by GPU preset name; the key `"*"` applies to every GPU before its own entry.
@@ -99,6 +101,7 @@ impl CalibrationOverride {
             (self.dp_overlap, &mut cal.dp_overlap),
             (self.ep_overlap, &mut cal.ep_overlap),
             (self.moe_imbalance, &mut cal.moe_imbalance),
+            (self.layer_overhead_us, &mut cal.layer_overhead_us),
         ];
         for (value, slot) in scalars {
             if let Some(v) = value {

@@ -123,6 +123,11 @@ pub struct Calibration {
     pub ep_overlap: f64,
     /// Routing imbalance: busiest expert rank's load over the mean (§1.2 λ).
     pub moe_imbalance: f64,
+    /// Fixed host and kernel-launch time of one dense layer's forward pass per micro-batch,
+    /// microseconds (backward counts twice, an MoE layer, with about twice the kernels, twice
+    /// again). Negligible for large layers; it is what slows small micro-batches and
+    /// fine-grained MoE layers down.
+    pub layer_overhead_us: f64,
 }
 
 /// A GPU type.
@@ -263,6 +268,12 @@ impl Gpu {
         check_fraction("gpu.calibration.dp_overlap", c.dp_overlap, 0.0, 1.0)?;
         check_fraction("gpu.calibration.ep_overlap", c.ep_overlap, 0.0, 1.0)?;
         check_fraction("gpu.calibration.moe_imbalance", c.moe_imbalance, 1.0, 100.0)?;
+        check_fraction(
+            "gpu.calibration.layer_overhead_us",
+            c.layer_overhead_us,
+            0.0,
+            1e5,
+        )?;
         Ok(())
     }
 

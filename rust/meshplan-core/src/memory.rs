@@ -8,6 +8,7 @@
 //! attention output, and the FFN intermediates (`6f` SwiGLU, `4f` GeLU), split over TP. For GPT
 //! shapes this is Korthikanti's `34·sbh` less the dropout masks.
 
+use crate::hardware::Precision;
 use crate::layout::Groups;
 use crate::model::{Activation, Model};
 use crate::plan::{Plan, Recompute};
@@ -23,6 +24,15 @@ const ACT_BYTES: f64 = 2.0;
 const WEIGHT_BYTES: f64 = 2.0;
 /// Bytes per fp32 element (router logits, softmax of the loss).
 const FP32_BYTES: f64 = 4.0;
+
+/// Bytes per element of a linear layer's saved input at `precision` (see
+/// [`layer_activation_bytes_per_token`]).
+pub fn linear_input_bytes(precision: Precision) -> f64 {
+    match precision {
+        Precision::Bf16 | Precision::Fp16 => ACT_BYTES,
+        Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4 => 1.0,
+    }
+}
 
 /// Parameters of one layer's attention held by one TP rank: Q and O split over `t`; K and V
 /// split over `t` but replicated when `t > kv_heads` (§2.4.3 GQA note); MLA's down-projections
@@ -130,44 +140,49 @@ pub fn state_bytes(
 }
 
 /// Stored activation bytes per token of one layer with no recompute (§2.4.3), per GPU.
-/// `moe`: the layer has routed experts. `seq_shard`: the replicated part is sequence-sharded
-/// over TP (sequence parallel).
+/// `moe`: the layer has routed experts. `linear_input_bytes`: bytes per element of the tensors
+/// kept only as inputs of linear layers — 2 in 16-bit training; FP8/FP4 linears keep their
+/// quantised input for the weight gradient (Transformer Engine), 1 byte.
 pub fn layer_activation_bytes_per_token(
     model: &Model,
     plan: &Plan,
     moe: bool,
     imbalance: f64,
+    linear_input_bytes: f64,
 ) -> f64 {
     let t = plan.tp as f64;
     let sp_div = if plan.sequence_parallel { t } else { 1.0 };
     let h = model.hidden as f64;
     let a_local = model.heads as f64 / t;
     let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
-    // Norm inputs and the inputs of the QKV and FFN-in projections.
-    let replicated = 4.0 * ACT_BYTES * h / sp_div;
+    let li = linear_input_bytes;
+    // Two norm inputs (16-bit) and the inputs of the QKV and FFN-in projections.
+    let replicated = (2.0 * ACT_BYTES + 2.0 * li) * h / sp_div;
     let attention = match &model.mla {
         Some(m) => {
-            // Latents (replicated) + per-head Q, K, V and output.
-            let latents = ACT_BYTES
-                * (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64;
-            latents + ACT_BYTES * a_local * (2.0 * dqk + 2.0 * dv)
+            // Latents (replicated) + per-head Q, K, V (16-bit, attention inputs) and the
+            // output (input of the output projection).
+            let latents =
+                li * (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64;
+            latents + a_local * (ACT_BYTES * (2.0 * dqk + dv) + li * dv)
         }
         None => {
             let g_local = (model.kv_heads as f64 / t).max(1.0);
-            ACT_BYTES * (2.0 * a_local * dqk + 2.0 * g_local * dqk)
+            ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk) + li * a_local * dqk
         }
     };
+    // Per unit of FFN width: the gate/up (SwiGLU) or pre-activation (GeLU) outputs in 16 bits,
+    // and the activation output, the down projection's input.
     let per_f = match model.activation {
-        Activation::Swiglu => 3.0 * ACT_BYTES,
-        Activation::Gelu => 2.0 * ACT_BYTES,
+        Activation::Swiglu => 2.0 * ACT_BYTES + li,
+        Activation::Gelu => ACT_BYTES + li,
     };
     let ffn = match (&model.moe, moe) {
         (Some(m), true) => {
             let router = FP32_BYTES * m.num_experts as f64 / sp_div;
             // Each routed copy keeps its expert input and intermediates on the expert rank.
-            let routed = m.top_k as f64
-                * imbalance
-                * (ACT_BYTES * h + per_f * m.expert_ffn_hidden as f64 / t);
+            let routed =
+                m.top_k as f64 * imbalance * (li * h + per_f * m.expert_ffn_hidden as f64 / t);
             let shared = per_f * model.shared_ffn_hidden() as f64 / t;
             router + routed + shared
         }
@@ -233,8 +248,9 @@ pub fn stage_memory(
         ((wd, gd, od), (we, ge, oe))
     };
 
-    let dense_layer = layer_activation_bytes_per_token(model, plan, false, 1.0);
-    let moe_layer = layer_activation_bytes_per_token(model, plan, true, cal.moe_imbalance);
+    let li = linear_input_bytes(problem.workload.precision);
+    let dense_layer = layer_activation_bytes_per_token(model, plan, false, 1.0, li);
+    let moe_layer = layer_activation_bytes_per_token(model, plan, true, cal.moe_imbalance, li);
     let full_layers = stage.dense_layers as f64 * dense_layer + stage.moe_layers as f64 * moe_layer;
     let stored_per_mb = match plan.recompute {
         // Only each layer's input is kept (sequence-sharded with SP, §9 item 5).
@@ -329,7 +345,7 @@ mod tests {
         // §2.4.3 / §7(c): 12 + 4·g/a + 6·f/h = 32.1 (× s·b·h, 2-byte elements → ×2 bytes... the
         // coefficient already counts bytes).
         let m = llama2_7b();
-        let per_token = layer_activation_bytes_per_token(&m, &plan(1, false), false, 1.0);
+        let per_token = layer_activation_bytes_per_token(&m, &plan(1, false), false, 1.0, 2.0);
         let coeff = per_token / m.hidden as f64;
         assert!((coeff - 32.125).abs() < 1e-9, "{coeff}");
     }
@@ -337,12 +353,12 @@ mod tests {
     #[test]
     fn tp8_with_sp_divides_activations_by_8() {
         let m = llama2_7b();
-        let one = layer_activation_bytes_per_token(&m, &plan(1, false), false, 1.0);
-        let eight = layer_activation_bytes_per_token(&m, &plan(8, true), false, 1.0);
+        let one = layer_activation_bytes_per_token(&m, &plan(1, false), false, 1.0, 2.0);
+        let eight = layer_activation_bytes_per_token(&m, &plan(8, true), false, 1.0, 2.0);
         assert!((one / eight - 8.0).abs() < 1e-9);
         // Without SP, §7(c): (8 + (8 + 6·f/h)/8)·sbh = 11.0·sbh.
-        let no_sp =
-            layer_activation_bytes_per_token(&m, &plan(8, false), false, 1.0) / m.hidden as f64;
+        let no_sp = layer_activation_bytes_per_token(&m, &plan(8, false), false, 1.0, 2.0)
+            / m.hidden as f64;
         assert!(
             (no_sp - (8.0 + (8.0 + 6.0 * 11008.0 / 4096.0) / 8.0)).abs() < 1e-9,
             "{no_sp}"

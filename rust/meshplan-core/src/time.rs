@@ -303,10 +303,12 @@ impl<'a> TimeContext<'a> {
             elem_fwd += copies * per_copy / self.memory_bytes_per_s;
         }
 
-        let fwd_compute = g.0 + attn_fwd + elem_fwd;
+        // Host and launch overhead: an MoE layer runs about twice the kernels of a dense one.
+        let overhead = cal.layer_overhead_us * 1e-6 * if moe_cfg.is_some() { 2.0 } else { 1.0 };
+        let fwd_compute = g.0 + attn_fwd + elem_fwd + overhead;
         // LoRA freezes the base weights: no weight-gradient GEMMs.
         let wgrad = if self.problem.workload.lora { 0.0 } else { g.2 };
-        let bwd_compute = g.1 + wgrad + attn_bwd + 2.0 * elem_fwd;
+        let bwd_compute = g.1 + wgrad + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead;
 
         // Tensor parallel (§3.4).
         let tp_fwd = if plan.tp > 1 {
