@@ -279,24 +279,11 @@ def test_generated_bad_problem_fields(part: str, key: str, value: Any) -> None:
     )
 
 
-# Degrees up to 2^12 (five of them multiply to < 2^64; larger products are the overflow test's
-# below), and values outside u32 that the conversion must reject.
-PLAN_VALUE = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-3, max_value=2**12),
-    st.sampled_from([2**32, 2**64, -(2**63)]),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=6),
-    st.lists(st.integers(-1, 5), max_size=3),
-)
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(
     st.sampled_from(["dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero", "recompute",
                      "sequence_parallel", "schedule", "other"]),
-    PLAN_VALUE, max_size=6,
+    ANY_VALUE, max_size=6,
 ))
 def test_generated_bad_plans(overrides: dict[str, Any]) -> None:
     _check_only_meshplan_errors(lambda: _core.evaluate(problem(), {**PLAN, **overrides}))
@@ -328,6 +315,7 @@ def test_generated_bad_spaces(space: dict[str, Any]) -> None:
 
 
 def test_degrees_whose_product_overflows_are_rejected() -> None:
-    # 24 · 2863311531 · (2^32 - 1)^2 = 8 + 3·2^64·..., i.e. exactly 8 modulo 2^64.
+    # 24 · 2863311531 · (2^32 - 1)^2 is exactly 8 modulo 2^64: a wrapping product would take
+    # this for an 8-GPU plan (and an unchecked one panics in debug builds).
     plan = {"dp": 24, "tp": 2**32 - 1, "pp": 2**32 - 1, "ep": 2863311531, "cp": 1}
     raises(InvalidInputError, "plan")(lambda: _core.evaluate(problem(), plan))
