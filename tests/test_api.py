@@ -43,7 +43,7 @@ def test_workload_defaults_and_round_trip() -> None:
     w = mp.Workload(512, 2048)
     assert w.to_dict() == {
         "global_batch": 512, "seq_len": 2048, "precision": "bf16", "optimizer": "adam",
-        "grad_bytes": 4, "lora": False,
+        "grad_bytes": 4, "lora": False, "flash_attention": True,
     }
     assert mp.Workload.from_dict(w.to_dict()) == w
 
@@ -54,6 +54,14 @@ def test_lora_reaches_the_core(model: mp.Model, cluster: mp.Cluster) -> None:
     # Frozen base weights: no gradients or optimizer state for them.
     assert lora.memory_gib["optimizer"] < full.memory_gib["optimizer"]
     assert lora.peak_memory_gib < full.peak_memory_gib
+
+
+def test_unfused_attention_stores_more_activations(
+    model: mp.Model, cluster: mp.Cluster
+) -> None:
+    fused = mp.evaluate(model, cluster, mp.Workload(64, 4096), FSDP)
+    unfused = mp.evaluate(model, cluster, mp.Workload(64, 4096, flash_attention=False), FSDP)
+    assert unfused.memory_gib["activations"] > fused.memory_gib["activations"]
 
 
 def test_cluster_from_dict_accepts_a_gpu_dict_or_a_name() -> None:

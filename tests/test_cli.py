@@ -111,6 +111,15 @@ def test_search_flags_reach_the_space(capsys: pytest.CaptureFixture[str]) -> Non
     assert all(not p["sequence_parallel"] and p["micro_batch"] <= 2 for p in plans)
 
 
+def test_workload_flags_reach_the_core(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["evaluate", *PROBLEM, "--plan", "dp=8,tp=1,pp=1,zero=3", "--json"]
+    base = json.loads(run(capsys, *argv)[1])
+    lora = json.loads(run(capsys, *argv, "--lora")[1])
+    unfused = json.loads(run(capsys, *argv, "--no-flash-attention")[1])
+    assert lora["memory_gib"]["optimizer"] < base["memory_gib"]["optimizer"]
+    assert unfused["memory_gib"]["activations"] > base["memory_gib"]["activations"]
+
+
 def test_search_with_nothing_feasible(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "search", "--model", "llama3-70b", "--gpu", "a100-sxm-40g",
                        "--gpus", "2", "--global-batch", "8", "--seq-len", "4096")

@@ -94,6 +94,10 @@ def _problem_flags() -> _Parser:
     g.add_argument("--optimizer", default="adam", help="adam (default) or sgd-momentum")
     g.add_argument("--grad-bytes", type=int, default=4, help="gradient bytes per element, 4 (default) or 2")
     g.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
+    g.add_argument(
+        "--no-flash-attention", dest="flash_attention", action="store_false",
+        help="model unfused attention (stores the attention scores)",
+    )
     return p
 
 
@@ -201,7 +205,8 @@ def _cluster(args: argparse.Namespace) -> Cluster:
 
 def _workload(args: argparse.Namespace) -> Workload:
     return Workload(
-        args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes, args.lora
+        args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
+        args.lora, args.flash_attention,
     )
 
 

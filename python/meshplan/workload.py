@@ -25,6 +25,9 @@ class Workload:
     lora: bool = False
     """LoRA fine-tuning: frozen base weights (no weight gradients, optimizer state or DP
     gradient reduction for them)."""
+    flash_attention: bool = True
+    """Fused (flash) attention; False models the unfused softmax of pre-2023 Megatron, which
+    stores the ``a·s²`` attention scores."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -34,6 +37,7 @@ class Workload:
             "optimizer": self.optimizer,
             "grad_bytes": self.grad_bytes,
             "lora": self.lora,
+            "flash_attention": self.flash_attention,
         }
 
     @classmethod
