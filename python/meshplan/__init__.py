@@ -24,11 +24,15 @@ from .model import Mla, Model, Moe
 from .plan import Plan
 from .report import Evaluation, SearchResult, SearchStats, Violation
 from .space import Degree, SearchSpace
+from .validation import ValidationReport, calibrated, validate
 from .workload import Workload
 
 __all__ = [
     "search",
     "evaluate",
+    "validate",
+    "calibrated",
+    "ValidationReport",
     "Model",
     "Moe",
     "Mla",

@@ -19,6 +19,8 @@ __all__ = [
     "default_space",
     "evaluate",
     "search",
+    "validate",
+    "apply_calibration",
 ]
 
 __version__: str
@@ -79,3 +81,20 @@ def search(
     passes, ``cancel`` raises ``CancelledError`` once cancelled; Ctrl-C stops the search and
     raises ``KeyboardInterrupt``.
     """
+
+def validate(
+    cases_json: str,
+    search: bool = False,
+    calibration: Optional[str] = None,
+    threads: Optional[int] = None,
+) -> dict[str, Any]:
+    """Validates the cost model against published runs.
+
+    ``cases_json`` is the text of a case file (shared/validation schema), ``calibration`` the text
+    of a calibration-overrides file (TOML or JSON). Returns ``{"cases": [...], "summary": {...}}``;
+    a case that does not fit the schema raises ``InvalidCaseError``.
+    """
+
+def apply_calibration(gpu: dict[str, Any], calibration: str) -> dict[str, Any]:
+    """``gpu`` (core ``Gpu`` shape) with the overrides of ``calibration`` (TOML or JSON text,
+    tables keyed by GPU preset name or ``"*"``) applied and re-validated."""

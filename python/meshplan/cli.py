@@ -1,4 +1,4 @@
-"""The ``meshplan`` command: ``search``, ``evaluate``, ``models``, ``gpus``.
+"""The ``meshplan`` command: ``search``, ``evaluate``, ``models``, ``gpus``, ``validate``.
 
 Exit codes: 0 success; 2 bad input (one line ``meshplan: error: <message naming the field>`` on
 stderr, no traceback); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
@@ -11,7 +11,7 @@ import csv
 import json
 import os
 import sys
-from typing import Any, Callable, NoReturn, Optional, Sequence, TextIO
+from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence, TextIO
 
 from . import __version__
 from .api import as_model, evaluate, search
@@ -21,6 +21,7 @@ from .model import Model
 from .plan import Plan
 from .report import Evaluation, SearchResult, SearchStats
 from .space import DEGREES, SearchSpace
+from .validation import ValidationReport, calibrated, validate
 from .workload import Workload
 
 PLAN_COLUMNS = (
@@ -98,6 +99,10 @@ def _problem_flags() -> _Parser:
         "--no-flash-attention", dest="flash_attention", action="store_false",
         help="model unfused attention (stores the attention scores)",
     )
+    g.add_argument(
+        "--calibration", metavar="FILE",
+        help="calibration overrides (TOML or JSON; see docs/calibration.md)",
+    )
     return p
 
 
@@ -155,6 +160,15 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("gpus", help="list the GPU presets")
     g.add_argument("--json", action="store_true", help="print the full presets as JSON")
     g.set_defaults(run=_gpus)
+
+    v = sub.add_parser("validate", help="hold the cost model against published training runs")
+    v.add_argument("cases", metavar="FILE", help="a case file (shared/validation/cases.json schema)")
+    v.add_argument("--search", action="store_true", help="also search each case: rank, regret, feasible recall")
+    v.add_argument("--calibration", metavar="FILE", help="calibration overrides (TOML or JSON)")
+    v.add_argument("--threads", type=int, metavar="N", help="search threads (default: all cores)")
+    v.add_argument("--worst", type=int, default=10, metavar="K", help="largest errors listed (default 10)")
+    v.add_argument("--json", action="store_true", help="print the full report as JSON")
+    v.set_defaults(run=_validate)
     return parser
 
 
@@ -200,7 +214,17 @@ def _model(args: argparse.Namespace) -> Model:
 
 
 def _cluster(args: argparse.Namespace) -> Cluster:
-    return Cluster(Gpu.preset(args.gpu), args.gpus, args.gpus_per_node, args.nvlink_domain)
+    cluster = Cluster(Gpu.preset(args.gpu), args.gpus, args.gpus_per_node, args.nvlink_domain)
+    if getattr(args, "calibration", None):
+        cluster = calibrated(cluster, _readable(args.calibration, "--calibration"))
+    return cluster
+
+
+def _readable(path: str, flag: str) -> str:
+    """``path`` if it is a readable file, else a usage error naming ``flag``."""
+    if not os.path.isfile(path):
+        raise UsageError(f"{flag}: no such file: {path}")
+    return path
 
 
 def _workload(args: argparse.Namespace) -> Workload:
@@ -425,3 +449,76 @@ def _title(model: Model, cluster: Cluster, workload: Workload) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --- validate ----------------------------------------------------------------------------------
+
+
+def _validate(args: argparse.Namespace, out: TextIO) -> int:
+    cases = _readable(args.cases, "FILE")
+    calibration = None if args.calibration is None else _readable(args.calibration, "--calibration")
+    report = validate(cases, search=args.search, calibration=calibration, threads=args.threads)
+    if args.json:
+        json.dump(report.to_dict(), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(validation_text(report, args.worst))
+    return 0
+
+
+def _pct(value: Any) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _stats_row(name: str, s: Mapping[str, Any]) -> list[Any]:
+    return [
+        name, s["n"], _pct(s["median_ape"]), _pct(s["p90_ape"]), _pct(s["within_10pct"]),
+        _pct(s["within_20pct"]), _pct(s["median_signed_error"]),
+    ]
+
+
+def validation_text(report: ValidationReport, worst: int) -> str:
+    """The human report of ``meshplan validate``."""
+    rows = report.cases
+    ok = [r for r in rows if r["status"] == "ok"]
+    skipped = [r for r in rows if r["status"] == "unrepresentable"]
+    failed = [r for r in rows if r["status"] == "error"]
+    s = report.summary
+    lines = [
+        f"{len(rows)} cases: {len(ok)} evaluated, {len(skipped)} not representable, "
+        f"{len(failed)} failed. Throughput compared as tokens/s per GPU; APE = |predicted/measured - 1|.",
+        "",
+    ]
+    header = ["throughput", "n", "median APE", "p90 APE", "within 10%", "within 20%", "median signed"]
+    body = [_stats_row("all", s["throughput"])]
+    body += [_stats_row(f"gpu {k}", v) for k, v in s["by_gpu"].items()]
+    body += [_stats_row(f"arch {k}", v) for k, v in s["by_arch"].items()]
+    lines += [table(header, body), ""]
+    lines.append(f"memory: n={s['memory']['n']}, median APE {_pct(s['memory']['median_ape'])}")
+    if "feasible_recall" in s:
+        regret = s["regret"]
+        lines.append(
+            f"search: published plans judged feasible {_pct(s['feasible_recall'])}; "
+            f"regret median {_pct(regret['median'])}, p90 {_pct(regret['p90'])} (n={regret['n']})"
+        )
+    scored = sorted((r for r in ok if r.get("ape") is not None), key=lambda r: -r["ape"])[:worst]
+    if scored:
+        lines += ["", f"largest errors (top {len(scored)}):"]
+        lines.append(table(
+            ["case", "gpu", "measured tok/s/GPU", "predicted", "error", "feasible"],
+            [[r["id"], r["gpu"], round(r["measured_tokens_per_s_per_gpu"], 1),
+              round(r["predicted_tokens_per_s_per_gpu"], 1), _pct(r["signed_error"]),
+              "yes" if r["feasible"] else "no"] for r in scored],
+        ))
+    defaults: dict[str, int] = {}
+    for r in ok:
+        for d in r["defaults"]:
+            defaults[d] = defaults.get(d, 0) + 1
+    if defaults:
+        lines += ["", "defaults filled in for unknown fields (cases): " + ", ".join(
+            f"{k} ({v})" for k, v in sorted(defaults.items(), key=lambda kv: -kv[1])
+        )]
+    for title, group in (("not representable", skipped), ("failed", failed)):
+        if group:
+            lines += ["", f"{title}:"] + [f"  {r['id']}: {r['reason']}" for r in group]
+    return "\n".join(lines) + "\n"

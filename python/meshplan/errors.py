@@ -14,6 +14,7 @@ invalid_field       InvalidInputError
 unknown_preset      UnknownPresetError
 hf_config           HfConfigError
 data_file           DataFileError
+invalid_case        InvalidCaseError
 space_too_large     SpaceTooLargeError
 cancelled           CancelledError
 deadline_exceeded   DeadlineExceededError
@@ -29,6 +30,7 @@ __all__ = [
     "UnknownPresetError",
     "HfConfigError",
     "DataFileError",
+    "InvalidCaseError",
     "SpaceTooLargeError",
     "CancelledError",
     "DeadlineExceededError",
@@ -53,6 +55,11 @@ class HfConfigError(InvalidInputError):
 
 class DataFileError(MeshplanError):
     """A built-in data file (presets, calibration) does not parse: a packaging bug."""
+
+
+class InvalidCaseError(InvalidInputError):
+    """A validation case (published run) that does not fit the case schema; the message names
+    the case (index and id) and the field."""
 
 
 class SpaceTooLargeError(MeshplanError):

@@ -61,9 +61,24 @@ pub fn parse_overrides(text: &str) -> Result<CalibrationOverrides> {
     } else {
         toml::from_str::<CalibrationOverrides>(text).map_err(|e| e.to_string())
     };
-    parsed.map_err(|reason| Error::DataFile {
-        what: "calibration overrides".into(),
-        reason,
+    parsed.map_err(|reason| {
+        // TOML errors span several lines (position, source excerpt, message): keep the first
+        // and the last, which say where and what.
+        let lines: Vec<&str> = reason
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        let summary = match (lines.first(), lines.last()) {
+            (Some(first), Some(last)) if first != last => format!("{first}: {last}"),
+            (Some(first), _) => first.to_string(),
+            _ => reason.clone(),
+        };
+        Error::invalid(
+            "calibration",
+            summary,
+            "a TOML or JSON table per GPU preset (or \"*\") of calibration fields",
+        )
     })
 }
 
@@ -120,6 +135,25 @@ pub fn apply_overrides(overrides: &CalibrationOverrides, gpu: &mut Gpu) -> Resul
         }
     }
     gpu.validate()
+}
+
+/// Checks every entry of `overrides` up front: each key is `"*"` or a GPU preset, and every
+/// value stays in range once applied to the preset(s) it names (the error names the field).
+pub fn check_overrides(overrides: &CalibrationOverrides) -> Result<()> {
+    let known = crate::presets::gpu_names();
+    if let Some(name) = unknown_gpus(overrides, &known).first() {
+        return Err(Error::invalid(
+            "calibration",
+            name,
+            format!("\"*\" or a GPU preset ({})", known.join(", ")),
+        ));
+    }
+    for name in &known {
+        if overrides.contains_key("*") || overrides.contains_key(name) {
+            apply_overrides(overrides, &mut crate::presets::gpu(name)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// GPU names in `overrides` that are neither `"*"` nor in `known` (likely typos).

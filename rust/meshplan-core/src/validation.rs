@@ -262,10 +262,6 @@ pub struct Summary {
     pub regret: Option<RegretSummary>,
     pub by_gpu: BTreeMap<String, ThroughputSummary>,
     pub by_arch: BTreeMap<String, ThroughputSummary>,
-    /// Cases evaluated / not representable / failed.
-    pub evaluated: usize,
-    pub unrepresentable: usize,
-    pub errors: usize,
 }
 
 /// The whole report.
@@ -289,11 +285,8 @@ fn text_at<'a>(v: &'a serde_json::Value, path: &[&str]) -> Option<&'a str> {
 
 /// Parses the case file (a JSON list), naming the case and field of any schema error.
 pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
-    let values: Vec<serde_json::Value> =
-        serde_json::from_str(json_text).map_err(|e| Error::DataFile {
-            what: "validation cases".into(),
-            reason: format!("expected a JSON list of cases: {e}"),
-        })?;
+    let values: Vec<serde_json::Value> = serde_json::from_str(json_text)
+        .map_err(|e| Error::invalid("cases", e, "a JSON list of validation cases"))?;
     values
         .into_iter()
         .enumerate()
@@ -753,12 +746,6 @@ pub fn summarise(rows: &[CaseRow], searched: bool) -> Summary {
         regret,
         by_gpu: group(|r| r.gpu.as_str()),
         by_arch: group(|r| r.arch.as_str()),
-        evaluated: ok.len(),
-        unrepresentable: rows
-            .iter()
-            .filter(|r| r.status == "unrepresentable")
-            .count(),
-        errors: rows.iter().filter(|r| r.status == "error").count(),
     }
 }
 
@@ -766,17 +753,7 @@ pub fn summarise(rows: &[CaseRow], searched: bool) -> Summary {
 pub fn validate(json_text: &str, options: &ValidateOptions) -> Result<ValidationReport> {
     let cases = parse_cases(json_text)?;
     if let Some(o) = &options.calibration {
-        let unknown = crate::calibration::unknown_gpus(o, &presets::gpu_names());
-        if let Some(name) = unknown.first() {
-            return Err(Error::invalid(
-                "calibration",
-                name,
-                format!(
-                    "\"*\" or a GPU preset ({})",
-                    presets::gpu_names().join(", ")
-                ),
-            ));
-        }
+        crate::calibration::check_overrides(o)?;
     }
     let rows: Vec<CaseRow> = cases
         .iter()

@@ -26,6 +26,7 @@ const ERROR_CLASSES: &[(&str, &str)] = &[
     ("unknown_preset", "UnknownPresetError"),
     ("hf_config", "HfConfigError"),
     ("data_file", "DataFileError"),
+    ("invalid_case", "InvalidCaseError"),
     ("space_too_large", "SpaceTooLargeError"),
     ("cancelled", "CancelledError"),
     ("deadline_exceeded", "DeadlineExceededError"),
@@ -358,6 +359,56 @@ fn search(
     })
 }
 
+/// Validates the cost model against published runs: `cases_json` is the text of a case file
+/// (shared/validation schema), `calibration` the text of a calibration-overrides file.
+#[pyfunction]
+#[pyo3(signature = (cases_json, search=false, calibration=None, threads=None))]
+fn validate(
+    py: Python<'_>,
+    cases_json: &Bound<'_, PyAny>,
+    search: bool,
+    calibration: Option<&Bound<'_, PyAny>>,
+    threads: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (
+        arg::<String>(cases_json, "cases_json")?,
+        calibration
+            .map(|c| arg::<String>(c, "calibration"))
+            .transpose()?,
+        threads.map(|t| arg::<usize>(t, "threads")).transpose()?,
+    );
+    run(py, inputs, None, move |(cases, calibration, threads)| {
+        let options = core::validation::ValidateOptions {
+            search,
+            calibration: calibration
+                .as_deref()
+                .map(core::calibration::parse_overrides)
+                .transpose()?,
+            threads,
+        };
+        core::validation::validate(&cases, &options)
+    })
+}
+
+/// A GPU dict with the calibration overrides of `calibration` (TOML or JSON text) applied.
+#[pyfunction]
+fn apply_calibration(
+    py: Python<'_>,
+    gpu: &Bound<'_, PyAny>,
+    calibration: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (
+        arg::<core::Gpu>(gpu, "gpu")?,
+        arg::<String>(calibration, "calibration")?,
+    );
+    run(py, inputs, None, |(mut gpu, text)| {
+        let overrides = core::calibration::parse_overrides(&text)?;
+        core::calibration::check_overrides(&overrides)?;
+        core::calibration::apply_overrides(&overrides, &mut gpu)?;
+        Ok(gpu)
+    })
+}
+
 /// The module `meshplan._core`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -371,6 +422,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(default_space, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(search, m)?)?;
+    m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add_function(wrap_pyfunction!(apply_calibration, m)?)?;
     Ok(())
 }
 
@@ -398,6 +451,11 @@ mod tests {
             core::Error::SpaceTooLarge {
                 candidates: 2,
                 limit: 1,
+            },
+            core::Error::InvalidCase {
+                index: 0,
+                id: "x".into(),
+                reason: "missing field".into(),
             },
             core::Error::Cancelled,
             core::Error::DeadlineExceeded { elapsed_s: 1.0 },
