@@ -1,0 +1,217 @@
+"""A typed client of ``meshplan.v1.Planner``: the local API's calls, answered by a server.
+
+>>> from meshplan.client import PlannerClient
+>>> with PlannerClient("127.0.0.1:50051") as planner:  # doctest: +SKIP
+...     result = planner.search("llama3-70b", Cluster("h100-sxm", 1024), Workload(1024, 8192))
+
+Methods take and return the same objects as :func:`meshplan.search` and
+:func:`meshplan.evaluate` (a :class:`~meshplan.SearchResult` that compares equal to the local
+one), and raise the same :mod:`meshplan.errors` classes: the server's status codes are mapped back
+through :data:`meshplan.wire.STATUS_CODES`. Any other failure (unreachable server, bad token,
+a server bug) raises :class:`RemoteError` with the status code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Callable, Optional, Sequence, TypeVar, Union
+
+import grpc
+from grpc_health.v1 import health_pb2
+
+from . import wire
+from .errors import MeshplanError
+from .hardware import Cluster
+from .model import Model
+from .plan import Plan
+from .report import Evaluation, SearchResult
+from .space import SearchSpace
+from .v1 import planner_pb2 as pb
+from .v1 import planner_pb2_grpc as pb_grpc
+from .workload import Workload
+
+T = TypeVar("T")
+
+
+class RemoteError(MeshplanError):
+    """A call failed with a status code that has no ``meshplan.errors`` class (UNAVAILABLE,
+    UNAUTHENTICATED, INTERNAL, ...)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}" if details else code.name)
+        self.code = code
+        self.details = details
+
+
+@dataclass
+class GpuPreset:
+    """A GPU preset in brief, as ``ListPresets`` reports it."""
+
+    name: str
+    description: str
+    memory_gib: float
+    peak_tflops: dict[str, float]
+    memory_bandwidth_gbps: float
+    scaleup_bandwidth_gbps: float
+    scaleup_domain: int
+    gpus_per_node: int
+    network_bandwidth_gbps: float
+
+
+@dataclass
+class Presets:
+    """The server's presets: model descriptors and GPUs in brief, sorted by name."""
+
+    models: list[Model]
+    gpus: list[GpuPreset]
+
+
+class PlannerClient:
+    """A connection to a planner server at ``target`` (``host:port``).
+
+    ``token`` is sent as ``authorization: Bearer <token>``; ``root_certificates`` (PEM bytes)
+    switches to TLS and trusts that CA (an empty ``b""`` trusts the system's roots).
+    ``timeout_s`` is every call's deadline (None: no deadline); a call's own ``timeout_s``
+    replaces it for that call.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: Optional[str] = None,
+        root_certificates: Optional[bytes] = None,
+        timeout_s: Optional[float] = 60.0,
+        options: Sequence[tuple[str, Union[str, int]]] = (),
+    ):
+        self.target = target
+        self.timeout_s = timeout_s
+        self._metadata = None if token is None else (("authorization", f"Bearer {token}"),)
+        if root_certificates is not None:
+            credentials = grpc.ssl_channel_credentials(root_certificates or None)
+            self._channel = grpc.secure_channel(target, credentials, options=list(options))
+        else:
+            self._channel = grpc.insecure_channel(target, options=list(options))
+        self._stub = pb_grpc.PlannerStub(self._channel)
+        # Typed by hand: the health stubs' HealthStub declares no methods.
+        self._health_check: grpc.UnaryUnaryMultiCallable[
+            health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+        ] = self._channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
+        )
+
+    # -- the API ---------------------------------------------------------------------------------
+
+    def search(
+        self,
+        model: Union[Model, str],
+        cluster: Cluster,
+        workload: Workload,
+        space: Optional[SearchSpace] = None,
+        *,
+        timeout_s: Optional[float] = None,
+    ) -> SearchResult:
+        """:func:`meshplan.search` on the server (its thread count, its candidate cap).
+
+        A deadline that passes raises :class:`~meshplan.errors.DeadlineExceededError`, and the
+        server stops the search."""
+        request = pb.SearchRequest(
+            model=wire.model_message(model),
+            cluster=wire.cluster_message(cluster),
+            workload=wire.workload_message(workload),
+            space=None if space is None else wire.space_message(space),
+        )
+        response = self._call(self._stub.Search, request, timeout_s)
+        return wire.search_result(response)
+
+    def evaluate(
+        self,
+        model: Union[Model, str],
+        cluster: Cluster,
+        workload: Workload,
+        plan: Union[Plan, str],
+        *,
+        timeout_s: Optional[float] = None,
+    ) -> Evaluation:
+        """:func:`meshplan.evaluate` on the server."""
+        request = pb.EvaluateRequest(
+            model=wire.model_message(model),
+            cluster=wire.cluster_message(cluster),
+            workload=wire.workload_message(workload),
+            plan=wire.plan_message(plan),
+        )
+        response = self._call(self._stub.Evaluate, request, timeout_s)
+        return wire.evaluation_from(response.evaluation)
+
+    def list_presets(self, *, timeout_s: Optional[float] = None) -> Presets:
+        """The server's model and GPU presets."""
+        response = self._call(self._stub.ListPresets, pb.ListPresetsRequest(), timeout_s)
+        return Presets(
+            models=[wire._model_from_dims(m) for m in response.models],
+            gpus=[
+                GpuPreset(
+                    name=g.name,
+                    description=g.description,
+                    memory_gib=g.memory_gib,
+                    peak_tflops=dict(g.peak_tflops),
+                    memory_bandwidth_gbps=g.memory_bandwidth_gbps,
+                    scaleup_bandwidth_gbps=g.scaleup_bandwidth_gbps,
+                    scaleup_domain=g.scaleup_domain,
+                    gpus_per_node=g.gpus_per_node,
+                    network_bandwidth_gbps=g.network_bandwidth_gbps,
+                )
+                for g in response.gpus
+            ],
+        )
+
+    def health(self, service: str = "", *, timeout_s: Optional[float] = None) -> str:
+        """The server's ``grpc.health.v1`` status of ``service`` ("" is the whole server):
+        ``"SERVING"``, ``"NOT_SERVING"``, ..."""
+        request = health_pb2.HealthCheckRequest(service=service)
+        response = self._call(self._health_check, request, timeout_s)
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: Callable[..., T],
+        request: object,
+        timeout_s: Optional[float],
+    ) -> T:
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            return method(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise remote_error(e) from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> PlannerClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+
+def remote_error(error: grpc.RpcError) -> MeshplanError:
+    """The ``meshplan.errors`` exception a failed call stands for (the status table read
+    backwards), else a :class:`RemoteError`."""
+    code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = (error.details() if isinstance(error, grpc.Call) else None) or ""
+    cls = wire.error_class(code)
+    if cls is None:
+        return RemoteError(code, details)
+    return cls(details)
+
+
+__all__ = ["PlannerClient", "RemoteError", "Presets", "GpuPreset", "remote_error"]

@@ -1,0 +1,485 @@
+"""meshplan's objects on the wire: conversions to and from the ``meshplan.v1`` messages, and the
+one table that maps ``meshplan.errors`` onto gRPC status codes.
+
+Transport-free by design: the server's methods and the client's calls are thin adapters over the
+functions here. Conversions are exact: a :class:`~meshplan.SearchResult` sent through
+:func:`search_response` and read back with :func:`search_result` compares equal to the original.
+
+A request never makes the server read a file: a model arrives as a preset name, the *text* of a
+Hugging Face ``config.json``, or explicit dimensions, and the cluster names a GPU preset.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping, Optional, Sequence, Union
+
+import grpc
+
+from . import _core
+from ._fields import as_type
+from .api import as_model
+from .errors import (
+    CancelledError,
+    DeadlineExceededError,
+    InvalidInputError,
+    MeshplanError,
+    SpaceTooLargeError,
+)
+from .hardware import Cluster, Gpu
+from .model import Mla, Model, Moe
+from .plan import Plan
+from .report import Evaluation, SearchResult, SearchStats, Violation
+from .space import DEGREES, SearchSpace
+from .v1 import planner_pb2 as pb
+from .workload import Workload
+
+# --- errors ------------------------------------------------------------------------------------
+
+STATUS_CODES: tuple[tuple[type[MeshplanError], grpc.StatusCode], ...] = (
+    (InvalidInputError, grpc.StatusCode.INVALID_ARGUMENT),
+    (SpaceTooLargeError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (CancelledError, grpc.StatusCode.CANCELLED),
+)
+"""The one table: a ``meshplan.errors`` class (and its subclasses) → the status code it travels
+as. The server answers anything else with ``INTERNAL`` (and logs it: a bug); a missing or wrong
+token is ``UNAUTHENTICATED``, from the server's interceptor. The client reads the table
+backwards, so a remote error raises the same class a local call would."""
+
+
+def status_code(error: BaseException) -> grpc.StatusCode:
+    """The status code ``error`` is sent as (``INTERNAL`` when the table has no row for it)."""
+    for cls, code in STATUS_CODES:
+        if isinstance(error, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def error_class(code: grpc.StatusCode) -> Optional[type[MeshplanError]]:
+    """The ``meshplan.errors`` class a status code stands for; None for the codes without one."""
+    for cls, row_code in STATUS_CODES:
+        if row_code == code:
+            return cls
+    return None
+
+
+# --- inputs: Python → messages (the client) ----------------------------------------------------
+
+
+def _looks_like_path(text: str) -> bool:
+    # The rule of ``meshplan.api.as_model``: preset names have no separator and no ".json".
+    return text.endswith(".json") or "/" in text or os.sep in text or os.path.exists(text)
+
+
+def model_message(model: object) -> pb.Model:
+    """A preset name travels as ``preset``; a :class:`Model`, a dict or a path (read here, on the
+    client) travels as explicit ``dims``."""
+    if isinstance(model, str) and not _looks_like_path(model):
+        return pb.Model(preset=model)
+    return pb.Model(dims=dims_message(as_model(model)))
+
+
+def dims_message(model: Model) -> pb.ModelDims:
+    """A :class:`Model` as explicit dimensions."""
+    moe = None
+    if model.moe is not None:
+        moe = pb.Moe(
+            num_experts=model.moe.num_experts,
+            top_k=model.moe.top_k,
+            expert_ffn_hidden=model.moe.expert_ffn_hidden,
+            shared_experts=model.moe.shared_experts,
+            shared_expert_ffn_hidden=model.moe.shared_expert_ffn_hidden,
+            first_dense_layers=model.moe.first_dense_layers,
+        )
+    mla = None
+    if model.mla is not None:
+        mla = pb.Mla(
+            kv_lora_rank=model.mla.kv_lora_rank,
+            qk_rope_head_dim=model.mla.qk_rope_head_dim,
+            qk_nope_head_dim=model.mla.qk_nope_head_dim,
+            v_head_dim=model.mla.v_head_dim,
+            q_lora_rank=model.mla.q_lora_rank,
+        )
+    return pb.ModelDims(
+        name=model.name,
+        layers=model.layers,
+        hidden=model.hidden,
+        heads=model.heads,
+        kv_heads=model.kv_heads,
+        ffn_hidden=model.ffn_hidden,
+        vocab=model.vocab,
+        activation=model.activation,
+        head_dim=model.head_dim,
+        norm=model.norm,
+        tied_embeddings=model.tied_embeddings,
+        moe=moe,
+        mla=mla,
+    )
+
+
+def cluster_message(cluster: object) -> pb.Cluster:
+    """A cluster of a GPU preset. A :class:`Gpu` that differs from its preset cannot travel (the
+    contract names GPUs by preset) and raises :class:`InvalidInputError`."""
+    c = as_type(Cluster, cluster, "cluster")
+    if isinstance(c.gpu, Gpu):
+        if c.gpu != Gpu.preset(c.gpu.name):
+            raise InvalidInputError(
+                f"invalid cluster.gpu: {c.gpu.name!r} differs from the preset of that name "
+                "(allowed over gRPC: an unmodified GPU preset)"
+            )
+        gpu = c.gpu.name
+    elif isinstance(c.gpu, str):
+        gpu = c.gpu
+    else:
+        raise InvalidInputError(
+            f"invalid cluster.gpu: expected a Gpu or a preset name, got {type(c.gpu).__name__}"
+        )
+    return pb.Cluster(
+        gpu=gpu,
+        num_gpus=c.num_gpus,
+        gpus_per_node=c.gpus_per_node,
+        nvlink_domain=c.nvlink_domain,
+    )
+
+
+def workload_message(workload: object) -> pb.Workload:
+    w = as_type(Workload, workload, "workload")
+    return pb.Workload(
+        global_batch=w.global_batch,
+        seq_len=w.seq_len,
+        precision=w.precision,
+        optimizer=w.optimizer,
+        grad_bytes=w.grad_bytes,
+        lora=w.lora,
+        flash_attention=w.flash_attention,
+    )
+
+
+_LISTS = ("zero", "recompute", "sequence_parallel", "schedules")
+_SCALARS = (
+    "memory_headroom_gib",
+    "tp_within_domain",
+    "cp_within_domain",
+    "ep_within_domain",
+    "top_k",
+    "max_candidates",
+)
+
+
+def space_message(space: object) -> pb.SearchSpace:
+    """The space as the core sees it: a degree that differs from the default space travels whole;
+    lists and scalars that are set travel as they are."""
+    full = as_type(SearchSpace, space, "space").to_dict()
+    default = _core.default_space()
+    msg = pb.SearchSpace()
+    for name in DEGREES:
+        degree = full[name]
+        if degree != default[name]:
+            getattr(msg, name).SetInParent()
+            for bound in ("fixed", "min", "max"):
+                if degree[bound] is not None:
+                    setattr(getattr(msg, name), bound, degree[bound])
+    for name in _LISTS:
+        values = full[name]
+        if isinstance(values, (list, tuple)) and not values:
+            # A repeated field cannot say "empty"; the core would refuse it, so refuse it here.
+            raise InvalidInputError(f"invalid space.{name}: [] (allowed: a non-empty list)")
+        getattr(msg, name).extend(values)
+    for name in _SCALARS:
+        if full[name] is not None:
+            setattr(msg, name, full[name])
+    return msg
+
+
+def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
+    """A plan with every field set (``schedule`` and ``order`` only when chosen)."""
+    p = Plan.parse(plan) if isinstance(plan, str) else as_type(Plan, plan, "plan")
+    msg = pb.Plan(
+        dp=p.dp,
+        tp=p.tp,
+        pp=p.pp,
+        ep=p.ep,
+        cp=p.cp,
+        vpp=p.vpp,
+        micro_batch=p.micro_batch,
+        zero=p.zero,
+        recompute=p.recompute,
+        sequence_parallel=p.sequence_parallel,
+        schedule=p.schedule,
+    )
+    order = p.to_dict().get("order")
+    if order is not None:
+        msg.order = order
+    return msg
+
+
+# --- inputs: messages → Python (the server) ----------------------------------------------------
+
+
+def model_from(msg: pb.Model) -> Model:
+    """The model of a request; never reads a file (a preset name is only ever a preset name)."""
+    source = msg.WhichOneof("source")
+    if source == "preset":
+        return Model.preset(msg.preset)
+    if source == "hf_config_json":
+        name = msg.name if msg.HasField("name") else None
+        return Model.from_dict(_core.model_from_hf_config(msg.hf_config_json, name))
+    if source == "dims":
+        return _model_from_dims(msg.dims)
+    raise InvalidInputError(
+        "missing model (allowed: one of model.preset, model.hf_config_json, model.dims)"
+    )
+
+
+def _model_from_dims(d: pb.ModelDims) -> Model:
+    moe = mla = None
+    if d.HasField("moe"):
+        moe = Moe(
+            num_experts=d.moe.num_experts,
+            top_k=d.moe.top_k,
+            expert_ffn_hidden=d.moe.expert_ffn_hidden,
+            shared_experts=d.moe.shared_experts,
+            shared_expert_ffn_hidden=_opt(d.moe, "shared_expert_ffn_hidden"),
+            first_dense_layers=d.moe.first_dense_layers,
+        )
+    if d.HasField("mla"):
+        mla = Mla(
+            kv_lora_rank=d.mla.kv_lora_rank,
+            qk_rope_head_dim=d.mla.qk_rope_head_dim,
+            qk_nope_head_dim=d.mla.qk_nope_head_dim,
+            v_head_dim=d.mla.v_head_dim,
+            q_lora_rank=_opt(d.mla, "q_lora_rank"),
+        )
+    return Model(
+        name=d.name,
+        layers=d.layers,
+        hidden=d.hidden,
+        heads=d.heads,
+        kv_heads=d.kv_heads,
+        ffn_hidden=d.ffn_hidden,
+        vocab=d.vocab,
+        activation=d.activation if d.HasField("activation") else "swiglu",
+        head_dim=_opt(d, "head_dim"),
+        norm=d.norm if d.HasField("norm") else "rmsnorm",
+        tied_embeddings=d.tied_embeddings,
+        moe=moe,
+        mla=mla,
+    )
+
+
+def _opt(msg: Any, name: str) -> Any:
+    """The value of the optional field ``name``, None when unset."""
+    return getattr(msg, name) if msg.HasField(name) else None
+
+
+def cluster_from(msg: pb.Cluster) -> Cluster:
+    """The cluster of a request; its GPU is looked up in the presets."""
+    return Cluster(
+        Gpu.preset(msg.gpu),
+        msg.num_gpus,
+        _opt(msg, "gpus_per_node"),
+        _opt(msg, "nvlink_domain"),
+    )
+
+
+def workload_from(msg: Any) -> Workload:
+    """The workload of a request (a ``Workload`` message)."""
+    w = Workload(msg.global_batch, msg.seq_len, lora=msg.lora)
+    for name in ("precision", "optimizer", "grad_bytes", "flash_attention"):
+        if msg.HasField(name):
+            setattr(w, name, getattr(msg, name))
+    return w
+
+
+def space_from(msg: Any, max_candidates: Optional[int] = None) -> SearchSpace:
+    """The space of a request (a ``SearchSpace`` message); ``max_candidates`` is the server's
+    cap (the smaller one wins)."""
+    full = _core.default_space()
+    for name in DEGREES:
+        if msg.HasField(name):
+            degree = getattr(msg, name)
+            full[name] = {bound: _opt(degree, bound) for bound in ("fixed", "min", "max")}
+    for name in _LISTS:
+        values = list(getattr(msg, name))
+        if values:
+            full[name] = values
+    for name in _SCALARS:
+        if msg.HasField(name):
+            full[name] = getattr(msg, name)
+    if max_candidates is not None:
+        asked = full["max_candidates"]
+        # A negative request is the core's to refuse (INVALID_ARGUMENT), not ours to clamp.
+        if asked is None or 0 <= max_candidates < asked:
+            full["max_candidates"] = max_candidates
+    return SearchSpace.from_dict(full)
+
+
+def plan_from(msg: Any) -> Plan:
+    """The plan of a request (a ``Plan`` message); unset optional fields take the :class:`Plan`
+    defaults."""
+    fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
+    for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
+                 "schedule", "order"):
+        if msg.HasField(name):
+            fields[name] = getattr(msg, name)
+    return Plan.from_dict(fields)
+
+
+# --- results: Python → messages (the server) ---------------------------------------------------
+
+_MEMORY = ("weights", "gradients", "optimizer", "activations", "transient", "fixed")
+_TIME = ("compute", "tp", "cp", "ep", "pp_p2p", "bubble", "dp", "optimizer")
+
+
+def _extra_json(extra: Mapping[str, Any]) -> str:
+    return json.dumps(dict(extra), sort_keys=True) if extra else ""
+
+
+def _breakdown(msg: Any, named: Sequence[str], values: Mapping[str, float]) -> None:
+    for key, value in values.items():
+        if key in named:
+            setattr(msg, key, value)
+        else:
+            msg.other[key] = value
+
+
+def evaluation_message(ev: Evaluation) -> pb.Evaluation:
+    msg = pb.Evaluation(
+        rank=ev.rank,
+        plan=plan_message(ev.plan),
+        feasible=ev.feasible,
+        reasons=[pb.Violation(rule=r.rule, message=r.message) for r in ev.reasons],
+        step_time_s=ev.step_time_s,
+        tokens_per_s_per_gpu=ev.tokens_per_s_per_gpu,
+        mfu=ev.mfu,
+        model_tflops_per_gpu=ev.model_tflops_per_gpu,
+        hardware_tflops_per_gpu=ev.hardware_tflops_per_gpu,
+        peak_memory_gib=ev.peak_memory_gib,
+        micro_batches=ev.micro_batches,
+        worst_stage=ev.worst_stage,
+        extra_json=_extra_json(ev.extra),
+    )
+    _breakdown(msg.memory_gib, _MEMORY, ev.memory_gib)
+    _breakdown(msg.time_s, _TIME, ev.time_s)
+    return msg
+
+
+def stats_message(stats: SearchStats) -> pb.SearchStats:
+    return pb.SearchStats(
+        candidates=stats.candidates,
+        feasible=stats.feasible,
+        pruned=stats.pruned,
+        elapsed_s=stats.elapsed_s,
+        threads=stats.threads,
+        extra_json=_extra_json(stats.extra),
+    )
+
+
+def search_response(result: SearchResult) -> pb.SearchResponse:
+    return pb.SearchResponse(
+        plans=[evaluation_message(p) for p in result.plans],
+        stats=stats_message(result.stats),
+    )
+
+
+def presets_response() -> pb.ListPresetsResponse:
+    """Every model preset with its dimensions and every GPU preset in brief, sorted by name."""
+    msg = pb.ListPresetsResponse(models=[dims_message(Model.preset(n)) for n in Model.presets()])
+    for name in Gpu.presets():
+        g = Gpu.preset(name)
+        msg.gpus.add(
+            name=g.name,
+            description=g.description,
+            memory_gib=g.memory_gib,
+            peak_tflops=g.peak_tflops,
+            memory_bandwidth_gbps=g.memory_bandwidth_gbps,
+            scaleup_bandwidth_gbps=g.scaleup_bandwidth_gbps,
+            scaleup_domain=g.scaleup_domain,
+            gpus_per_node=g.gpus_per_node,
+            network_bandwidth_gbps=g.network_bandwidth_gbps,
+        )
+    return msg
+
+
+# --- results: messages → Python (the client) ---------------------------------------------------
+
+
+def _plan_from_result(msg: pb.Plan) -> Plan:
+    fields: dict[str, Any] = {
+        "dp": msg.dp,
+        "tp": msg.tp,
+        "pp": msg.pp,
+        "ep": msg.ep,
+        "cp": msg.cp,
+        "vpp": msg.vpp,
+        "micro_batch": msg.micro_batch,
+        "zero": msg.zero,
+        "recompute": msg.recompute,
+        "sequence_parallel": msg.sequence_parallel,
+        "schedule": _opt(msg, "schedule"),
+    }
+    if msg.HasField("order"):
+        fields["order"] = msg.order
+    return Plan.from_dict(fields)
+
+
+def _dict_from_breakdown(msg: Any, named: Sequence[str]) -> dict[str, float]:
+    out = {key: float(getattr(msg, key)) for key in named}
+    out.update(sorted(msg.other.items()))
+    return out
+
+
+def _extra_from(text: str, where: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise InvalidInputError(f"invalid {where}.extra_json: expected a JSON object")
+    return value
+
+
+def evaluation_from(msg: pb.Evaluation) -> Evaluation:
+    return Evaluation(
+        plan=_plan_from_result(msg.plan),
+        feasible=msg.feasible,
+        reasons=[Violation(r.rule, r.message) for r in msg.reasons],
+        step_time_s=msg.step_time_s,
+        tokens_per_s_per_gpu=msg.tokens_per_s_per_gpu,
+        mfu=msg.mfu,
+        model_tflops_per_gpu=msg.model_tflops_per_gpu,
+        hardware_tflops_per_gpu=msg.hardware_tflops_per_gpu,
+        peak_memory_gib=msg.peak_memory_gib,
+        memory_gib=_dict_from_breakdown(msg.memory_gib, _MEMORY),
+        time_s=_dict_from_breakdown(msg.time_s, _TIME),
+        micro_batches=msg.micro_batches,
+        worst_stage=msg.worst_stage,
+        rank=_opt(msg, "rank"),
+        extra=_extra_from(msg.extra_json, "evaluation"),
+    )
+
+
+def stats_from(msg: pb.SearchStats) -> SearchStats:
+    return SearchStats(
+        candidates=msg.candidates,
+        feasible=msg.feasible,
+        # The core reports rules in name order.
+        pruned=dict(sorted(msg.pruned.items())),
+        elapsed_s=msg.elapsed_s,
+        threads=msg.threads,
+        extra=_extra_from(msg.extra_json, "stats"),
+    )
+
+
+def search_result(msg: pb.SearchResponse) -> SearchResult:
+    return SearchResult([evaluation_from(p) for p in msg.plans], stats_from(msg.stats))
+
+
+def remaining_s(time_remaining: Optional[float]) -> Optional[float]:
+    """A gRPC ``time_remaining()`` as the core's ``timeout_s``: None when the call has no
+    deadline (gRPC reports an effectively infinite one), never negative."""
+    if time_remaining is None or not math.isfinite(time_remaining) or time_remaining > 1e8:
+        return None
+    return max(time_remaining, 0.0)
