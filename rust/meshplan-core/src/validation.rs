@@ -14,11 +14,14 @@
 //! | `model.activation` | SwiGLU |
 //! | `training.precision` | bf16 |
 //! | `training.global_batch` | `4·pp` micro-batches per pipeline |
-//! | `plan.micro_batch` | 1 |
+//! | `plan.micro_batch` | 1; torchtitan with PP: the data rank's batch over the stage count |
 //! | `plan.zero` | 1 (Megatron's distributed optimizer) |
 //! | `plan.sequence_parallel` | on when `tp > 1` |
 //! | `plan.vpp` | 1 without pipelining, else the interleaving (1..=16) the model predicts fastest |
 //! | `plan.recompute` | the least recompute (none, selective, full) that fits in memory |
+//!
+//! torchtitan's FSDP under pipeline parallelism keeps parameters unsharded through the step
+//! (`fsdp_reshard_after_forward` defaults to False with PP), so those runs are ZeRO-1 plans.
 //!
 //! Gradients are reduced in bf16 (2 bytes) for NVIDIA's NeMo, Megatron-Bridge and DGX Cloud
 //! recipes, in fp32 for every other source (Megatron-LM's and torchtitan's defaults).
@@ -438,6 +441,19 @@ fn problem_of(
     Problem::new(model, cluster, workload)
 }
 
+/// The micro-batch of a case that does not state it: torchtitan (Dec 2024) splits each data
+/// rank's batch into as many pipeline micro-batches as there are stages
+/// (`pipeline_parallel_microbatches` defaults to the stage count); everything else uses 1.
+fn default_micro_batch(problem: &Problem, case: &Case) -> u32 {
+    let p = &case.plan;
+    let replicas = p.dp * p.ep.unwrap_or(1);
+    if case.source.starts_with("torchtitan") && p.pp > 1 {
+        (problem.workload.global_batch / replicas.max(1) / p.pp).max(1)
+    } else {
+        1
+    }
+}
+
 /// Picks the published plan, filling unknown knobs (see the module docs).
 fn published_plan(
     problem: &Problem,
@@ -453,11 +469,25 @@ fn published_plan(
         ep: p.ep.unwrap_or(1),
         cp: p.cp.unwrap_or(1),
         vpp: 1,
-        micro_batch: p.micro_batch.unwrap_or(1),
-        zero: p.zero.unwrap_or(1),
+        micro_batch: p
+            .micro_batch
+            .unwrap_or_else(|| default_micro_batch(problem, case)),
+        zero: match p.zero {
+            // torchtitan does not reshard FSDP parameters after forward when pipelining
+            // (`fsdp_reshard_after_forward = "default"`): parameters and gradients stay
+            // unsharded through the step and only the optimizer state is sharded — ZeRO-1.
+            Some(3) if p.pp > 1 && case.source.starts_with("torchtitan") => {
+                defaults.push(
+                    "plan.zero=1 (torchtitan FSDP under PP keeps parameters unsharded)".into(),
+                );
+                1
+            }
+            z => z.unwrap_or(1),
+        },
         recompute: p.recompute.unwrap_or(Recompute::None),
         sequence_parallel: p.sequence_parallel.unwrap_or(p.tp > 1),
         schedule: None,
+        order: Default::default(),
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),
