@@ -13,6 +13,8 @@ _INT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero")
 _ALIASES = {"mb": "micro_batch", "sp": "sequence_parallel"}
 _TRUE = ("true", "1", "on", "yes")
 _FALSE = ("false", "0", "off", "no")
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+"""Megatron's rank order, innermost (consecutive ranks) first."""
 
 
 @dataclass
@@ -22,7 +24,9 @@ class Plan:
     Dense layers see ``dp·ep`` as their data-parallel degree; routed experts are split ``ep``
     ways. ``zero``: 0 none (DDP), 1 optimizer states (Megatron's distributed optimizer),
     2 + gradients, 3 + parameters (FSDP). ``schedule`` None picks ``interleaved-1f1b`` when
-    ``vpp > 1``, else ``1f1b``; ``zb-h1`` is the zero-bubble schedule.
+    ``vpp > 1``, else ``1f1b``; ``zb-h1`` is the zero-bubble schedule. ``order`` is the rank
+    order of the device mesh, innermost first (``"tp-cp-ep-dp-pp"``, Megatron's default: TP on
+    consecutive ranks, PP outermost); it decides which groups share an NVLink domain.
     """
 
     dp: int
@@ -37,6 +41,8 @@ class Plan:
     """``"none"``, ``"selective"`` (core attention) or ``"full"``."""
     sequence_parallel: bool = False
     schedule: Optional[str] = None
+    order: str = DEFAULT_ORDER
+    """Rank order, innermost first: each of tp, cp, ep, dp, pp once, joined by ``-``."""
 
     @property
     def num_gpus(self) -> int:
@@ -56,6 +62,7 @@ class Plan:
             "recompute": self.recompute,
             "sequence_parallel": self.sequence_parallel,
             "schedule": self.schedule,
+            "order": self.order,
         }
 
     @classmethod
@@ -96,8 +103,11 @@ class Plan:
         return cls(**fields)
 
     def __str__(self) -> str:
-        """The plan in the syntax :meth:`parse` reads."""
-        parts = [f"{k}={v}" for k, v in self.to_dict().items() if v is not None]
+        """The plan in the syntax :meth:`parse` reads (the default ``order`` left out)."""
+        fields = self.to_dict()
+        if fields["order"] == DEFAULT_ORDER:
+            del fields["order"]
+        parts = [f"{k}={v}" for k, v in fields.items() if v is not None]
         return ",".join(parts).replace("=True", "=true").replace("=False", "=false")
 
 

@@ -20,6 +20,7 @@ _OTHER = (
     "recompute",
     "sequence_parallel",
     "schedules",
+    "orders",
     "memory_headroom_gib",
     "tp_within_domain",
     "cp_within_domain",
@@ -86,6 +87,9 @@ class SearchSpace:
     """Allowed sequence-parallel settings."""
     schedules: Optional[Sequence[str]] = None
     """Allowed schedules: ``1f1b``, ``interleaved-1f1b``, ``zb-h1``."""
+    orders: Optional[Sequence[str]] = None
+    """Rank orders to consider (default: ``["tp-cp-ep-dp-pp"]``); an order is only tried where
+    it puts some group on a different fabric than an order listed before it."""
     memory_headroom_gib: Optional[float] = None
     """GiB kept free on every GPU."""
     tp_within_domain: Optional[bool] = None

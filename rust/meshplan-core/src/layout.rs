@@ -1,19 +1,12 @@
-//! Rank layout: where the groups of each parallel axis land, given the rank order (COSTMODEL
-//! §3.3, Megatron's default `tp-cp-ep-dp-pp`, TP innermost). For a group we need how many of its
-//! members share one NVLink domain (`P1`) and how many domains it spans (`P2 = P / P1`): that
-//! decides which fabric each collective is costed on (§3.2).
+//! Rank layout: where the groups of each parallel axis land, given the plan's rank order
+//! (COSTMODEL §3.3; Megatron's default `tp-cp-ep-dp-pp`, TP innermost). For a group we need how
+//! many of its members share one NVLink domain (`P1`) and how many domains it spans
+//! (`P2 = P / P1`): that decides which fabric each collective is costed on (§3.2). The dense
+//! data-parallel group is the dp, ep and cp axes together, the expert data-parallel group dp and
+//! cp (§2.3).
 
 use crate::plan::Plan;
-
-/// An axis of the device mesh.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Axis {
-    Tp,
-    Cp,
-    Ep,
-    Dp,
-    Pp,
-}
+pub use crate::plan::{Axis, RankOrder};
 
 /// The default rank order, innermost first (Megatron `tp-cp-ep-dp-pp`).
 pub const DEFAULT_ORDER: [Axis; 5] = [Axis::Tp, Axis::Cp, Axis::Ep, Axis::Dp, Axis::Pp];
@@ -53,17 +46,37 @@ fn gcd(a: u32, b: u32) -> u32 {
     }
 }
 
-fn size_of(plan: &Plan, axis: Axis) -> u32 {
-    match axis {
-        Axis::Tp => plan.tp,
-        Axis::Cp => plan.cp,
-        Axis::Ep => plan.ep,
-        Axis::Dp => plan.dp,
-        Axis::Pp => plan.pp,
-    }
+/// Stride of each axis in the plan's order: the product of the sizes of the axes inside it.
+pub fn strides(plan: &Plan) -> [(Axis, u32, u64); 5] {
+    let mut stride: u64 = 1;
+    plan.order.axes().map(|axis| {
+        let n = axis.size(plan);
+        let out = (axis, n, stride);
+        stride = stride.saturating_mul(n as u64);
+        out
+    })
 }
 
-/// Members of a group spanning `axes` that share one domain of `domain` GPUs, in the default order.
+/// The ranks of the group spanning `axes` that contains `rank`, ascending.
+pub fn group_ranks(plan: &Plan, axes: &[Axis], rank: u64) -> Vec<u64> {
+    let mut base = rank;
+    let mut members = vec![0u64];
+    for (axis, n, stride) in strides(plan) {
+        if axes.contains(&axis) {
+            // Drop this rank's own coordinate on the axis, then span all of them.
+            base -= (rank / stride) % n as u64 * stride;
+            members = members
+                .iter()
+                .flat_map(|m| (0..n as u64).map(move |i| m + i * stride))
+                .collect();
+        }
+    }
+    let mut out: Vec<u64> = members.into_iter().map(|m| base + m).collect();
+    out.sort_unstable();
+    out
+}
+
+/// Members of a group spanning `axes` that share one domain of `domain` GPUs, in the plan's order.
 ///
 /// For each axis with stride `σ` (product of the sizes before it) and size `n`, the members of the
 /// group that fall into one domain are `gcd(n, domain/σ)` when `σ < domain` (1 otherwise); the
@@ -73,8 +86,8 @@ pub fn group(plan: &Plan, axes: &[Axis], domain: u32) -> Group {
     let mut stride: u64 = 1;
     let mut size: u32 = 1;
     let mut per_domain: u32 = 1;
-    for axis in DEFAULT_ORDER {
-        let n = size_of(plan, axis);
+    for axis in plan.order.axes() {
+        let n = axis.size(plan);
         if axes.contains(&axis) {
             size *= n;
             if stride < domain as u64 {
@@ -158,6 +171,14 @@ mod tests {
             recompute: Default::default(),
             sequence_parallel: false,
             schedule: None,
+            order: RankOrder::DEFAULT,
+        }
+    }
+
+    fn ordered(p: Plan, order: &str) -> Plan {
+        Plan {
+            order: RankOrder::parse(order).unwrap(),
+            ..p
         }
     }
 
@@ -219,5 +240,63 @@ mod tests {
     fn whole_pipeline_inside_a_domain_uses_nvlink() {
         let g = Groups::of(&plan(1, 4, 4, 1, 1), 72);
         assert_eq!(g.pp.per_domain, 2);
+    }
+
+    #[test]
+    fn the_default_order_is_megatrons() {
+        assert_eq!(RankOrder::DEFAULT.axes(), DEFAULT_ORDER);
+        let s = strides(&plan(2, 4, 2, 1, 2));
+        let got: Vec<(Axis, u32, u64)> = s.to_vec();
+        assert_eq!(
+            got,
+            vec![
+                (Axis::Tp, 4, 1),
+                (Axis::Cp, 2, 4),
+                (Axis::Ep, 1, 8),
+                (Axis::Dp, 2, 8),
+                (Axis::Pp, 2, 16)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_order_decides_which_group_is_inside_the_node() {
+        // dp = 8, tp = 2 on 16 GPUs of 8-GPU nodes. Default: TP inside, DP straddles two nodes
+        // with 4 members in each. DP innermost: the 8 DP ranks fill one node, TP crosses.
+        let p = plan(8, 2, 1, 1, 1);
+        let g = Groups::of(&p, 8);
+        assert!(g.tp.within_domain());
+        assert_eq!(
+            g.dense_dp,
+            Group {
+                size: 8,
+                per_domain: 4
+            }
+        );
+        let g = Groups::of(&ordered(p, "dp-tp-cp-ep-pp"), 8);
+        assert_eq!(
+            g.tp,
+            Group {
+                size: 2,
+                per_domain: 1
+            }
+        );
+        assert!(g.dense_dp.within_domain());
+    }
+
+    #[test]
+    fn group_ranks_follow_the_strides() {
+        let p = plan(2, 4, 2, 1, 2); // tp stride 1, cp 4, dp 8, pp 16
+        assert_eq!(group_ranks(&p, &[Axis::Tp], 0), vec![0, 1, 2, 3]);
+        assert_eq!(group_ranks(&p, &[Axis::Tp], 6), vec![4, 5, 6, 7]);
+        assert_eq!(group_ranks(&p, &[Axis::Cp], 1), vec![1, 5]);
+        assert_eq!(group_ranks(&p, &[Axis::Pp], 3), vec![3, 19]);
+        assert_eq!(
+            group_ranks(&p, &[Axis::Cp, Axis::Ep, Axis::Dp], 0),
+            vec![0, 4, 8, 12]
+        );
+        let q = ordered(p, "pp-dp-cp-ep-tp"); // pp stride 1, dp 2, cp 4, tp 8
+        assert_eq!(group_ranks(&q, &[Axis::Tp], 0), vec![0, 8, 16, 24]);
+        assert_eq!(group_ranks(&q, &[Axis::Pp], 5), vec![4, 5]);
     }
 }

@@ -337,6 +337,7 @@ mod tests {
             recompute: Recompute::None,
             sequence_parallel: sp,
             schedule: None,
+            order: Default::default(),
         }
     }
 

@@ -65,6 +65,140 @@ impl Schedule {
     }
 }
 
+/// An axis of the device mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Axis {
+    Tp,
+    Cp,
+    Ep,
+    Dp,
+    Pp,
+}
+
+impl Axis {
+    /// The five axes in Megatron's default order.
+    pub const ALL: [Axis; 5] = [Axis::Tp, Axis::Cp, Axis::Ep, Axis::Dp, Axis::Pp];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Axis::Tp => "tp",
+            Axis::Cp => "cp",
+            Axis::Ep => "ep",
+            Axis::Dp => "dp",
+            Axis::Pp => "pp",
+        }
+    }
+
+    /// The axis's degree in `plan`.
+    pub fn size(self, plan: &Plan) -> u32 {
+        match self {
+            Axis::Tp => plan.tp,
+            Axis::Cp => plan.cp,
+            Axis::Ep => plan.ep,
+            Axis::Dp => plan.dp,
+            Axis::Pp => plan.pp,
+        }
+    }
+}
+
+/// What a rank order must look like (the `allowed` part of its errors).
+const ORDER_ALLOWED: &str =
+    "each of tp, cp, ep, dp, pp exactly once, joined by '-', innermost first, e.g. tp-cp-ep-dp-pp";
+
+/// The rank order of the device mesh: the five axes from innermost (consecutive ranks, the
+/// fastest fabric) to outermost, as Megatron's `order` string (COSTMODEL §3.3). Written as
+/// `"tp-cp-ep-dp-pp"` (the default) in every serialised form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RankOrder([Axis; 5]);
+
+impl Default for RankOrder {
+    fn default() -> Self {
+        RankOrder::DEFAULT
+    }
+}
+
+impl RankOrder {
+    /// Megatron's default `tp-cp-ep-dp-pp`: TP innermost, PP outermost.
+    pub const DEFAULT: RankOrder = RankOrder(Axis::ALL);
+
+    /// The order of `axes` (innermost first); an error unless each axis appears exactly once.
+    pub fn new(axes: [Axis; 5]) -> Result<Self> {
+        if Axis::ALL.iter().all(|a| axes.contains(a)) {
+            Ok(RankOrder(axes))
+        } else {
+            let text: Vec<&str> = axes.iter().map(|a| a.name()).collect();
+            Err(Error::invalid("plan.order", text.join("-"), ORDER_ALLOWED))
+        }
+    }
+
+    /// Parses `"tp-cp-ep-dp-pp"` (case-insensitive; `,` or `-` between the axes). Errors name
+    /// `plan.order`.
+    pub fn parse(text: &str) -> Result<Self> {
+        let bad = || Error::invalid("plan.order", format!("{text:?}"), ORDER_ALLOWED);
+        let mut axes = Vec::with_capacity(5);
+        for piece in text.split(['-', ',']).map(str::trim) {
+            let axis = Axis::ALL
+                .into_iter()
+                .find(|a| a.name().eq_ignore_ascii_case(piece))
+                .ok_or_else(bad)?;
+            if axes.contains(&axis) {
+                return Err(bad());
+            }
+            axes.push(axis);
+        }
+        let axes: [Axis; 5] = axes.try_into().map_err(|_| bad())?;
+        RankOrder::new(axes)
+    }
+
+    /// The axes, innermost first.
+    pub fn axes(&self) -> [Axis; 5] {
+        self.0
+    }
+
+    /// Every order: the 120 permutations, the default first, then in lexicographic order.
+    pub fn all() -> Vec<RankOrder> {
+        let mut out = vec![RankOrder::DEFAULT];
+        let mut perm = Axis::ALL;
+        // Heap-free lexicographic enumeration (next permutation).
+        loop {
+            if perm != Axis::ALL {
+                out.push(RankOrder(perm));
+            }
+            let Some(i) = (0..4).rev().find(|&i| perm[i] < perm[i + 1]) else {
+                break;
+            };
+            let j = (i + 1..5)
+                .rev()
+                .find(|&j| perm[j] > perm[i])
+                .unwrap_or(i + 1);
+            perm.swap(i, j);
+            perm[i + 1..].reverse();
+        }
+        out
+    }
+}
+
+impl fmt::Display for RankOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.0.iter().map(|a| a.name()).collect();
+        f.write_str(&names.join("-"))
+    }
+}
+
+impl Serialize for RankOrder {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for RankOrder {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        RankOrder::parse(&text)
+            .map_err(|_| serde::de::Error::custom(format!("{text:?} (allowed: {ORDER_ALLOWED})")))
+    }
+}
+
 /// One way to run the workload on the cluster.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -98,6 +232,9 @@ pub struct Plan {
     /// `None` picks the natural schedule: interleaved when `vpp > 1`, else 1F1B.
     #[serde(default)]
     pub schedule: Option<Schedule>,
+    /// Rank order of the device mesh (which groups share an NVLink domain).
+    #[serde(default)]
+    pub order: RankOrder,
 }
 
 fn one() -> u32 {
@@ -189,7 +326,12 @@ impl fmt::Display for Plan {
             self.recompute.name(),
             self.sequence_parallel,
             self.schedule().name()
-        )
+        )?;
+        // The default order is left out, so the usual plans read as they always have.
+        if self.order != RankOrder::DEFAULT {
+            write!(f, ",order={}", self.order)?;
+        }
+        Ok(())
     }
 }
 
@@ -212,8 +354,63 @@ mod tests {
             recompute: Recompute::None,
             sequence_parallel: false,
             schedule: None,
+            order: RankOrder::DEFAULT,
         };
         let e = plan.validate(8).unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");
+    }
+
+    #[test]
+    fn rank_orders_parse_print_and_reject_non_permutations() {
+        assert_eq!(
+            RankOrder::parse("tp-cp-ep-dp-pp").unwrap(),
+            RankOrder::DEFAULT
+        );
+        assert_eq!(RankOrder::DEFAULT.to_string(), "tp-cp-ep-dp-pp");
+        let o = RankOrder::parse("TP,dp,cp,ep,pp").unwrap();
+        assert_eq!(o.to_string(), "tp-dp-cp-ep-pp");
+        for bad in [
+            "",
+            "tp-cp-ep-dp",
+            "tp-cp-ep-dp-pp-tp",
+            "tp-tp-ep-dp-pp",
+            "tp-cp-ep-dp-xx",
+        ] {
+            let e = RankOrder::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("plan.order") && e.contains("exactly once"),
+                "{bad}: {e}"
+            );
+        }
+        let json = serde_json::to_string(&o).unwrap();
+        assert_eq!(json, "\"tp-dp-cp-ep-pp\"");
+        assert_eq!(serde_json::from_str::<RankOrder>(&json).unwrap(), o);
+        assert!(serde_json::from_str::<RankOrder>("\"pp\"").is_err());
+    }
+
+    #[test]
+    fn all_orders_are_the_120_distinct_permutations_default_first() {
+        let all = RankOrder::all();
+        assert_eq!(all.len(), 120);
+        assert_eq!(all[0], RankOrder::DEFAULT);
+        let mut set: Vec<RankOrder> = all.clone();
+        set.sort();
+        set.dedup();
+        assert_eq!(set.len(), 120);
+        assert!(all.iter().all(|o| RankOrder::new(o.axes()).is_ok()));
+    }
+
+    #[test]
+    fn a_plan_without_an_order_gets_the_default_and_prints_it() {
+        let plan: Plan = serde_json::from_str(r#"{"dp": 2, "tp": 4, "pp": 1}"#).unwrap();
+        assert_eq!(plan.order, RankOrder::DEFAULT);
+        assert!(!plan.to_string().contains("order"));
+        let other = Plan {
+            order: RankOrder::parse("tp-dp-cp-ep-pp").unwrap(),
+            ..plan
+        };
+        assert!(other.to_string().ends_with(",order=tp-dp-cp-ep-pp"));
+        let bad = serde_json::from_str::<Plan>(r#"{"dp": 2, "tp": 4, "pp": 1, "order": "tp"}"#);
+        assert!(bad.unwrap_err().to_string().contains("exactly once"));
     }
 }

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use crate::evaluate::{memory_capacity_gib, micro_batches, peak_memory, score, structural_rules};
 use crate::layout::Groups;
-use crate::plan::{Plan, Recompute, Schedule};
+use crate::plan::{Plan, RankOrder, Recompute, Schedule};
 use crate::report::{Evaluation, SearchResult, SearchStats};
 use crate::space::{Degree, SearchSpace};
 use crate::stages::{stages, Stage};
@@ -219,6 +219,7 @@ type PlanKey = (
     Recompute,
     bool,
     Schedule,
+    RankOrder,
 );
 
 fn plan_key(p: &Plan) -> PlanKey {
@@ -234,7 +235,51 @@ fn plan_key(p: &Plan) -> PlanKey {
         p.recompute,
         p.sequence_parallel,
         p.schedule(),
+        p.order,
     )
+}
+
+/// The orders of `space` worth trying for the degree tuple of `base`, with their groups: an
+/// order whose groups equal those of an order listed before it would cost every plan the same,
+/// so it is skipped (with the default `orders`, exactly one).
+fn distinct_orders(
+    problem: &Problem,
+    space: &SearchSpace,
+    base: &Plan,
+) -> Vec<(RankOrder, Groups)> {
+    let domain = problem.cluster.nvlink_domain();
+    let mut out: Vec<(RankOrder, Groups)> = Vec::with_capacity(1);
+    for &order in &space.orders {
+        let groups = Groups::of(
+            &Plan {
+                order,
+                ..base.clone()
+            },
+            domain,
+        );
+        if !out.iter().any(|(_, g)| *g == groups) {
+            out.push((order, groups));
+        }
+    }
+    out
+}
+
+/// The plan with degrees `[dp, tp, pp, ep, cp]` and every knob at its first value.
+fn base_plan([dp, tp, pp, ep, cp]: [u32; 5]) -> Plan {
+    Plan {
+        dp,
+        tp,
+        pp,
+        ep,
+        cp,
+        vpp: 1,
+        micro_batch: 1,
+        zero: 0,
+        recompute: Recompute::None,
+        sequence_parallel: false,
+        schedule: Some(Schedule::OneFOneB),
+        order: RankOrder::DEFAULT,
+    }
 }
 
 /// Best-`k` list kept sorted; O(k) memory.
@@ -346,7 +391,7 @@ impl Searcher<'_> {
             .total()
     }
 
-    fn tuple(&self, [dp, tp, pp, ep, cp]: [u32; 5]) -> Result<Partial> {
+    fn tuple(&self, degrees: [u32; 5]) -> Result<Partial> {
         self.control.check(self.started)?;
         let k = self.space.top_k as usize;
         let mut part = Partial {
@@ -356,28 +401,35 @@ impl Searcher<'_> {
             feasible: 0,
             pruned: BTreeMap::new(),
         };
-        let knobs = knobs(self.problem, self.space, [dp, tp, pp, ep, cp]);
-        part.candidates = knobs.count();
-        if part.candidates == 0 {
+        let knobs = knobs(self.problem, self.space, degrees);
+        if knobs.count() == 0 {
             return Ok(part);
         }
-        let base = Plan {
-            dp,
-            tp,
-            pp,
-            ep,
-            cp,
-            vpp: 1,
-            micro_batch: 1,
-            zero: 0,
-            recompute: Recompute::None,
-            sequence_parallel: false,
-            schedule: Some(Schedule::OneFOneB),
-        };
-        let groups = Groups::of(&base, self.problem.cluster.nvlink_domain());
+        let pp = degrees[2];
         let stage_list = stages(&self.problem.model, pp);
-        let hopeless = pp <= self.problem.model.layers + 2
-            && self.memory_lower_bound(&base, &knobs, &groups, &stage_list) > self.capacity_gib;
+        for (order, groups) in distinct_orders(self.problem, self.space, &base_plan(degrees)) {
+            part.candidates += knobs.count();
+            let base = Plan {
+                order,
+                ..base_plan(degrees)
+            };
+            self.score_knobs(&mut part, &base, &knobs, &groups, &stage_list)?;
+        }
+        Ok(part)
+    }
+
+    /// Scores every knob combination of `base` (one degree tuple, one rank order) into `part`.
+    fn score_knobs(
+        &self,
+        part: &mut Partial,
+        base: &Plan,
+        knobs: &Knobs,
+        groups: &Groups,
+        stage_list: &[Stage],
+    ) -> Result<()> {
+        let groups = *groups;
+        let hopeless = base.pp <= self.problem.model.layers + 2
+            && self.memory_lower_bound(base, knobs, &groups, stage_list) > self.capacity_gib;
 
         for &b in &knobs.micro_batches {
             self.control.check(self.started)?;
@@ -405,7 +457,7 @@ impl Searcher<'_> {
                             }
                             let m = micro_batches(self.problem, &plan);
                             let (memory, worst) =
-                                peak_memory(self.problem, &plan, &groups, &stage_list, m);
+                                peak_memory(self.problem, &plan, &groups, stage_list, m);
                             if memory.total() > self.capacity_gib {
                                 *part.pruned.entry("memory").or_default() += 1;
                                 continue;
@@ -413,7 +465,7 @@ impl Searcher<'_> {
                             part.feasible += 1;
                             let ctx = TimeContext::new(self.problem, &plan, groups);
                             let (dense, moe) = *layer_times.get_or_insert_with(|| ctx.layers());
-                            let time = ctx.step_with(&stage_list, m, &dense, &moe);
+                            let time = ctx.step_with(stage_list, m, &dense, &moe);
                             let tokens_per_s = self.problem.workload.tokens_per_step()
                                 / (time.total() * self.problem.cluster.num_gpus as f64);
                             if self.faster_than.is_some_and(|t| tokens_per_s > t) {
@@ -424,7 +476,7 @@ impl Searcher<'_> {
                                     self.problem,
                                     plan,
                                     groups,
-                                    &stage_list,
+                                    stage_list,
                                     m,
                                     memory,
                                     worst,
@@ -436,7 +488,7 @@ impl Searcher<'_> {
                 }
             }
         }
-        Ok(part)
+        Ok(())
     }
 }
 
@@ -469,7 +521,14 @@ fn run(
     if let Some(limit) = space.max_candidates {
         let candidates: u64 = tuples
             .iter()
-            .map(|t| knobs(problem, space, *t).count())
+            .map(|t| {
+                let orders = if space.orders.len() > 1 {
+                    distinct_orders(problem, space, &base_plan(*t)).len() as u64
+                } else {
+                    1
+                };
+                knobs(problem, space, *t).count() * orders
+            })
             .sum();
         if candidates > limit {
             return Err(Error::SpaceTooLarge { candidates, limit });

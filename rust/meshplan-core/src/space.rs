@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::plan::{Recompute, Schedule};
+use crate::plan::{RankOrder, Recompute, Schedule};
 
 /// Constraint on one parallel degree: fixed, or bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -81,6 +81,9 @@ pub struct SearchSpace {
     pub sequence_parallel: Vec<bool>,
     /// Allowed pipeline schedules.
     pub schedules: Vec<Schedule>,
+    /// Rank orders to consider. An order is only tried for a degree tuple when it puts some
+    /// group on a different fabric than an order listed before it (the first listed wins ties).
+    pub orders: Vec<RankOrder>,
     /// GiB kept free on every GPU.
     pub memory_headroom_gib: f64,
     /// TP groups must sit inside one NVLink domain.
@@ -117,6 +120,7 @@ impl Default for SearchSpace {
             recompute: Recompute::ALL.to_vec(),
             sequence_parallel: vec![false, true],
             schedules: Schedule::ALL.to_vec(),
+            orders: vec![RankOrder::DEFAULT],
             memory_headroom_gib: DEFAULT_MEMORY_HEADROOM_GIB,
             tp_within_domain: true,
             cp_within_domain: false,
@@ -174,6 +178,13 @@ impl SearchSpace {
                 "space.schedules",
                 "[]",
                 "a non-empty subset of {1f1b, interleaved-1f1b, zb-h1}",
+            ));
+        }
+        if self.orders.is_empty() {
+            return Err(Error::invalid(
+                "space.orders",
+                "[]",
+                "a non-empty list of rank orders such as tp-cp-ep-dp-pp",
             ));
         }
         if !(self.memory_headroom_gib.is_finite() && self.memory_headroom_gib >= 0.0) {

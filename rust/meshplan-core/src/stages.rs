@@ -112,6 +112,7 @@ mod tests {
             recompute: Default::default(),
             sequence_parallel: false,
             schedule: None,
+            order: Default::default(),
         };
         let got = in_flight(&plan, 64, 0);
         let want = 8.0 * (1.0 + 7.0 / 32.0);

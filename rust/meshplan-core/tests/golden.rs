@@ -48,6 +48,7 @@ fn plan(dp: u32, tp: u32, zero: u8, sp: bool) -> Plan {
         recompute: Recompute::None,
         sequence_parallel: sp,
         schedule: None,
+        order: RankOrder::DEFAULT,
     }
 }
 
