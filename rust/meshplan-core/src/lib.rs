@@ -60,7 +60,9 @@ pub mod hf;
 pub mod presets;
 
 pub mod evaluate;
+pub mod explain;
 mod search;
 
 pub use evaluate::{evaluate, evaluate_in};
+pub use explain::{decode_traffic, explain, Explanation};
 pub use search::{search, search_counting_faster, Control};

@@ -1,10 +1,75 @@
 //! Bytes that cross the wire per token for the collectives of one axis (COSTMODEL §3, §7): the
 //! closed forms behind the worked checks and the `explain` output.
 
-use crate::model::Model;
+use crate::comm::{Collective, Fabric};
+use crate::layout::Group;
+use crate::model::{Model, Moe};
 
-/// Bytes per activation element on the wire (bf16).
-const WIRE_BYTES: f64 = 2.0;
+/// Bytes per activation element on the wire (bf16), as in the time model.
+pub const WIRE_BYTES: f64 = 2.0;
+
+/// Bytes each rank sends for one collective of `kind` over `ranks` ranks on a buffer of
+/// `bytes` (COSTMODEL §3.1: `2(P−1)/P` all-reduce, `(P−1)/P` all-gather, reduce-scatter and
+/// uniform all-to-all).
+pub fn wire_bytes(kind: Collective, bytes: f64, ranks: u32) -> f64 {
+    if ranks <= 1 {
+        return 0.0;
+    }
+    let p = ranks as f64;
+    match kind {
+        Collective::AllReduce => 2.0 * (p - 1.0) / p * bytes,
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+            (p - 1.0) / p * bytes
+        }
+    }
+}
+
+/// Tensor-parallel "all-reduce points" of one layer per pass (§3.4): after the attention output
+/// projection, and after the MLP (a dense layer) or around the experts (an MoE layer gathers
+/// `top_k` copies of each token over TP) — the count the time model uses.
+pub fn tp_points_per_layer(moe: Option<&Moe>) -> u32 {
+    1 + moe.map_or(1, |m| m.top_k)
+}
+
+/// Bytes of one context-parallel K/V block per token (§3.8): K and V of the KV heads one TP rank
+/// holds (`max(1, g/t)`), or the per-head latent of MLA — the width the time model sends.
+pub fn cp_kv_bytes_per_token(model: &Model, tp: u32) -> f64 {
+    let t = tp as f64;
+    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+    let width = match &model.mla {
+        Some(_) => model.heads as f64 / t * (dqk + dv),
+        None => 2.0 * (model.kv_heads as f64 / t).max(1.0) * dqk,
+    };
+    width * WIRE_BYTES
+}
+
+/// The latency and bandwidth terms of one collective (seconds): `Fabric`'s α–β model is a
+/// latency plus a part linear in the bytes, so the latency is its time on a vanishing buffer.
+pub fn collective_terms(fabric: &Fabric, kind: Collective, bytes: f64, group: Group) -> (f64, f64) {
+    let total = fabric.collective_s(kind, bytes, group);
+    let latency = fabric.collective_s(kind, f64::MIN_POSITIVE, group);
+    (latency, total - latency)
+}
+
+/// [`collective_terms`] of one MoE dispatch (or combine) of `tokens` tokens to `top_k` experts.
+pub fn dispatch_terms(
+    fabric: &Fabric,
+    tokens: f64,
+    bytes_per_copy: f64,
+    top_k: u32,
+    group: Group,
+) -> (f64, f64) {
+    let total = fabric.dispatch_s(tokens, bytes_per_copy, top_k, group);
+    let latency = fabric.dispatch_s(f64::MIN_POSITIVE, bytes_per_copy, top_k, group);
+    (latency, total - latency)
+}
+
+/// [`collective_terms`] of one point-to-point transfer.
+pub fn p2p_terms(fabric: &Fabric, bytes: f64, same_domain: bool) -> (f64, f64) {
+    let total = fabric.p2p_s(bytes, same_domain);
+    let latency = fabric.p2p_s(f64::MIN_POSITIVE, same_domain);
+    (latency, total - latency)
+}
 
 /// Ring all-reduce bytes each GPU sends per generated token in TP decode: two all-reduces per
 /// layer (after the attention output and the FFN down projection) of one hidden state,
@@ -28,6 +93,43 @@ pub fn ep_bytes_per_token_per_layer(hidden: u32, top_k: u32, ep: u32) -> (f64, f
 mod tests {
     use super::*;
     use crate::model::{Activation, Norm};
+
+    #[test]
+    fn wire_factors_are_the_ring_factors() {
+        assert_eq!(wire_bytes(Collective::AllReduce, 16_384.0, 4), 24_576.0);
+        assert_eq!(wire_bytes(Collective::AllGather, 800.0, 8), 700.0);
+        assert_eq!(wire_bytes(Collective::AllToAll, 800.0, 8), 700.0);
+        assert_eq!(wire_bytes(Collective::AllReduce, 800.0, 1), 0.0);
+    }
+
+    #[test]
+    fn latency_and_bandwidth_terms_add_up_to_the_fabric_time() {
+        let cluster = crate::Cluster {
+            gpu: crate::presets::gpu("h100-sxm").unwrap(),
+            num_gpus: 64,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        };
+        let f = Fabric::of(&cluster);
+        let g = Group {
+            size: 16,
+            per_domain: 8,
+        };
+        for bytes in [1.0, 16_384.0, 1e9] {
+            let (lat, bw) = collective_terms(&f, Collective::AllReduce, bytes, g);
+            let total = f.collective_s(Collective::AllReduce, bytes, g);
+            assert!((lat + bw - total).abs() <= 1e-15 * total.max(1.0));
+            assert!(lat > 0.0 && bw > 0.0);
+        }
+        // Doubling the buffer doubles only the bandwidth term.
+        let (l1, b1) = collective_terms(&f, Collective::AllGather, 1e6, g);
+        let (l2, b2) = collective_terms(&f, Collective::AllGather, 2e6, g);
+        assert!((l1 - l2).abs() < 1e-15 && (b2 / b1 - 2.0).abs() < 1e-9);
+        let (l, b) = p2p_terms(&f, 1e6, true);
+        assert!((l + b - f.p2p_s(1e6, true)).abs() < 1e-15);
+        let (l, b) = dispatch_terms(&f, 4096.0, 16_384.0, 2, g);
+        assert!((l + b - f.dispatch_s(4096.0, 16_384.0, 2, g)).abs() < 1e-15);
+    }
 
     #[test]
     fn costmodel_7a_llama3_70b_tp4_decode() {
