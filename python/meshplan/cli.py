@@ -1,4 +1,5 @@
-"""The ``meshplan`` command: ``search``, ``evaluate``, ``models``, ``gpus``, ``validate``.
+"""The ``meshplan`` command: ``search``, ``evaluate``, ``models``, ``gpus``, ``validate``,
+``serve`` (the gRPC service; ``search --server HOST:PORT`` asks one).
 
 Exit codes: 0 success; 2 bad input (one line ``meshplan: error: <message naming the field>`` on
 stderr, no traceback); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
@@ -17,7 +18,7 @@ from . import __version__
 from .api import as_model, evaluate, search
 from .errors import InvalidInputError, MeshplanError
 from .hardware import Cluster, Gpu
-from .model import Model
+from .model import Model, read_text
 from .plan import Plan
 from .report import Evaluation, SearchResult, SearchStats
 from .space import DEGREES, SearchSpace
@@ -143,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
     out = s.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
     out.add_argument("--csv", action="store_true", help="print CSV, one row per plan")
+    r = s.add_argument_group("remote", "Ask a running `meshplan serve` instead of searching here.")
+    r.add_argument("--server", metavar="HOST:PORT", help="search on this server (--threads is its own)")
+    r.add_argument("--server-token-file", metavar="F", help="file holding the server's bearer token")
+    r.add_argument("--server-ca", metavar="PEM", help="use TLS, trusting this CA certificate")
     s.set_defaults(run=_search)
 
     e = sub.add_parser("evaluate", parents=[common], help="score one plan, feasible or not")
@@ -169,6 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--worst", type=int, default=10, metavar="K", help="largest errors listed (default 10)")
     v.add_argument("--json", action="store_true", help="print the full report as JSON")
     v.set_defaults(run=_validate)
+
+    sv = sub.add_parser("serve", help="run the gRPC planning service (meshplan.v1.Planner)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    sv.add_argument("--port", type=int, default=50051, help="0 picks a free port (default 50051)")
+    sv.add_argument("--workers", type=int, metavar="N", help="calls served at once (default: max(4, cores))")
+    sv.add_argument("--threads", type=int, metavar="N", help="core threads per search (default: all cores)")
+    sv.add_argument("--max-candidates", type=int, metavar="N", help="refuse larger search spaces (RESOURCE_EXHAUSTED)")
+    sv.add_argument("--tls-cert", metavar="PEM", help="certificate chain; with --tls-key, serve TLS")
+    sv.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
+    sv.add_argument("--token-file", metavar="F", help="require `authorization: Bearer <token in F>`")
+    sv.add_argument("--grace-s", type=float, default=10.0, metavar="S", help="in-flight calls may finish for S seconds on SIGTERM/SIGINT (default 10)")
+    sv.set_defaults(run=_serve)
     return parser
 
 
@@ -260,10 +277,19 @@ def _space(args: argparse.Namespace) -> SearchSpace:
 
 def _search(args: argparse.Namespace, out: TextIO) -> int:
     model, cluster, workload = _model(args), _cluster(args), _workload(args)
-    result = search(
-        model, cluster, workload, _space(args),
-        threads=args.threads, timeout_s=args.timeout_s,
-    )
+    if args.server:
+        from .client import PlannerClient
+
+        token = _secret(args.server_token_file, "server token file")
+        ca = None if args.server_ca is None else _pem(args.server_ca, "server CA")
+        with PlannerClient(args.server, token=token, root_certificates=ca,
+                           timeout_s=args.timeout_s) as client:
+            result = client.search(model, cluster, workload, _space(args))
+    else:
+        result = search(
+            model, cluster, workload, _space(args),
+            threads=args.threads, timeout_s=args.timeout_s,
+        )
     if args.json:
         json.dump(search_json(result), out, indent=2)
         out.write("\n")
@@ -277,6 +303,41 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
             out.write("no feasible plan (see what was pruned below)\n\n")
         out.write(stats_block(result.stats) + "\n")
     return 0
+
+
+def _secret(path: Optional[str], what: str) -> Optional[str]:
+    """The stripped text of ``path`` (None when no path); empty or unreadable is bad input."""
+    if path is None:
+        return None
+    text = read_text(path, what).strip()
+    if not text:
+        raise InvalidInputError(f"invalid {what} {path!r}: empty")
+    return text
+
+
+def _pem(path: str, what: str) -> bytes:
+    return read_text(path, what).encode()
+
+
+def _serve(args: argparse.Namespace, out: TextIO) -> int:
+    from .server import ServerConfig, serve
+
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    config = ServerConfig(
+        host=args.host, port=args.port, threads=args.threads, max_candidates=args.max_candidates,
+        token=_secret(args.token_file, "token file"), grace_s=args.grace_s,
+        tls_cert=None if args.tls_cert is None else _pem(args.tls_cert, "TLS certificate"),
+        tls_key=None if args.tls_key is None else _pem(args.tls_key, "TLS key"),
+    )
+    if args.workers is not None:
+        config.workers = args.workers
+    try:
+        return serve(config)
+    except ValueError as e:
+        raise InvalidInputError(f"invalid serve option: {e}") from None
+    except (OSError, RuntimeError) as e:
+        raise MeshplanError(f"cannot serve on {args.host}:{args.port}: {e}") from None
 
 
 def _evaluate(args: argparse.Namespace, out: TextIO) -> int:

@@ -158,7 +158,7 @@ def workload_message(workload: object) -> pb.Workload:
     )
 
 
-_LISTS = ("zero", "recompute", "sequence_parallel", "schedules")
+_LISTS = ("zero", "recompute", "sequence_parallel", "schedules", "orders")
 _SCALARS = (
     "memory_headroom_gib",
     "tp_within_domain",
@@ -195,7 +195,7 @@ def space_message(space: object) -> pb.SearchSpace:
 
 
 def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
-    """A plan with every field set (``schedule`` and ``order`` only when chosen)."""
+    """A plan with every field set (``schedule`` only when chosen)."""
     p = Plan.parse(plan) if isinstance(plan, str) else as_type(Plan, plan, "plan")
     msg = pb.Plan(
         dp=p.dp,
@@ -209,10 +209,8 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         recompute=p.recompute,
         sequence_parallel=p.sequence_parallel,
         schedule=p.schedule,
+        order=p.order,
     )
-    order = p.to_dict().get("order")
-    if order is not None:
-        msg.order = order
     return msg
 
 
@@ -294,14 +292,36 @@ def workload_from(msg: Any) -> Workload:
     return w
 
 
+SERVER_MAX_TOP_K = 1000
+"""The most plans one ``Search`` call may ask for (``space.top_k``)."""
+SERVER_MAX_KNOB = 4096
+"""The largest ``fixed`` or ``max`` a request may give ``vpp`` and ``micro_batch``. The core
+enumerates these knobs value by value up to the bound, so an absurd bound (2^31) would cost the
+server gigabytes before any candidate cap applies; real plans stay far below (vpp <= layers)."""
+
+
 def space_from(msg: Any, max_candidates: Optional[int] = None) -> SearchSpace:
     """The space of a request (a ``SearchSpace`` message); ``max_candidates`` is the server's
-    cap (the smaller one wins)."""
+    cap (the smaller one wins). Bounds beyond :data:`SERVER_MAX_TOP_K` and
+    :data:`SERVER_MAX_KNOB` raise :class:`InvalidInputError` naming the field."""
     full = _core.default_space()
     for name in DEGREES:
         if msg.HasField(name):
             degree = getattr(msg, name)
             full[name] = {bound: _opt(degree, bound) for bound in ("fixed", "min", "max")}
+    for name in ("vpp", "micro_batch"):
+        for bound in ("fixed", "max"):
+            value = full[name][bound]
+            if value is not None and value > SERVER_MAX_KNOB:
+                raise InvalidInputError(
+                    f"invalid space.{name}.{bound}: {value} "
+                    f"(allowed: at most {SERVER_MAX_KNOB} on a meshplan server)"
+                )
+    if msg.HasField("top_k") and msg.top_k > SERVER_MAX_TOP_K:
+        raise InvalidInputError(
+            f"invalid space.top_k: {msg.top_k} (allowed: at most {SERVER_MAX_TOP_K} on a "
+            "meshplan server)"
+        )
     for name in _LISTS:
         values = list(getattr(msg, name))
         if values:
@@ -420,9 +440,8 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "recompute": msg.recompute,
         "sequence_parallel": msg.sequence_parallel,
         "schedule": _opt(msg, "schedule"),
+        "order": msg.order,
     }
-    if msg.HasField("order"):
-        fields["order"] = msg.order
     return Plan.from_dict(fields)
 
 

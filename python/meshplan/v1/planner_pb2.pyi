@@ -331,7 +331,10 @@ Global___Workload: _TypeAlias = Workload  # noqa: Y015
 
 @_typing.final
 class DegreeConstraint(_message.Message):
-    """Constraint on one degree; unset fields keep the default space's."""
+    """Constraint on one degree. When present it replaces the default constraint of that degree
+    wholly (an unset bound is open), as the Python `meshplan.Degree` does; when absent the degree
+    keeps the default space's constraint.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -395,13 +398,14 @@ class SearchSpace(_message.Message):
     EP_WITHIN_DOMAIN_FIELD_NUMBER: _builtins.int
     TOP_K_FIELD_NUMBER: _builtins.int
     MAX_CANDIDATES_FIELD_NUMBER: _builtins.int
+    ORDERS_FIELD_NUMBER: _builtins.int
     memory_headroom_gib: _builtins.float
     """GiB kept free on every GPU."""
     tp_within_domain: _builtins.bool
     cp_within_domain: _builtins.bool
     ep_within_domain: _builtins.bool
     top_k: _builtins.int
-    """Plans returned."""
+    """Plans returned (a server allows at most 1000)."""
     max_candidates: _builtins.int
     """Refuse spaces with more candidates than this (RESOURCE_EXHAUSTED). The server's own cap,
     when it has one, applies as well: the smaller wins.
@@ -417,7 +421,9 @@ class SearchSpace(_message.Message):
     @_builtins.property
     def cp(self) -> Global___DegreeConstraint: ...
     @_builtins.property
-    def vpp(self) -> Global___DegreeConstraint: ...
+    def vpp(self) -> Global___DegreeConstraint:
+        """A server refuses vpp and micro_batch bounds (fixed or max) above 4096."""
+
     @_builtins.property
     def micro_batch(self) -> Global___DegreeConstraint: ...
     @_builtins.property
@@ -435,6 +441,12 @@ class SearchSpace(_message.Message):
     @_builtins.property
     def schedules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Allowed schedules: "1f1b", "interleaved-1f1b", "zb-h1"; empty: all."""
+
+    @_builtins.property
+    def orders(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Rank orders to consider, innermost axis first (e.g. "tp-cp-ep-dp-pp", the default); an
+        order is only tried where it puts some group on another fabric than an order before it.
+        """
 
     def __init__(
         self,
@@ -456,10 +468,11 @@ class SearchSpace(_message.Message):
         ep_within_domain: _builtins.bool | None = ...,
         top_k: _builtins.int | None = ...,
         max_candidates: _builtins.int | None = ...,
+        orders: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp_within_domain: _TypeAlias = _typing.Literal["cp_within_domain"]  # noqa: Y015
     _WhichOneofArgType__cp_within_domain: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain"]  # noqa: Y015
@@ -522,7 +535,9 @@ class Plan(_message.Message):
     sequence_parallel: _builtins.bool
     schedule: _builtins.str
     order: _builtins.str
-    """Rank order, innermost axis first, e.g. "tp-cp-ep-dp-pp"."""
+    """Rank order, innermost axis first: each of tp, cp, ep, dp, pp once, joined by "-"
+    (default "tp-cp-ep-dp-pp", Megatron's). It decides which groups share an NVLink domain.
+    """
     def __init__(
         self,
         *,
