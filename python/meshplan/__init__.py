@@ -19,6 +19,8 @@ from __future__ import annotations
 from . import errors
 from ._core import CancelToken, __version__
 from .api import evaluate, search
+from .explain import Explanation, decode_traffic, explain
+from .export import export
 from .hardware import Cluster, Gpu
 from .model import Mla, Model, Moe
 from .plan import Plan
@@ -30,6 +32,10 @@ from .workload import Workload
 __all__ = [
     "search",
     "evaluate",
+    "explain",
+    "Explanation",
+    "decode_traffic",
+    "export",
     "validate",
     "calibrated",
     "ValidationReport",
@@ -50,3 +56,12 @@ __all__ = [
     "errors",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # `meshplan.plot` needs matplotlib (the optional `plot` extra): imported on first use.
+    if name == "plot":
+        import importlib
+
+        return importlib.import_module(".plot", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

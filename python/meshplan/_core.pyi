@@ -21,6 +21,9 @@ __all__ = [
     "search",
     "validate",
     "apply_calibration",
+    "explain",
+    "decode_traffic",
+    "rank_orders",
 ]
 
 __version__: str
@@ -98,3 +101,22 @@ def validate(
 def apply_calibration(gpu: dict[str, Any], calibration: str) -> dict[str, Any]:
     """``gpu`` (core ``Gpu`` shape) with the overrides of ``calibration`` (TOML or JSON text,
     tables keyed by GPU preset name or ``"*"``) applied and re-validated."""
+
+def explain(problem: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+    """Explains one plan on ``problem`` axis by axis (core ``Explanation`` shape).
+
+    Returns ``{"plan", "evaluation", "mesh", "axes", "pipeline"}``: for every axis present
+    (dp, tp, pp, ep, cp, zero) what is sharded, its collectives (count per step, message bytes,
+    bytes per token and per step per GPU, seconds, latency-bound), its fabric and group, and its
+    exposed and overlapped seconds. Errors as :func:`evaluate`.
+    """
+
+def decode_traffic(
+    model: dict[str, Any], cluster: dict[str, Any], tp: int, tokens_per_s: float
+) -> dict[str, Any]:
+    """Tensor-parallel all-reduce traffic of batch-1 decoding with ``tp`` GPUs at
+    ``tokens_per_s`` (COSTMODEL §7(a)): bytes per token per GPU, GB/s, the fraction of the
+    scale-up link, and whether the all-reduces are latency-bound."""
+
+def rank_orders() -> list[str]:
+    """Every rank order (the 120 permutations of tp, cp, ep, dp, pp), the default first."""

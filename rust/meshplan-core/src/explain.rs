@@ -670,9 +670,15 @@ impl<'a> Ctx<'a> {
         a.notes.push(match &model.moe {
             Some(m) if self.worst.moe_layers > 0 => format!(
                 "one {point} after attention and {} around the experts (top-{} copies of each token gathered over TP) per MoE layer, {} per dense layer, of the micro-batch's hidden states ({} B)",
-                m.top_k, m.top_k, dense_points, bytes
+                m.top_k,
+                m.top_k,
+                dense_points,
+                commas(bytes)
             ),
-            _ => format!("one {point} after attention and one after the MLP, each on the micro-batch's hidden states ({bytes} B)"),
+            _ => format!(
+                "one {point} after attention and one after the MLP, each on the micro-batch's hidden states ({} B)",
+                commas(bytes)
+            ),
         });
         let omega = self.problem.cluster.gpu.calibration.tp_overlap;
         a.notes.push(format!(
@@ -718,8 +724,10 @@ impl<'a> Ctx<'a> {
             ));
         }
         a.notes.push(format!(
-            "ring attention: {} steps per layer, each passing this GPU's K/V block ({kv} B) to the next rank while attending to the one received; only the part of a transfer longer than its attention block is exposed",
-            c - 1
+            "ring attention: {} ring step{} per layer, each passing this GPU's K/V block ({} B) to the next rank while attending to the one received; only the part of a transfer longer than its attention block is exposed",
+            c - 1,
+            if c == 2 { "" } else { "s" },
+            commas(kv)
         ));
         if !g.within_domain() {
             a.notes.push(
@@ -778,8 +786,11 @@ impl<'a> Ctx<'a> {
         }
         let (total, off_rank) = ep_bytes_per_token_per_layer(model.hidden, moe.top_k, e);
         a.notes.push(format!(
-            "per routed token per MoE layer, forward: {total} B dispatched and combined ({} copies of its {h_bytes} B hidden state each way), {off_rank} B of it leaving the GPU under uniform routing ((e−1)/e = {}/{e}); backward sends as much again",
+            "per routed token per MoE layer, forward: {} B dispatched and combined ({} copies of its {} B hidden state each way), {} B of it leaving the GPU under uniform routing ((e−1)/e = {}/{e}); backward sends as much again",
+            commas(total),
             moe.top_k,
+            commas(h_bytes),
+            commas(off_rank),
             e - 1
         ));
         if plan.sequence_parallel {
@@ -871,6 +882,22 @@ impl<'a> Ctx<'a> {
                 .collect(),
         }
     }
+}
+
+/// `x` rounded to an integer with thousands separators (`57,344`).
+fn commas(x: f64) -> String {
+    let digits = format!("{:.0}", x.abs());
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if x < 0.0 && digits != "0" {
+        out.insert(0, '-');
+    }
+    out
 }
 
 fn op_name(kind: Collective) -> &'static str {
@@ -1044,6 +1071,14 @@ mod tests {
     }
 
     #[test]
+    fn commas_group_thousands() {
+        assert_eq!(commas(57_344.0), "57,344");
+        assert_eq!(commas(3_932_160.0), "3,932,160");
+        assert_eq!(commas(999.4), "999");
+        assert_eq!(commas(-1234.0), "-1,234");
+    }
+
+    #[test]
     fn costmodel_7a_decode_all_reduce_traffic() {
         let m = presets::model("llama3-70b").unwrap();
         let d = decode_traffic(&m, &cluster("h100-sxm", 4), 4, 50.0).unwrap();
@@ -1072,7 +1107,7 @@ mod tests {
         let bwd = &ep.collectives[1];
         assert_eq!(bwd.bytes_per_token_per_gpu / 40.0, 57_344.0);
         assert!(
-            ep.notes[0].contains("65536 B") && ep.notes[0].contains("57344 B"),
+            ep.notes[0].contains("65,536 B") && ep.notes[0].contains("57,344 B"),
             "{}",
             ep.notes[0]
         );

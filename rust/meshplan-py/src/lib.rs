@@ -409,6 +409,45 @@ fn apply_calibration(
     })
 }
 
+/// Explains one plan axis by axis (sharding, collectives, bytes, fabric, time) on a problem dict.
+#[pyfunction]
+fn explain(
+    py: Python<'_>,
+    problem: &Bound<'_, PyAny>,
+    plan: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (arg::<ProblemArg>(problem, "")?, arg::<Plan>(plan, "plan")?);
+    run(py, inputs, None, |(problem, plan)| {
+        core::explain(&problem.validate()?, &plan)
+    })
+}
+
+/// Tensor-parallel all-reduce traffic of batch-1 decoding (COSTMODEL §7(a)).
+#[pyfunction]
+fn decode_traffic(
+    py: Python<'_>,
+    model: &Bound<'_, PyAny>,
+    cluster: &Bound<'_, PyAny>,
+    tp: &Bound<'_, PyAny>,
+    tokens_per_s: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (
+        arg::<Model>(model, "model")?,
+        arg::<Cluster>(cluster, "cluster")?,
+        arg::<u32>(tp, "tp")?,
+        arg::<f64>(tokens_per_s, "tokens_per_s")?,
+    );
+    run(py, inputs, None, |(model, cluster, tp, rate)| {
+        core::decode_traffic(&model, &cluster, tp, rate)
+    })
+}
+
+/// Every rank order (the 120 permutations), the default first.
+#[pyfunction]
+fn rank_orders(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    run(py, (), None, |()| Ok(core::RankOrder::all()))
+}
+
 /// The module `meshplan._core`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -424,6 +463,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(search, m)?)?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(apply_calibration, m)?)?;
+    m.add_function(wrap_pyfunction!(explain, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_traffic, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_orders, m)?)?;
     Ok(())
 }
 

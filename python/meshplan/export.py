@@ -1,0 +1,443 @@
+"""``meshplan.export``: a plan as the configuration a training framework accepts.
+
+Formats:
+
+- ``megatron``: Megatron-LM / Megatron-Bridge command-line arguments. Megatron counts data
+  parallelism as ``dp·ep`` (the expert ranks are data parallel for the dense layers), so its
+  data-parallel size is implied by the world size and stated in a comment.
+- ``torchtitan``: a Python snippet building torchtitan's ``ParallelismConfig``, with the legacy
+  job-config TOML (``[parallelism]`` and friends) in the string ``LEGACY_TOML``;
+  ``torchtitan-toml`` is that TOML alone.
+- ``deepspeed``: a DeepSpeed JSON config (ZeRO stage, micro-batch, gradient accumulation, train
+  batch size), for plans plain DeepSpeed can run.
+- ``device-mesh``: a runnable snippet building the plan's named
+  ``torch.distributed.device_mesh.init_device_mesh`` in its rank order.
+
+A plan a framework cannot run raises :class:`~meshplan.errors.InvalidInputError` saying why,
+never a config that silently means something else.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Optional, Union
+
+from ._fields import as_type
+from .api import ModelLike, as_model
+from .errors import InvalidInputError
+from .model import Model
+from .plan import DEFAULT_ORDER, Plan
+from .workload import Workload
+
+FORMATS = ("megatron", "torchtitan", "torchtitan-toml", "deepspeed", "device-mesh")
+
+#: torchtitan schedule names (``torch.distributed.pipelining``) of meshplan's schedules.
+TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+
+#: The rank order Megatron's ``--use-tp-pp-dp-mapping`` selects.
+MEGATRON_TP_PP_DP = "tp-cp-ep-pp-dp"
+
+
+def export(
+    plan: Union[Plan, str, Mapping[str, Any]],
+    format: str,
+    *,
+    model: Optional[ModelLike] = None,
+    workload: Optional[Workload] = None,
+) -> str:
+    """``plan`` in ``format`` (one of :data:`FORMATS`), as text.
+
+    ``workload`` gives the batch (``megatron``'s ``--global-batch-size``, DeepSpeed's
+    ``train_batch_size`` and gradient accumulation, torchtitan's micro-batch count) and is
+    required by ``deepspeed``; ``model`` gives the layer count for virtual pipeline stages.
+    """
+    p = _plan(plan)
+    m = None if model is None else as_model(model)
+    w = None if workload is None else as_type(Workload, workload, "workload")
+    if format == "megatron":
+        return megatron(p, m, w)
+    if format == "torchtitan":
+        return torchtitan(p, m, w)
+    if format == "torchtitan-toml":
+        return torchtitan_toml(p, m, w)
+    if format == "deepspeed":
+        return deepspeed(p, w)
+    if format == "device-mesh":
+        return device_mesh(p)
+    raise InvalidInputError(f"invalid format: {format!r} (allowed: {', '.join(FORMATS)})")
+
+
+def _plan(plan: Union[Plan, str, Mapping[str, Any]]) -> Plan:
+    p = Plan.parse(plan) if isinstance(plan, str) else as_type(Plan, plan, "plan")
+    for name in ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch"):
+        value = getattr(p, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidInputError(f"invalid plan.{name}: {value!r} (allowed: an integer >= 1)")
+    if p.zero not in (0, 1, 2, 3):
+        raise InvalidInputError(f"invalid plan.zero: {p.zero!r} (allowed: 0, 1, 2 or 3)")
+    schedule = schedule_of(p)
+    if schedule not in ("1f1b", "interleaved-1f1b", "zb-h1"):
+        raise InvalidInputError(
+            f"invalid plan.schedule: {schedule!r} (allowed: 1f1b, interleaved-1f1b, zb-h1)"
+        )
+    if (schedule == "interleaved-1f1b") != (p.vpp > 1):
+        raise InvalidInputError(
+            f"invalid plan: schedule {schedule} with vpp = {p.vpp} "
+            "(interleaved-1f1b needs vpp >= 2, the other schedules vpp = 1)"
+        )
+    order = p.order.split("-")
+    if sorted(order) != sorted(DEFAULT_ORDER.split("-")):
+        raise InvalidInputError(
+            f"invalid plan.order: {p.order!r} (allowed: each of tp, cp, ep, dp, pp exactly once, "
+            "joined by '-', innermost first)"
+        )
+    return p
+
+
+def schedule_of(plan: Plan) -> str:
+    """The schedule in effect: the plan's, else interleaved when ``vpp > 1``, else 1F1B."""
+    return plan.schedule or ("interleaved-1f1b" if plan.vpp > 1 else "1f1b")
+
+
+def micro_batches(plan: Plan, workload: Workload) -> int:
+    """Micro-batches per pipeline per step, ``B / (b·dp·ep)``; an error when not exact."""
+    per_step = plan.micro_batch * plan.dp * plan.ep
+    if workload.global_batch % per_step:
+        raise InvalidInputError(
+            f"invalid plan: global_batch = {workload.global_batch} is not a multiple of "
+            f"micro_batch·dp·ep = {per_step}"
+        )
+    return workload.global_batch // per_step
+
+
+def _header(plan: Plan, comment: str, target: str) -> list[str]:
+    return [
+        f"{comment} {target} for the meshplan plan {plan}",
+        f"{comment} world size {plan.num_gpus} = dp·tp·pp·ep·cp = "
+        f"{plan.dp}·{plan.tp}·{plan.pp}·{plan.ep}·{plan.cp}; rank order {plan.order} "
+        "(innermost first)",
+    ]
+
+
+# --- Megatron-LM ---------------------------------------------------------------------------
+
+
+def megatron_args(
+    plan: Plan, model: Optional[Model] = None, workload: Optional[Workload] = None
+) -> list[tuple[str, Optional[str]]]:
+    """Megatron-LM arguments as ``(flag, value or None)`` pairs."""
+    schedule = schedule_of(plan)
+    if schedule == "zb-h1":
+        raise InvalidInputError(
+            "cannot export to megatron: Megatron-LM has no zb-h1 schedule (it runs 1f1b and "
+            "interleaved-1f1b; zero-bubble needs the sail-sg/zero-bubble-pipeline-parallelism fork)"
+        )
+    if plan.order not in (DEFAULT_ORDER, MEGATRON_TP_PP_DP):
+        raise InvalidInputError(
+            f"cannot export to megatron: rank order {plan.order} has no Megatron-LM option "
+            f"(it builds {DEFAULT_ORDER}, or {MEGATRON_TP_PP_DP} with --use-tp-pp-dp-mapping)"
+        )
+    args: list[tuple[str, Optional[str]]] = [
+        ("--tensor-model-parallel-size", str(plan.tp)),
+        ("--pipeline-model-parallel-size", str(plan.pp)),
+        ("--context-parallel-size", str(plan.cp)),
+        ("--expert-model-parallel-size", str(plan.ep)),
+    ]
+    if plan.ep > 1:
+        # meshplan's experts are tensor-parallel over tp (no MoE parallel folding).
+        args.append(("--expert-tensor-parallel-size", str(plan.tp)))
+    if plan.vpp > 1:
+        chunks = plan.pp * plan.vpp
+        if model is not None and model.layers % chunks == 0:
+            args.append(("--num-layers-per-virtual-pipeline-stage", str(model.layers // chunks)))
+        else:
+            args.append(("--virtual-pipeline-model-parallel-size", str(plan.vpp)))
+    if plan.order == MEGATRON_TP_PP_DP:
+        args.append(("--use-tp-pp-dp-mapping", None))
+    if plan.sequence_parallel and plan.tp > 1:
+        args.append(("--sequence-parallel", None))
+    if plan.zero >= 1:
+        args.append(("--use-distributed-optimizer", None))
+    if plan.zero >= 2:
+        strategy = "optim_grads" if plan.zero == 2 else "optim_grads_params"
+        args += [
+            ("--use-megatron-fsdp", None),
+            ("--data-parallel-sharding-strategy", strategy),
+            ("--no-gradient-accumulation-fusion", None),
+            ("--ckpt-format", "fsdp_dtensor"),
+        ]
+    if plan.recompute == "full":
+        args += [
+            ("--recompute-granularity", "full"),
+            ("--recompute-method", "uniform"),
+            ("--recompute-num-layers", "1"),
+        ]
+    elif plan.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    args.append(("--micro-batch-size", str(plan.micro_batch)))
+    if workload is not None:
+        micro_batches(plan, workload)  # checks that the batch splits evenly
+        args += [
+            ("--global-batch-size", str(workload.global_batch)),
+            ("--seq-length", str(workload.seq_len)),
+        ]
+        if workload.precision in ("bf16", "fp16"):
+            args.append((f"--{workload.precision}", None))
+        if workload.grad_bytes == 2:
+            args.append(("--grad-reduce-in-bf16", None))
+    return args
+
+
+def megatron(plan: Plan, model: Optional[Model] = None, workload: Optional[Workload] = None) -> str:
+    """Megatron-LM / Megatron-Bridge arguments, one per line, continued with ``\\``."""
+    args = megatron_args(plan, model, workload)
+    lines = _header(plan, "#", "Megatron-LM arguments")
+    lines.append(
+        f"# data-parallel size (implied by the world size, not an argument): dp·ep = "
+        f"{plan.dp}·{plan.ep} = {plan.dp * plan.ep}"
+    )
+    if workload is not None:
+        m = micro_batches(plan, workload)
+        lines.append(
+            f"# {m} micro-batches per step = global batch {workload.global_batch} / "
+            f"(micro-batch {plan.micro_batch} · data-parallel size {plan.dp * plan.ep})"
+        )
+        if workload.precision not in ("bf16", "fp16"):
+            lines.append(
+                f"# precision {workload.precision}: add your Transformer Engine recipe flags"
+            )
+    else:
+        lines.append("# give the workload for --global-batch-size and --seq-length")
+    if plan.vpp > 1 and not any(flag == "--num-layers-per-virtual-pipeline-stage" for flag, _ in args):
+        lines.append(f"# {plan.vpp} model chunks per pipeline rank")
+    body = [flag if value is None else f"{flag} {value}" for flag, value in args]
+    lines += [f"{a} \\" for a in body[:-1]] + body[-1:]
+    return "\n".join(lines) + "\n"
+
+
+# --- torchtitan ----------------------------------------------------------------------------
+
+
+def torchtitan_fields(
+    plan: Plan, model: Optional[Model] = None, workload: Optional[Workload] = None
+) -> dict[str, Any]:
+    """torchtitan's ``[parallelism]`` fields for ``plan`` (current names)."""
+    if plan.order != DEFAULT_ORDER:
+        raise InvalidInputError(
+            f"cannot export to torchtitan: rank order {plan.order} (torchtitan builds its mesh "
+            f"pp, dp_replicate, dp_shard, cp, tp from the outside in, i.e. {DEFAULT_ORDER})"
+        )
+    schedule = schedule_of(plan)
+    data_parallel = plan.dp * plan.ep
+    if plan.zero == 0 and plan.ep > 1:
+        raise InvalidInputError(
+            "cannot export to torchtitan: its expert parallelism borrows ranks from the FSDP "
+            "shard dimension, which a zero = 0 (replicated) plan does not have; use zero >= 1"
+        )
+    fields: dict[str, Any] = {
+        "data_parallel_replicate_degree": data_parallel if plan.zero == 0 else 1,
+        "data_parallel_shard_degree": 1 if plan.zero == 0 else data_parallel,
+    }
+    if plan.zero in (1, 2):
+        # FSDP2 without resharding after forward: gradients and optimizer states sharded,
+        # weights kept whole between forward and backward (ZeRO-2; torchtitan has no ZeRO-1).
+        fields["fsdp_reshard_after_forward"] = "never"
+    elif plan.zero == 3:
+        fields["fsdp_reshard_after_forward"] = "always"
+    fields["tensor_parallel_degree"] = plan.tp
+    if plan.tp > 1:
+        fields["enable_sequence_parallel"] = plan.sequence_parallel
+    fields["pipeline_parallel_degree"] = plan.pp
+    if plan.pp > 1:
+        if schedule == "zb-h1":
+            # ZBVZeroBubble is zero-bubble on a V of exactly two model chunks per rank.
+            if plan.vpp != 2:
+                raise InvalidInputError(
+                    "cannot export to torchtitan: zb-h1 keeps one model chunk per pipeline rank, "
+                    "but torchtitan's zero-bubble schedule (ZBVZeroBubble) needs two; use 1f1b "
+                    "or interleaved-1f1b"
+                )
+            fields["pipeline_parallel_schedule"] = "ZBVZeroBubble"
+        else:
+            fields["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULES[schedule]
+        if plan.vpp > 1 and model is not None:
+            chunks = plan.pp * plan.vpp
+            if model.layers % chunks:
+                raise InvalidInputError(
+                    f"cannot export to torchtitan: {model.layers} layers do not split into "
+                    f"pp·vpp = {chunks} equal chunks"
+                )
+            fields["pipeline_parallel_layers_per_stage"] = model.layers // chunks
+        if workload is not None:
+            fields["num_pp_microbatches"] = micro_batches(plan, workload)
+    fields["context_parallel_degree"] = plan.cp
+    fields["expert_parallel_degree"] = plan.ep
+    return fields
+
+
+def torchtitan_toml(
+    plan: Plan, model: Optional[Model] = None, workload: Optional[Workload] = None
+) -> str:
+    """The legacy torchtitan job-config TOML: ``[parallelism]``, ``[activation_checkpoint]``
+    and, with a workload, ``[training]``."""
+    fields = torchtitan_fields(plan, model, workload)
+    legacy = dict(fields)
+    legacy.pop("num_pp_microbatches", None)
+    legacy.pop("enable_sequence_parallel", None)  # older releases always sequence-shard
+    if plan.pp > 1:
+        legacy["pipeline_parallel_microbatch_size"] = plan.micro_batch
+    if plan.ep > 1:
+        legacy["expert_tensor_parallel_degree"] = plan.tp
+    lines = _header(plan, "#", "torchtitan job config")
+    lines.append("[parallelism]")
+    lines += [f"{k} = {_toml(v)}" for k, v in legacy.items()]
+    lines += ["", "[activation_checkpoint]", f"mode = {_toml(plan.recompute)}"]
+    if plan.recompute == "selective":
+        lines.append('selective_ac_option = "op"')
+    if workload is not None:
+        lines += [
+            "",
+            "[training]",
+            f"local_batch_size = {workload.global_batch // (plan.dp * plan.ep)}",
+            f"global_batch_size = {workload.global_batch}",
+            f"seq_len = {workload.seq_len}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def torchtitan(plan: Plan, model: Optional[Model] = None, workload: Optional[Workload] = None) -> str:
+    """A Python snippet: torchtitan's ``ParallelismConfig`` for the plan, and the legacy TOML."""
+    fields = torchtitan_fields(plan, model, workload)
+    toml = torchtitan_toml(plan, model, workload)
+    lines = _header(plan, "#", "torchtitan parallelism")
+    if plan.tp > 1 and not plan.sequence_parallel:
+        lines.append("# (older torchtitan releases always use sequence parallelism with TP)")
+    if plan.ep > 1 and plan.tp > 1:
+        lines.append(
+            f"# experts are tensor-parallel over tp = {plan.tp} in this plan "
+            "(expert_tensor_parallel_degree in the legacy config)"
+        )
+    lines += [
+        "from torchtitan.config.parallelism import ParallelismConfig",
+        "",
+        "parallelism = ParallelismConfig(",
+    ]
+    lines += [f"    {k}={v!r}," for k, v in fields.items()]
+    lines += [")", "", "# The same for job-config TOML files of older torchtitan releases.",
+              f"LEGACY_TOML = {toml!r}"]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value)
+
+
+# --- DeepSpeed -----------------------------------------------------------------------------
+
+
+def deepspeed_config(plan: Plan, workload: Workload) -> dict[str, Any]:
+    """The DeepSpeed config dict for ``plan``; an error for plans DeepSpeed cannot run."""
+    why = []
+    if plan.tp > 1:
+        why.append(f"tp = {plan.tp} (tensor parallelism needs Megatron-DeepSpeed)")
+    if plan.ep > 1:
+        why.append(f"ep = {plan.ep} (expert parallelism is not part of a DeepSpeed config)")
+    if plan.cp > 1:
+        why.append(f"cp = {plan.cp} (no context parallelism)")
+    if plan.pp > 1 and plan.zero >= 2:
+        why.append(f"pp = {plan.pp} with ZeRO-{plan.zero} (the pipeline engine allows ZeRO 0-1)")
+    if plan.vpp > 1:
+        why.append(f"vpp = {plan.vpp} (no interleaved pipeline)")
+    if schedule_of(plan) == "zb-h1":
+        why.append("the zb-h1 schedule")
+    if workload.precision not in ("bf16", "fp16"):
+        why.append(f"precision {workload.precision} (a DeepSpeed config trains in bf16 or fp16)")
+    if plan.recompute == "selective" and not workload.flash_attention:
+        why.append("selective recompute of unfused attention")
+    if why:
+        raise InvalidInputError("cannot export to deepspeed: " + "; ".join(why))
+    m = micro_batches(plan, workload)
+    config: dict[str, Any] = {
+        "train_batch_size": workload.global_batch,
+        "train_micro_batch_size_per_gpu": plan.micro_batch,
+        "gradient_accumulation_steps": m,
+        "zero_optimization": {"stage": plan.zero},
+        workload.precision: {"enabled": True},
+        "communication_data_type": "fp32" if workload.grad_bytes == 4 else workload.precision,
+    }
+    if plan.recompute == "full":
+        config["activation_checkpointing"] = {
+            "partition_activations": False,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+    return config
+
+
+def deepspeed(plan: Plan, workload: Optional[Workload]) -> str:
+    """The DeepSpeed JSON config. With ``pp > 1`` the stages are set in code
+    (``deepspeed.pipe.PipelineModule(num_stages=pp)``); the data-parallel world is then
+    ``world / pp``."""
+    if workload is None:
+        raise InvalidInputError(
+            "cannot export to deepspeed without the workload (its train_batch_size and "
+            "gradient_accumulation_steps come from the global batch)"
+        )
+    return json.dumps(deepspeed_config(plan, workload), indent=2) + "\n"
+
+
+# --- torch.distributed device mesh ---------------------------------------------------------
+
+
+def mesh_dims(plan: Plan) -> list[tuple[str, int]]:
+    """``(name, size)`` of the mesh dimensions, outermost first (the reverse of the order)."""
+    return [(axis, getattr(plan, axis)) for axis in reversed(plan.order.split("-"))]
+
+
+def device_mesh(plan: Plan) -> str:
+    """A runnable snippet building the plan's named device mesh (under ``torchrun``)."""
+    dims = mesh_dims(plan)
+    names = tuple(name for name, _ in dims)
+    sizes = tuple(size for _, size in dims)
+    dense = [n for n in names if n in ("dp", "ep", "cp")]
+    expert = [n for n in names if n in ("dp", "cp")]
+    lines = _header(plan, "#", "torch.distributed device mesh")
+    lines += [
+        f"# Run under torchrun with {plan.num_gpus} processes; consecutive ranks vary the last "
+        "(innermost) dimension fastest.",
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "",
+        "mesh = init_device_mesh(",
+        '    "cuda",',
+        f"    {sizes!r},",
+        f"    mesh_dim_names={names!r},",
+        ")",
+    ]
+    lines += [f'{name}_mesh = mesh["{name}"]' for name in reversed(names)]
+    lines += [
+        "# Gradient reduction of the dense parameters (dp·ep·cp ranks) and of the experts (dp·cp).",
+        "dense_dp_mesh = mesh[" + ", ".join(f'"{n}"' for n in dense) + "]",
+        "expert_dp_mesh = mesh[" + ", ".join(f'"{n}"' for n in expert) + "]",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "FORMATS",
+    "export",
+    "megatron",
+    "megatron_args",
+    "torchtitan",
+    "torchtitan_fields",
+    "torchtitan_toml",
+    "deepspeed",
+    "deepspeed_config",
+    "device_mesh",
+    "mesh_dims",
+    "schedule_of",
+    "micro_batches",
+]
