@@ -508,10 +508,6 @@ def _title(model: Model, cluster: Cluster, workload: Workload) -> str:
     )
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # --- validate ----------------------------------------------------------------------------------
 
 
@@ -583,3 +579,7 @@ def validation_text(report: ValidationReport, worst: int) -> str:
         if group:
             lines += ["", f"{title}:"] + [f"  {r['id']}: {r['reason']}" for r in group]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
