@@ -1,5 +1,6 @@
 """The ``meshplan`` command: ``search``, ``evaluate``, ``models``, ``gpus``, ``validate``,
-``serve`` (the gRPC service; ``search --server HOST:PORT`` asks one).
+``serve`` (the gRPC service; ``search --server HOST:PORT`` asks one), ``explain``, ``export``
+and ``plot`` (one plan taken apart, turned into framework configuration, or drawn).
 
 Exit codes: 0 success; 2 bad input (one line ``meshplan: error: <message naming the field>`` on
 stderr, no traceback); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
@@ -14,12 +15,13 @@ import os
 import sys
 from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence, TextIO
 
-from . import __version__
+from . import __version__, _core
 from .api import as_model, evaluate, search
 from .errors import InvalidInputError, MeshplanError
+from .export import FORMATS as EXPORT_FORMATS
 from .hardware import Cluster, Gpu
 from .model import Model, read_text
-from .plan import Plan
+from .plan import DEFAULT_ORDER, Plan
 from .report import Evaluation, SearchResult, SearchStats
 from .space import DEGREES, SearchSpace
 from .validation import ValidationReport, calibrated, validate
@@ -38,6 +40,7 @@ PLAN_COLUMNS = (
     "recompute",
     "sequence_parallel",
     "schedule",
+    "order",
 )
 METRIC_COLUMNS = (
     "feasible",
@@ -122,6 +125,13 @@ def _space_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", type=_list_of(str, "modes"), metavar="none,selective,full")
     g.add_argument("--sequence-parallel", choices=("on", "off", "both"))
     g.add_argument("--schedules", type=_list_of(str, "schedules"), metavar="1f1b,interleaved-1f1b,zb-h1")
+    orders = g.add_mutually_exclusive_group()
+    orders.add_argument(
+        "--orders", type=_list_of(str, "rank orders"), metavar="tp-cp-ep-dp-pp,tp-dp-...",
+        help="rank orders to try, innermost axis first (default: tp-cp-ep-dp-pp); an order is "
+        "only tried where it moves some group to another fabric",
+    )
+    orders.add_argument("--all-orders", action="store_true", help="try all 120 rank orders (same rule)")
     g.add_argument("--memory-headroom-gib", type=float, metavar="GIB", help="kept free per GPU (default 1)")
     g.add_argument("--allow-tp-cross-domain", action="store_true", help="let TP groups leave the NVLink domain")
     g.add_argument("--cp-within-domain", action="store_true", help="keep CP groups inside one NVLink domain")
@@ -186,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--token-file", metavar="F", help="require `authorization: Bearer <token in F>`")
     sv.add_argument("--grace-s", type=float, default=10.0, metavar="S", help="in-flight calls may finish for S seconds on SIGTERM/SIGINT (default 10)")
     sv.set_defaults(run=_serve)
+    _plan_commands(sub, common)
     return parser
 
 
@@ -265,6 +276,7 @@ def _space(args: argparse.Namespace) -> SearchSpace:
         ep_within_domain=True if args.ep_within_domain else None,
         top_k=args.top_k,
         max_candidates=args.max_candidates,
+        orders=_core.rank_orders() if getattr(args, "all_orders", False) else getattr(args, "orders", None),
     )
     for name in DEGREES:
         for attr in (name, f"min_{name}", f"max_{name}"):
@@ -447,20 +459,27 @@ def _is_number(value: Any) -> bool:
 
 
 def plans_table(plans: Sequence[Evaluation]) -> str:
-    """The ranked plans as an aligned table."""
+    """The ranked plans as an aligned table (with an ``order`` column when some plan does not
+    use the default rank order)."""
     header = [
         "rank", "dp", "tp", "pp", "ep", "cp", "vpp", "mb", "zero", "recompute", "sp",
         "schedule", "step s", "tok/s/GPU", "MFU %", "mem GiB",
     ]
+    orders = any(ev.plan.order != DEFAULT_ORDER for ev in plans)
+    if orders:
+        header.insert(12, "order")
     rows = []
     for ev in plans:
         p = ev.plan
-        rows.append([
+        row: list[Any] = [
             ev.rank if ev.rank is not None else "-", p.dp, p.tp, p.pp, p.ep, p.cp, p.vpp,
             p.micro_batch, p.zero, p.recompute, "on" if p.sequence_parallel else "off",
             p.schedule or "-", f"{ev.step_time_s:.3f}", f"{ev.tokens_per_s_per_gpu:,.0f}",
             f"{100 * ev.mfu:.1f}", f"{ev.peak_memory_gib:.1f}",
-        ])
+        ]
+        if orders:
+            row.insert(12, p.order)
+        rows.append(row)
     return table(header, rows)
 
 
@@ -579,6 +598,90 @@ def validation_text(report: ValidationReport, worst: int) -> str:
         if group:
             lines += ["", f"{title}:"] + [f"  {r['id']}: {r['reason']}" for r in group]
     return "\n".join(lines) + "\n"
+
+
+# --- explain, export, plot ---------------------------------------------------------------------
+
+
+def _plan_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """The subcommands that take one plan apart: ``explain``, ``export`` and ``plot``."""
+    plan_help = "e.g. dp=8,tp=8,pp=4,micro_batch=1,zero=1,recompute=selective,order=tp-cp-ep-dp-pp"
+    x = sub.add_parser(
+        "explain", parents=[common],
+        help="per axis: what is sharded, which collectives, bytes per token/step, which fabric",
+    )
+    x.add_argument("--plan", required=True, metavar="dp=..,tp=..,pp=..", help=plan_help)
+    x.add_argument("--json", action="store_true", help="print JSON")
+    x.set_defaults(run=_explain)
+
+    e = sub.add_parser("export", parents=[common], help="a plan as Megatron/torchtitan/DeepSpeed/device-mesh config")
+    e.add_argument("--plan", required=True, metavar="dp=..,tp=..,pp=..", help=plan_help)
+    e.add_argument("--format", required=True, choices=EXPORT_FORMATS)
+    e.add_argument("--out", metavar="FILE", help="write here instead of standard output")
+    e.set_defaults(run=_export)
+
+    p = sub.add_parser("plot", help="draw the Pareto front, a pipeline schedule or the mesh layout")
+    kinds = p.add_subparsers(dest="picture", metavar="PICTURE", required=True)
+    pareto = kinds.add_parser("pareto", parents=[common], help="step time vs peak memory of feasible plans")
+    _space_flags(pareto)
+    pareto.add_argument("--label", type=int, default=5, metavar="K", help="top plans labelled (default 5)")
+    for name, helptext in (("schedule", "the pipeline timeline of a plan"),
+                           ("mesh", "the ranks of a plan coloured by group")):
+        k = kinds.add_parser(name, parents=[common], help=helptext)
+        k.add_argument("--plan", required=True, metavar="dp=..,tp=..,pp=..", help=plan_help)
+        if name == "mesh":
+            k.add_argument("--axis", default="tp", help="tp (default), cp, ep, dp, pp, dense_dp or expert_dp")
+    for k in kinds.choices.values():
+        k.add_argument("--out", required=True, metavar="FILE.png|.svg", help="the picture")
+    p.set_defaults(run=_plot)
+
+
+def _explain(args: argparse.Namespace, out: TextIO) -> int:
+    from .explain import explain
+
+    model, cluster, workload = _model(args), _cluster(args), _workload(args)
+    x = explain(model, cluster, workload, Plan.parse(args.plan))
+    if args.json:
+        json.dump(x.to_dict(), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(_title(model, cluster, workload) + "\n\n" + x.to_text() + "\n")
+    return 0
+
+
+def _export(args: argparse.Namespace, out: TextIO) -> int:
+    from .export import export
+
+    model, cluster, workload = _model(args), _cluster(args), _workload(args)
+    plan = Plan.parse(args.plan)
+    ev = evaluate(model, cluster, workload, plan)  # rejects a malformed plan
+    if not ev.feasible:
+        why = "; ".join(r.message for r in ev.reasons)
+        print(f"meshplan: warning: the plan does not fit: {why}", file=sys.stderr)
+    text = export(ev.plan, args.format, model=model, workload=workload)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        out.write(text)
+    return 0
+
+
+def _plot(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        from . import plot
+    except ImportError as e:  # matplotlib is the optional `plot` extra
+        raise UsageError(f"plot needs matplotlib: pip install 'meshplan[plot]' ({e})") from None
+    model, cluster, workload = _model(args), _cluster(args), _workload(args)
+    if args.picture == "pareto":
+        plot.pareto(model, cluster, workload, _space(args), label=args.label,
+                    threads=args.threads, out=args.out)
+    elif args.picture == "schedule":
+        plot.schedule(model, cluster, workload, Plan.parse(args.plan), out=args.out)
+    else:
+        plot.mesh(model, cluster, workload, Plan.parse(args.plan), axis=args.axis, out=args.out)
+    out.write(f"wrote {args.out}\n")
+    return 0
 
 
 if __name__ == "__main__":
