@@ -530,3 +530,33 @@ def test_cli_search_through_a_server_reports_errors_like_the_local_one(
         assert "rank" in capsys.readouterr().out
     finally:
         secured.stop(0).wait()
+
+
+# --- explain -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, cluster, workload, plan", [
+    ("mixtral-8x7b", mp.Cluster("h100-sxm", 64), mp.Workload(128, 4096),
+     "dp=2,tp=4,pp=2,ep=2,cp=2,zero=1,vpp=2"),
+    ("llama3-70b", mp.Cluster("h100-sxm", 64), mp.Workload(128, 8192),
+     "dp=2,tp=8,pp=4,zero=3,sp=on,order=tp-dp-cp-ep-pp"),
+    ("llama2-7b", CLUSTER, WORKLOAD, "dp=1,tp=8,pp=1,micro_batch=16"),  # infeasible
+])
+def test_explain_returns_what_the_local_explain_returns(
+    client: PlannerClient, model: str, cluster: mp.Cluster, workload: mp.Workload, plan: str
+) -> None:
+    remote = client.explain(model, cluster, workload, plan)
+    local = mp.explain(model, cluster, workload, plan)
+    assert remote.to_dict() == local.to_dict()
+    assert remote.to_text() == local.to_text()
+    assert remote.mesh["groups"] and remote.mesh["order"] == remote.plan.order
+    # Ints stay ints and floats stay floats through the wire.
+    for r, lo in zip(remote.axes, local.axes):
+        for rc, lc in zip(r["collectives"], lc_ := lo["collectives"]):
+            assert type(rc["count_per_step"]) is type(lc["count_per_step"])
+        assert len(r["collectives"]) == len(lc_)
+
+
+def test_explain_errors_name_the_field(client: PlannerClient) -> None:
+    with pytest.raises(errors.InvalidInputError, match=r"plan\.order"):
+        client.explain("llama2-7b", CLUSTER, WORKLOAD, "dp=8,tp=1,pp=1,order=tp-tp-cp-ep-dp")

@@ -4,10 +4,10 @@
 >>> with PlannerClient("127.0.0.1:50051") as planner:  # doctest: +SKIP
 ...     result = planner.search("llama3-70b", Cluster("h100-sxm", 1024), Workload(1024, 8192))
 
-Methods take and return the same objects as :func:`meshplan.search` and
-:func:`meshplan.evaluate` (a :class:`~meshplan.SearchResult` that compares equal to the local
-one), and raise the same :mod:`meshplan.errors` classes: the server's status codes are mapped back
-through :data:`meshplan.wire.STATUS_CODES`. Any other failure (unreachable server, bad token,
+Methods take and return the same objects as :func:`meshplan.search`, :func:`meshplan.evaluate`
+and :func:`meshplan.explain` (a :class:`~meshplan.SearchResult` that compares equal to the local
+one), and raise the same :mod:`meshplan.errors` classes: the server's status codes are mapped
+back through :data:`meshplan.wire.STATUS_CODES`. Any other failure (unreachable server, bad token,
 a server bug) raises :class:`RemoteError` with the status code.
 """
 
@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2
 
 from . import wire
 from .errors import MeshplanError
+from .explain import Explanation
 from .hardware import Cluster
 from .model import Model
 from .plan import Plan
@@ -145,6 +146,26 @@ class PlannerClient:
         )
         response = self._call(self._stub.Evaluate, request, timeout_s)
         return wire.evaluation_from(response.evaluation)
+
+    def explain(
+        self,
+        model: Union[Model, str],
+        cluster: Cluster,
+        workload: Workload,
+        plan: Union[Plan, str],
+        *,
+        timeout_s: Optional[float] = None,
+    ) -> Explanation:
+        """:func:`meshplan.explain` on the server: the same :class:`~meshplan.explain.Explanation`
+        (its ``to_dict()`` equals the local one's)."""
+        request = pb.ExplainRequest(
+            model=wire.model_message(model),
+            cluster=wire.cluster_message(cluster),
+            workload=wire.workload_message(workload),
+            plan=wire.plan_message(plan),
+        )
+        response = self._call(self._stub.Explain, request, timeout_s)
+        return wire.explanation_from(response)
 
     def list_presets(self, *, timeout_s: Optional[float] = None) -> Presets:
         """The server's model and GPU presets."""

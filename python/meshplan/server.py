@@ -2,7 +2,8 @@
 
 Each method is a thin adapter: message → typed objects (:mod:`meshplan.wire`) → the same
 ``meshplan.search`` / ``evaluate`` a local caller uses → message. The core releases the GIL, so
-the ``workers`` threads of the server run searches in parallel.
+the ``workers`` threads of the server run searches in parallel. ``Explain`` answers with
+:func:`meshplan.explain`'s structure as real messages.
 
 - **Deadlines and cancellation.** A search gets the call's remaining time as its ``timeout_s``,
   and a :class:`~meshplan.CancelToken` that ``context.add_callback`` cancels when the call ends
@@ -39,6 +40,7 @@ from grpc_reflection.v1alpha import reflection
 from . import wire
 from ._core import CancelToken
 from .api import evaluate, search
+from .explain import explain
 from .v1 import planner_pb2 as pb
 from .v1 import planner_pb2_grpc as pb_grpc
 
@@ -88,7 +90,13 @@ class PlannerServicer(pb_grpc.PlannerServicer):
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
     ) -> pb.ExplainResponse:
-        raise NotImplementedError("TEMPORARY: Explain arrives with meshplan.explain")
+        x = explain(
+            wire.model_from(request.model),
+            wire.cluster_from(request.cluster),
+            wire.workload_from(request.workload),
+            wire.plan_from(request.plan),
+        )
+        return wire.explain_response(x)
 
     def ListPresets(
         self, request: pb.ListPresetsRequest, context: grpc.ServicerContext

@@ -28,6 +28,7 @@ from .errors import (
     MeshplanError,
     SpaceTooLargeError,
 )
+from .explain import Explanation
 from .hardware import Cluster, Gpu
 from .model import Mla, Model, Moe
 from .plan import Plan
@@ -405,6 +406,19 @@ def search_response(result: SearchResult) -> pb.SearchResponse:
     )
 
 
+def explain_response(x: Explanation) -> pb.ExplainResponse:
+    """An explanation as a message. The core's field names are the message's, so a key the
+    contract lacks fails loudly (ValueError, hence INTERNAL) rather than vanishing."""
+    data = x.to_dict()
+    return pb.ExplainResponse(
+        plan=plan_message(x.plan),
+        evaluation=evaluation_message(x.evaluation),
+        mesh=data["mesh"],
+        axes=data["axes"],
+        pipeline=data["pipeline"],
+    )
+
+
 def presets_response() -> pb.ListPresetsResponse:
     """Every model preset with its dimensions and every GPU preset in brief, sorted by name."""
     msg = pb.ListPresetsResponse(models=[dims_message(Model.preset(n)) for n in Model.presets()])
@@ -494,6 +508,38 @@ def stats_from(msg: pb.SearchStats) -> SearchStats:
 
 def search_result(msg: pb.SearchResponse) -> SearchResult:
     return SearchResult([evaluation_from(p) for p in msg.plans], stats_from(msg.stats))
+
+
+def _is_repeated(field: Any) -> bool:
+    flag = getattr(field, "is_repeated", None)  # protobuf >= 6.31; ``label`` is deprecated
+    if flag is None:
+        return bool(field.label == field.LABEL_REPEATED)
+    return bool(flag() if callable(flag) else flag)
+
+
+def plain(msg: Any) -> dict[str, Any]:
+    """A message of scalars, repeated scalars and nested messages as plain data, every field
+    present, in declaration order (the core's shape where the names are the core's)."""
+    out: dict[str, Any] = {}
+    for field in msg.DESCRIPTOR.fields:
+        value = getattr(msg, field.name)
+        if field.message_type is not None:
+            out[field.name] = [plain(v) for v in value] if _is_repeated(field) else plain(value)
+        else:
+            out[field.name] = list(value) if _is_repeated(field) else value
+    return out
+
+
+def explanation_from(msg: pb.ExplainResponse) -> Explanation:
+    evaluation = evaluation_from(msg.evaluation).to_dict()
+    evaluation.pop("rank", None)
+    return Explanation({
+        "plan": _plan_from_result(msg.plan).to_dict(),
+        "evaluation": evaluation,
+        "mesh": plain(msg.mesh),
+        "axes": [plain(a) for a in msg.axes],
+        "pipeline": plain(msg.pipeline),
+    })
 
 
 def remaining_s(time_remaining: Optional[float]) -> Optional[float]:

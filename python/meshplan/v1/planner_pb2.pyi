@@ -898,6 +898,7 @@ Global___SearchStats: _TypeAlias = SearchStats  # noqa: Y015
 @_typing.final
 class MeshAxis(_message.Message):
     """--- explain ------------------------------------------------------------------------------------
+    The shape of `meshplan.explain` (core `explain.rs`); field names are the core's.
 
     One axis of the rank mesh: its size and the rank distance between neighbours.
     """
@@ -927,7 +928,9 @@ Global___MeshAxis: _TypeAlias = MeshAxis  # noqa: Y015
 
 @_typing.final
 class MeshGroup(_message.Message):
-    """Where the communication groups of one axis land."""
+    """Where the communication groups of one axis (or of the dense / expert data-parallel groups,
+    "dense_dp" and "expert_dp") land.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -947,7 +950,7 @@ class MeshGroup(_message.Message):
     crosses_domain: _builtins.bool
     @_builtins.property
     def example_ranks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """The ranks of one example group."""
+        """The ranks of rank 0's group."""
 
     def __init__(
         self,
@@ -974,10 +977,13 @@ class Mesh(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ORDER_FIELD_NUMBER: _builtins.int
+    DOMAIN_SIZE_FIELD_NUMBER: _builtins.int
     AXES_FIELD_NUMBER: _builtins.int
     GROUPS_FIELD_NUMBER: _builtins.int
     order: _builtins.str
     """Rank order, innermost axis first, e.g. "tp-cp-ep-dp-pp"."""
+    domain_size: _builtins.int
+    """GPUs of this job per NVLink domain."""
     @_builtins.property
     def axes(self) -> _containers.RepeatedCompositeFieldContainer[Global___MeshAxis]: ...
     @_builtins.property
@@ -986,12 +992,13 @@ class Mesh(_message.Message):
         self,
         *,
         order: _builtins.str = ...,
+        domain_size: _builtins.int = ...,
         axes: _abc.Iterable[Global___MeshAxis] | None = ...,
         groups: _abc.Iterable[Global___MeshGroup] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "groups", b"groups", "order", b"order"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "domain_size", b"domain_size", "groups", b"groups", "order", b"order"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1014,8 +1021,8 @@ class Collective(_message.Message):
     op: _builtins.str
     """e.g. "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"."""
     when: _builtins.str
-    """When in the step it runs, e.g. "forward", "backward", "step"."""
-    count_per_step: _builtins.float
+    """When in the step it runs, e.g. "per layer per micro-batch, forward"."""
+    count_per_step: _builtins.int
     message_bytes: _builtins.float
     bytes_per_token_per_gpu: _builtins.float
     bytes_per_step_per_gpu: _builtins.float
@@ -1027,7 +1034,7 @@ class Collective(_message.Message):
         *,
         op: _builtins.str = ...,
         when: _builtins.str = ...,
-        count_per_step: _builtins.float = ...,
+        count_per_step: _builtins.int = ...,
         message_bytes: _builtins.float = ...,
         bytes_per_token_per_gpu: _builtins.float = ...,
         bytes_per_step_per_gpu: _builtins.float = ...,
@@ -1044,7 +1051,7 @@ Global___Collective: _TypeAlias = Collective  # noqa: Y015
 
 @_typing.final
 class AxisExplanation(_message.Message):
-    """What one parallel axis does in a plan."""
+    """What one parallel axis (dp, tp, pp, ep, cp, or zero) does in a plan."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -1061,8 +1068,10 @@ class AxisExplanation(_message.Message):
     NOTES_FIELD_NUMBER: _builtins.int
     axis: _builtins.str
     degree: _builtins.int
+    state_sharded: _builtins.str
+    """The state this axis shards, in a sentence."""
     fabric: _builtins.str
-    """The fabric that carries its traffic, e.g. "nvlink" or "network"."""
+    """The fabric that carries its traffic: "nvlink", "network" or "nvlink+network"."""
     group_size: _builtins.int
     members_per_domain: _builtins.int
     domains: _builtins.int
@@ -1070,10 +1079,6 @@ class AxisExplanation(_message.Message):
     """Communication time not hidden behind compute, seconds per step."""
     overlapped_s: _builtins.float
     """Communication time hidden behind compute, seconds per step."""
-    @_builtins.property
-    def state_sharded(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The state this axis shards (e.g. "weights", "optimizer states", "activations")."""
-
     @_builtins.property
     def collectives(self) -> _containers.RepeatedCompositeFieldContainer[Global___Collective]: ...
     @_builtins.property
@@ -1083,7 +1088,7 @@ class AxisExplanation(_message.Message):
         *,
         axis: _builtins.str = ...,
         degree: _builtins.int = ...,
-        state_sharded: _abc.Iterable[_builtins.str] | None = ...,
+        state_sharded: _builtins.str = ...,
         collectives: _abc.Iterable[Global___Collective] | None = ...,
         fabric: _builtins.str = ...,
         group_size: _builtins.int = ...,
@@ -1100,6 +1105,69 @@ class AxisExplanation(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AxisExplanation: _TypeAlias = AxisExplanation  # noqa: Y015
+
+@_typing.final
+class StageTime(_message.Message):
+    """Compute time of one pipeline stage for one micro-batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    LAYERS_FIELD_NUMBER: _builtins.int
+    FWD_S_FIELD_NUMBER: _builtins.int
+    BWD_S_FIELD_NUMBER: _builtins.int
+    WGRAD_S_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    layers: _builtins.int
+    fwd_s: _builtins.float
+    bwd_s: _builtins.float
+    wgrad_s: _builtins.float
+    """Weight-gradient part of the backward pass."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        layers: _builtins.int = ...,
+        fwd_s: _builtins.float = ...,
+        bwd_s: _builtins.float = ...,
+        wgrad_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bwd_s", b"bwd_s", "fwd_s", b"fwd_s", "index", b"index", "layers", b"layers", "wgrad_s", b"wgrad_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StageTime: _TypeAlias = StageTime  # noqa: Y015
+
+@_typing.final
+class PipelineTimes(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    VPP_FIELD_NUMBER: _builtins.int
+    MICRO_BATCHES_FIELD_NUMBER: _builtins.int
+    STAGES_FIELD_NUMBER: _builtins.int
+    schedule: _builtins.str
+    vpp: _builtins.int
+    micro_batches: _builtins.int
+    @_builtins.property
+    def stages(self) -> _containers.RepeatedCompositeFieldContainer[Global___StageTime]: ...
+    def __init__(
+        self,
+        *,
+        schedule: _builtins.str = ...,
+        vpp: _builtins.int = ...,
+        micro_batches: _builtins.int = ...,
+        stages: _abc.Iterable[Global___StageTime] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["micro_batches", b"micro_batches", "schedule", b"schedule", "stages", b"stages", "vpp", b"vpp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PipelineTimes: _TypeAlias = PipelineTimes  # noqa: Y015
 
 @_typing.final
 class SearchRequest(_message.Message):
@@ -1255,6 +1323,7 @@ class ExplainResponse(_message.Message):
     EVALUATION_FIELD_NUMBER: _builtins.int
     MESH_FIELD_NUMBER: _builtins.int
     AXES_FIELD_NUMBER: _builtins.int
+    PIPELINE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def plan(self) -> Global___Plan:
         """The plan as explained (defaults resolved)."""
@@ -1264,7 +1333,11 @@ class ExplainResponse(_message.Message):
     @_builtins.property
     def mesh(self) -> Global___Mesh: ...
     @_builtins.property
-    def axes(self) -> _containers.RepeatedCompositeFieldContainer[Global___AxisExplanation]: ...
+    def axes(self) -> _containers.RepeatedCompositeFieldContainer[Global___AxisExplanation]:
+        """One entry per axis the plan uses."""
+
+    @_builtins.property
+    def pipeline(self) -> Global___PipelineTimes: ...
     def __init__(
         self,
         *,
@@ -1272,10 +1345,11 @@ class ExplainResponse(_message.Message):
         evaluation: Global___Evaluation | None = ...,
         mesh: Global___Mesh | None = ...,
         axes: _abc.Iterable[Global___AxisExplanation] | None = ...,
+        pipeline: Global___PipelineTimes | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation", "mesh", b"mesh", "plan", b"plan"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation", "mesh", b"mesh", "pipeline", b"pipeline", "plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "evaluation", b"evaluation", "mesh", b"mesh", "plan", b"plan"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "evaluation", b"evaluation", "mesh", b"mesh", "pipeline", b"pipeline", "plan", b"plan"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
