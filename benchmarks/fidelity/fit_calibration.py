@@ -81,21 +81,24 @@ def main() -> None:
     ap.add_argument("--attention", type=_floats, default=[0.30])
     ap.add_argument("--overhead", type=_floats, default=[300.0])
     ap.add_argument("--tp-overlap", type=_floats, default=[0.7])
+    ap.add_argument("--dp-overlap", type=_floats, default=[0.9])
     args = ap.parse_args()
     best: tuple[float, dict[str, Any], mp.ValidationReport] | None = None
-    for e, a, o, t in itertools.product(args.elementwise, args.attention, args.overhead, args.tp_overlap):
+    grid = itertools.product(args.elementwise, args.attention, args.overhead, args.tp_overlap, args.dp_overlap)
+    for e, a, o, t, d in grid:
         shared = {
             "elementwise_bytes_per_hidden": e,
             "attention_efficiency": a,
             "layer_overhead_us": o,
             "tp_overlap": t,
+            "dp_overlap": d,
         }
         overrides = fit_gemm(args.cases, shared)
         report = mp.validate(args.cases, search=True, calibration=overrides)
         s = report.summary
         score = s["throughput"]["median_ape"] + s["throughput"]["p90_ape"] / 4 + s["regret"]["median"]
         print(
-            f"elementwise={e} attention={a} overhead_us={o} tp_overlap={t}: "
+            f"elementwise={e} attention={a} overhead_us={o} tp_overlap={t} dp_overlap={d}: "
             f"median {s['throughput']['median_ape']:.4f} p90 {s['throughput']['p90_ape']:.4f} "
             f"regret {s['regret']['median']:.4f} recall {s['feasible_recall']:.3f}",
             flush=True,

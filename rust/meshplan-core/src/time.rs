@@ -15,6 +15,9 @@ use crate::report::TimeBreakdown;
 use crate::stages::Stage;
 use crate::Problem;
 
+/// Parameters per data-parallel gradient bucket: Megatron's DDP default
+/// (`bucket_size = max(40_000_000, 1_000_000 · dp)`, megatron/core/distributed), the lower bound.
+const DP_BUCKET_PARAMS: f64 = 40e6;
 /// Bytes per activation element on the wire (bf16).
 const WIRE_BYTES: f64 = 2.0;
 /// Bytes moved per element cast from 16 bits to 8 (read 2, write 1).
@@ -423,10 +426,15 @@ impl<'a> TimeContext<'a> {
             (params.dense, self.groups.dense_dp),
             (params.expert, self.groups.expert_dp),
         ];
+        // Gradient buckets of at most BUCKET_PARAMS parameters, each its own collective (so
+        // each pays the latency); the bandwidth term is that of the whole buffer.
         let coll = |kind, per_param: f64| -> f64 {
             groups
                 .iter()
-                .map(|(p, g)| f.collective_s(kind, p * per_param, *g))
+                .map(|(p, g)| {
+                    let buckets = (p / DP_BUCKET_PARAMS).ceil().max(1.0);
+                    buckets * f.collective_s(kind, p / buckets * per_param, *g)
+                })
                 .sum()
         };
         let (t_f, t_b) = (st.fwd.total(), st.bwd.total());
@@ -444,8 +452,9 @@ impl<'a> TimeContext<'a> {
             _ => {
                 // One FSDP unit per layer: every unit is gathered in forward and again in
                 // backward and its gradient reduce-scattered, each a collective of its own (so
-                // the latency is paid per unit). Prefetching hides them behind the micro-batch's
-                // compute; the first gather and the last reduce-scatter are exposed (§3.6).
+                // the latency is paid per unit). The gather of unit i+1 is prefetched behind
+                // unit i's compute: per unit and pass, what the compute does not cover is
+                // exposed; the first gather and the last reduce-scatter always are (§3.6).
                 let units = stage.layers().max(1) as f64;
                 let unit = |kind, per_param: f64| -> f64 {
                     groups
@@ -455,7 +464,9 @@ impl<'a> TimeContext<'a> {
                 };
                 let ag = unit(Collective::AllGather, wb);
                 let rs = unit(Collective::ReduceScatter, gb);
-                m * hide(units * (2.0 * ag + rs), t_f + t_b) + ag + rs
+                let per_micro_batch =
+                    units * (hide(ag, t_f / units) + hide(ag + rs, t_b / units));
+                m * per_micro_batch + ag + rs
             }
         }
     }
