@@ -480,7 +480,7 @@ impl<'a> Ctx<'a> {
         .into_iter()
         .filter(|(_, p, g)| *p > 0.0 && g.size > 1)
         .map(|(label, p, g)| {
-            let when = format!("{when} ({label}, {} ranks)", g.size);
+            let when = format!("{when}, {label} over {} ranks", g.size);
             self.collective(kind, when, count, p / units as f64 * bytes_per_param, g)
         })
         .collect()
