@@ -503,7 +503,7 @@ def evaluation_block(ev: Evaluation) -> str:
     """One evaluated plan: feasibility with reasons, throughput, and both breakdowns."""
     p = ev.plan
     lines = [
-        f"plan        {p}",
+        f"plan        {p}  (rank order {p.order})",
         f"feasible    {'yes' if ev.feasible else 'NO'}",
     ]
     lines += [f"  - {r.rule}: {r.message}" for r in ev.reasons]
