@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Load test of ``meshplan serve``: N concurrent clients for T seconds, on loopback only.
+
+    python benchmarks/grpc_load.py                          # 1, 4 and 16 clients, 60 s each
+    python benchmarks/grpc_load.py --clients 16 --duration-s 60 --query full
+    python benchmarks/grpc_load.py --query constrained --clients 1,4,16 --duration-s 30
+
+It starts its own server (``python -m meshplan.cli serve --port 0``, a separate process, so that
+the clients' Python does not share the server's GIL) on 127.0.0.1, runs every client count
+against it, stops it with SIGTERM, and prints per run: requests/s, p50/p99/max latency, errors
+by status code, and where the time went:
+
+- ``core``: the search's own time in the Rust core (``stats.elapsed_s`` of each response);
+- ``convert``: Python around the core (dicts → objects → protobuf → bytes on the server, bytes →
+  objects on the client), measured once per query without concurrency;
+- ``wait``: the rest of the latency, i.e. time in the server's queue plus transport.
+
+Under concurrency the core's time stretches too: N searches share the machine's cores.
+
+Bounded by construction: at most 64 clients, 600 s per run and ``--max-requests`` in all; the
+only address it ever talks to is the loopback server it started.
+
+The query is the 1,024-GPU llama3-70b search of the README (h100-sxm, global batch 1024,
+sequence 8192): ``full`` leaves every knob open (the default space, ~1.2 M candidates);
+``constrained`` is what a scheduler that already knows its framework asks (tp=8, ZeRO-1, selective
+recompute, sequence parallel on, interleaved 1F1B; ~2 k candidates).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import grpc
+
+import meshplan as mp
+from meshplan import wire
+from meshplan.v1 import planner_pb2 as pb
+from meshplan.v1 import planner_pb2_grpc as pb_grpc
+
+MAX_CLIENTS = 64
+MAX_DURATION_S = 600.0
+
+QUERIES = {
+    "full": mp.SearchSpace(),
+    "constrained": mp.SearchSpace(
+        tp=8, zero=[1], recompute=["selective"], sequence_parallel=[True],
+        schedules=["interleaved-1f1b"],
+    ),
+}
+
+
+def request_for(query: str) -> pb.SearchRequest:
+    return pb.SearchRequest(
+        model=wire.model_message("llama3-70b"),
+        cluster=wire.cluster_message(mp.Cluster("h100-sxm", 1024)),
+        workload=wire.workload_message(mp.Workload(global_batch=1024, seq_len=8192)),
+        space=wire.space_message(QUERIES[query]),
+    )
+
+
+@dataclass
+class Run:
+    clients: int
+    duration_s: float
+    requests: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    latencies_s: list[float] = field(default_factory=list)
+    core_s: list[float] = field(default_factory=list)
+
+    def summary(self, convert_s: float) -> dict[str, Any]:
+        lat = sorted(self.latencies_s)
+
+        def pct(p: float) -> float:
+            return lat[min(len(lat) - 1, int(p * len(lat)))] if lat else float("nan")
+
+        mean_lat = statistics.fmean(lat) if lat else float("nan")
+        mean_core = statistics.fmean(self.core_s) if self.core_s else float("nan")
+        return {
+            "clients": self.clients,
+            "duration_s": round(self.duration_s, 1),
+            "requests": self.requests,
+            "ok": len(lat),
+            "errors": dict(self.errors),
+            "requests_per_s": round(len(lat) / self.duration_s, 3),
+            "p50_ms": round(1e3 * pct(0.50), 1),
+            "p99_ms": round(1e3 * pct(0.99), 1),
+            "max_ms": round(1e3 * lat[-1], 1) if lat else float("nan"),
+            "mean_ms": round(1e3 * mean_lat, 1),
+            "mean_core_ms": round(1e3 * mean_core, 1),
+            "convert_ms": round(1e3 * convert_s, 2),
+            "mean_wait_ms": round(1e3 * (mean_lat - mean_core - convert_s), 1),
+        }
+
+
+def start_server(workers: Optional[int], threads: Optional[int]) -> tuple[subprocess.Popen[str], str]:
+    cmd = [sys.executable, "-m", "meshplan.cli", "serve", "--host", "127.0.0.1", "--port", "0",
+           "--grace-s", "5"]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
+    if threads is not None:
+        cmd += ["--threads", str(threads)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stderr is not None
+    line = proc.stderr.readline()
+    match = re.search(r" on (127\.0\.0\.1:\d+) ", line)
+    if match is None:
+        proc.kill()
+        raise SystemExit(f"grpc_load: the server did not start: {line!r}")
+    return proc, match.group(1)
+
+
+def run(address: str, request: pb.SearchRequest, clients: int, duration_s: float,
+        max_requests: int, timeout_s: float) -> Run:
+    result = Run(clients, duration_s)
+    lock = threading.Lock()
+    started = time.monotonic()
+    stop_at = started + duration_s
+    issued = 0
+
+    def client() -> None:
+        nonlocal issued
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.PlannerStub(channel)
+            while True:
+                with lock:
+                    if time.monotonic() >= stop_at or issued >= max_requests:
+                        return
+                    issued += 1
+                began = time.monotonic()
+                try:
+                    reply = stub.Search(request, timeout=timeout_s)
+                    took = time.monotonic() - began
+                    with lock:
+                        result.requests += 1
+                        result.latencies_s.append(took)
+                        result.core_s.append(reply.stats.elapsed_s)
+                except grpc.RpcError as e:
+                    code = e.code().name if isinstance(e, grpc.Call) else "UNKNOWN"
+                    with lock:
+                        result.requests += 1
+                        result.errors[code] = result.errors.get(code, 0) + 1
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Requests in flight at the deadline finish; throughput counts the whole span.
+    result.duration_s = time.monotonic() - started
+    return result
+
+
+def conversion_s(query: str, repeats: int = 5) -> tuple[float, float]:
+    """(Python conversion around one search, core time of it), measured in this process."""
+    request = request_for(query)
+    convert, core = [], []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        res = mp.search(wire.model_from(request.model), wire.cluster_from(request.cluster),
+                        wire.workload_from(request.workload), wire.space_from(request.space))
+        data = wire.search_response(res).SerializeToString()
+        wire.search_result(pb.SearchResponse.FromString(data))
+        total = time.perf_counter() - began
+        convert.append(total - res.stats.elapsed_s)
+        core.append(res.stats.elapsed_s)
+    return statistics.median(convert), statistics.median(core)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="1,4,16", help="comma-separated client counts")
+    parser.add_argument("--duration-s", type=float, default=60.0, help="seconds per run")
+    parser.add_argument("--query", choices=sorted(QUERIES), default="full")
+    parser.add_argument("--workers", type=int, help="server workers (default: the server's)")
+    parser.add_argument("--threads", type=int, help="core threads per search (default: all)")
+    parser.add_argument("--max-requests", type=int, default=100_000, help="cap per run")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="each call's deadline")
+    parser.add_argument("--json", action="store_true", help="print JSON lines")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.clients.split(",") if c.strip()]
+    if not counts or any(not 1 <= c <= MAX_CLIENTS for c in counts):
+        raise SystemExit(f"grpc_load: client counts must be 1..{MAX_CLIENTS}")
+    if not 0 < args.duration_s <= MAX_DURATION_S:
+        raise SystemExit(f"grpc_load: --duration-s must be in (0, {MAX_DURATION_S:g}]")
+
+    convert, core_alone = conversion_s(args.query)
+    proc, address = start_server(args.workers, args.threads)
+    header = (f"query={args.query}  server={address} workers={args.workers or 'default'} "
+              f"threads={args.threads or 'all'}  cores={os.cpu_count()}  "
+              f"one search alone: core {1e3 * core_alone:.1f} ms + convert {1e3 * convert:.2f} ms")
+    try:
+        request = request_for(args.query)
+        stub = pb_grpc.PlannerStub(grpc.insecure_channel(address))
+        stub.Search(request, timeout=args.timeout_s)  # warm-up
+        if not args.json:
+            print(header)
+            print(f"{'clients':>7} {'req':>6} {'err':>4} {'req/s':>8} {'p50 ms':>9} {'p99 ms':>9} "
+                  f"{'max ms':>9} {'core ms':>9} {'wait ms':>9}")
+        for clients in counts:
+            r = run(address, request, clients, args.duration_s, args.max_requests, args.timeout_s)
+            s = r.summary(convert)
+            if args.json:
+                print(json.dumps({"query": args.query, "cores": os.cpu_count(), **s}))
+            else:
+                errors = sum(s["errors"].values())
+                print(f"{clients:>7} {s['requests']:>6} {errors:>4} {s['requests_per_s']:>8.2f} "
+                      f"{s['p50_ms']:>9.1f} {s['p99_ms']:>9.1f} {s['max_ms']:>9.1f} "
+                      f"{s['mean_core_ms']:>9.1f} {s['mean_wait_ms']:>9.1f}"
+                      + (f"  errors: {s['errors']}" if errors else ""))
+            sys.stdout.flush()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+if __name__ == "__main__":
+    main()
