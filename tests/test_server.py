@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -220,6 +221,14 @@ def test_server_limits_on_absurd_knob_bounds(client: PlannerClient) -> None:
         client.search(llama2_7b(), CLUSTER, WORKLOAD, mp.SearchSpace(max_vpp=2**31))
     with pytest.raises(errors.InvalidInputError, match=r"space\.top_k: 100000"):
         client.search(llama2_7b(), CLUSTER, WORKLOAD, mp.SearchSpace(top_k=100_000))
+    huge_domain = mp.Cluster("a100-sxm-40g", 8, nvlink_domain=2**31)
+    with pytest.raises(errors.InvalidInputError, match=r"cluster\.nvlink_domain: 2147483648"):
+        client.evaluate(llama2_7b(), huge_domain, WORKLOAD, FSDP)
+    # At the limits the answers are the local ones.
+    at_limit = mp.SearchSpace(max_vpp=4096, max_micro_batch=4096, top_k=1000)
+    big_domain = mp.Cluster("a100-sxm-40g", 8, gpus_per_node=65536, nvlink_domain=65536)
+    assert same_result(client.search(llama2_7b(), big_domain, WORKLOAD, at_limit),
+                       mp.search(llama2_7b(), big_domain, WORKLOAD, at_limit))
 
 
 def test_space_beyond_the_cap_is_resource_exhausted() -> None:
@@ -376,6 +385,16 @@ def test_token_auth() -> None:
         with PlannerClient(secured.address, token="s3cret") as c:
             assert c.evaluate(llama2_7b(), CLUSTER, WORKLOAD, FSDP).feasible
             assert c.list_presets().models
+        # Reflection (a bidirectional stream) is behind the token too.
+        reflect = reflection_pb2_grpc.ServerReflectionStub(grpc.insecure_channel(secured.address))
+        ask = reflection_pb2.ServerReflectionRequest(list_services="")
+        with pytest.raises(grpc.RpcError) as denied:
+            list(reflect.ServerReflectionInfo(iter([ask]), timeout=10))
+        assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED  # type: ignore[attr-defined]
+        replies = list(reflect.ServerReflectionInfo(
+            iter([ask]), timeout=10, metadata=(("authorization", "Bearer s3cret"),)))
+        names = {s.name for s in replies[0].list_services_response.service}
+        assert "meshplan.v1.Planner" in names
     finally:
         secured.stop(0).wait()
 

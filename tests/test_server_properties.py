@@ -2,7 +2,8 @@
 INVALID_ARGUMENT (with a message) or RESOURCE_EXHAUSTED, promptly, and the server stays healthy.
 
 Clusters stay small (at most 64 GPUs) and the server caps spaces at 20,000 candidates, so every
-example is quick; the integers still reach the overflow edges (0, negative, 2^32, 2^63 - 1).
+example is quick; the integers still reach the edges (0, negative, 2^31, 2^32, 2^63 - 1) and the
+server's own limits (4096 for vpp and micro-batch bounds, 65536 for node and domain sizes).
 """
 
 from __future__ import annotations
@@ -25,10 +26,7 @@ from meshplan.v1 import planner_pb2 as pb
 HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf"
 ALLOWED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
            grpc.StatusCode.RESOURCE_EXHAUSTED}
-EDGES = [0, -1, 2**32, 2**63 - 1, -(2**63)]
-# In-range values as large as 2^31 are left out of the cluster's per-node and per-domain counts:
-# the core's layout looks for a divisor by counting down from the domain size (linear in it), so
-# such a value costs seconds per plan (reported to the core's owner). Everything else goes.
+EDGES = [0, -1, 2**31, 2**32, 2**63 - 1, -(2**63)]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +100,7 @@ def models(draw: st.DrawFn) -> pb.Model:
 
 
 def clusters() -> st.SearchStrategy[pb.Cluster]:
-    per = maybe(st.one_of(st.integers(-2, 80), st.sampled_from([0, -1, 2**32, -(2**63)])))
+    per = maybe(st.one_of(st.integers(-2, 80), st.sampled_from(EDGES + [65536, 65537])))
     return st.builds(
         pb.Cluster,
         gpu=words(*mp.Gpu.presets()),
@@ -123,7 +121,7 @@ def workloads() -> st.SearchStrategy[pb.Workload]:
 
 
 def degrees() -> st.SearchStrategy[Optional[pb.DegreeConstraint]]:
-    bound = maybe(st.one_of(st.integers(-2, 70), st.sampled_from(EDGES + [2**31, 5000])))
+    bound = maybe(st.one_of(st.integers(-2, 70), st.sampled_from(EDGES + [4096, 4097])))
     return maybe(st.builds(pb.DegreeConstraint, fixed=bound, min=bound, max=bound))
 
 

@@ -274,8 +274,21 @@ def _opt(msg: Any, name: str) -> Any:
     return getattr(msg, name) if msg.HasField(name) else None
 
 
+SERVER_MAX_DOMAIN = 65536
+"""The largest ``gpus_per_node`` and ``nvlink_domain`` a request may give. The core's layout
+looks for the largest divisor of the GPU count below the domain size by counting down from it,
+so a domain of 2^31 costs seconds per plan (and ``Evaluate`` has no deadline to stop it); real
+domains are at most a few hundred GPUs."""
+
+
 def cluster_from(msg: pb.Cluster) -> Cluster:
     """The cluster of a request; its GPU is looked up in the presets."""
+    for name in ("gpus_per_node", "nvlink_domain"):
+        if msg.HasField(name) and getattr(msg, name) > SERVER_MAX_DOMAIN:
+            raise InvalidInputError(
+                f"invalid cluster.{name}: {getattr(msg, name)} "
+                f"(allowed: at most {SERVER_MAX_DOMAIN} on a meshplan server)"
+            )
     return Cluster(
         Gpu.preset(msg.gpu),
         msg.num_gpus,

@@ -242,9 +242,9 @@ class Cluster(_message.Message):
     """A GPU preset name (see ListPresets), e.g. "h100-sxm"."""
     num_gpus: _builtins.int
     gpus_per_node: _builtins.int
-    """Unset: the GPU preset's."""
+    """Unset: the GPU preset's. A server allows at most 65536."""
     nvlink_domain: _builtins.int
-    """GPUs per NVLink domain; unset: the GPU preset's."""
+    """GPUs per NVLink domain; unset: the GPU preset's. A server allows at most 65536."""
     def __init__(
         self,
         *,
