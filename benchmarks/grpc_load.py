@@ -103,7 +103,9 @@ class Run:
         }
 
 
-def start_server(workers: Optional[int], threads: Optional[int]) -> tuple[subprocess.Popen[str], str]:
+def start_server(
+    workers: Optional[int], threads: Optional[int]
+) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "meshplan.cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--grace-s", "5"]
     if workers is not None:

@@ -48,7 +48,9 @@ def generate(out: Path) -> list[Path]:
         import grpc_tools
         from grpc_tools import protoc
     except ImportError:
-        raise SystemExit("gen_proto: grpcio-tools is not installed (pip install '.[test]')") from None
+        raise SystemExit(
+            "gen_proto: grpcio-tools is not installed (pip install '.[test]')"
+        ) from None
     out.mkdir(parents=True, exist_ok=True)
     well_known = Path(grpc_tools.__file__).parent / "_proto"
     args = [

@@ -64,7 +64,8 @@ class PlannerServicer(pb_grpc.PlannerServicer):
 
     def Search(self, request: pb.SearchRequest, context: grpc.ServicerContext) -> pb.SearchResponse:
         cancel = CancelToken()
-        context.add_callback(cancel.cancel)
+        if not context.add_callback(cancel.cancel):
+            cancel.cancel()  # the call ended before the search could start
         result = search(
             wire.model_from(request.model),
             wire.cluster_from(request.cluster),
@@ -271,6 +272,10 @@ class PlannerServer:
 def serve(config: ServerConfig, out: TextIO = sys.stderr) -> int:
     """Runs the server until SIGTERM or SIGINT, then shuts down gracefully (a second signal
     cuts the grace period short). Prints ``meshplan: serving ... on HOST:PORT`` once listening."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="meshplan: %(levelname)s %(name)s: %(message)s"
+        )
     server = PlannerServer(config)
     stopping = threading.Event()
 
