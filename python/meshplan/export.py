@@ -317,6 +317,11 @@ def torchtitan(plan: Plan, model: Optional[Model] = None, workload: Optional[Wor
             f"# experts are tensor-parallel over tp = {plan.tp} in this plan "
             "(expert_tensor_parallel_degree in the legacy config)"
         )
+    if plan.cp > 1 and plan.zero == 0:
+        lines.append(
+            "# note: torchtitan shards the weights over the CP ranks (FSDP) whenever cp > 1, "
+            "where this plan replicates them"
+        )
     lines += [
         "from torchtitan.config.parallelism import ParallelismConfig",
         "",

@@ -353,7 +353,7 @@ def mesh_figure(
     shown = min(n, max(domain, max_ranks // domain * domain))
     ids = group_ids(info, axis, shown)
     rows = -(-shown // cols)
-    fig = _figure(min(14.0, 1.0 + 0.7 * cols), min(16.0, 1.6 + 0.45 * rows))
+    fig = _figure(min(14.0, max(7.5, 1.0 + 0.7 * cols)), min(16.0, 1.6 + 0.45 * rows))
     ax = fig.add_subplot()
     palette = [colormaps[name](i) for name in ("tab20", "tab20b", "tab20c") for i in range(20)]
     for r in range(shown):
