@@ -199,45 +199,29 @@ pub struct MemoryContext {
     pub micro_batches: u32,
 }
 
-/// Peak memory of `stage`, GiB, by component.
-pub fn stage_memory(
-    problem: &Problem,
-    plan: &Plan,
-    groups: &Groups,
-    stage: &Stage,
-    ctx: MemoryContext,
-) -> MemoryBreakdown {
-    let model = &problem.model;
-    let cal = &problem.cluster.gpu.calibration;
+/// Model-state GiB of one GPU of a stage holding `params` at ZeRO stage `zero`: (weights,
+/// gradients, optimizer), dense and expert parts together (§2.2–2.3).
+pub fn state_gib(problem: &Problem, zero: u8, groups: &Groups, params: &StageParams) -> [f64; 3] {
     let grad_bytes = problem.workload.grad_bytes as f64;
     let opt_bytes = problem.workload.optimizer.state_bytes_per_param();
-    let t = plan.tp as f64;
-    let sp_div = if plan.sequence_parallel { t } else { 1.0 };
-    let tokens = ctx.tokens;
-
-    let params = stage_params(model, plan, stage);
     let (wd, gd, od) = state_bytes(
         params.dense,
         groups.dense_dp.size,
-        plan.zero,
+        zero,
         grad_bytes,
         opt_bytes,
     );
     let (we, ge, oe) = state_bytes(
         params.expert,
         groups.expert_dp.size,
-        plan.zero,
+        zero,
         grad_bytes,
         opt_bytes,
     );
     // LoRA: frozen 16-bit base weights only (sharded under ZeRO-3), no gradients or optimizer.
     let ((wd, gd, od), (we, ge, oe)) = if problem.workload.lora {
         let frozen = |p: f64, group: u32| {
-            let d = if plan.zero >= 3 {
-                group.max(1) as f64
-            } else {
-                1.0
-            };
+            let d = if zero >= 3 { group.max(1) as f64 } else { 1.0 };
             (WEIGHT_BYTES * p / d, 0.0, 0.0)
         };
         (
@@ -247,10 +231,34 @@ pub fn stage_memory(
     } else {
         ((wd, gd, od), (we, ge, oe))
     };
+    [(wd + we) / GIB, (gd + ge) / GIB, (od + oe) / GIB]
+}
 
+/// Stored activation bytes per token of a dense and of an MoE layer of `plan` (no recompute;
+/// depends on the degrees and sequence parallelism only).
+pub fn layer_activations(problem: &Problem, plan: &Plan) -> (f64, f64) {
+    let model = &problem.model;
     let li = linear_input_bytes(problem.workload.precision);
-    let dense_layer = layer_activation_bytes_per_token(model, plan, false, 1.0, li);
-    let moe_layer = layer_activation_bytes_per_token(model, plan, true, cal.moe_imbalance, li);
+    let imbalance = problem.cluster.gpu.calibration.moe_imbalance;
+    (
+        layer_activation_bytes_per_token(model, plan, false, 1.0, li),
+        layer_activation_bytes_per_token(model, plan, true, imbalance, li),
+    )
+}
+
+/// Bytes one in-flight micro-batch keeps on `stage`: the layers' stored activations under
+/// `plan`'s recompute plus, on the last rank, the LM-head input and fp32 softmax. `layers` is
+/// [`layer_activations`] of the plan.
+pub fn stored_bytes_per_micro_batch(
+    problem: &Problem,
+    plan: &Plan,
+    stage: &Stage,
+    tokens: f64,
+    (dense_layer, moe_layer): (f64, f64),
+) -> f64 {
+    let model = &problem.model;
+    let t = plan.tp as f64;
+    let sp_div = if plan.sequence_parallel { t } else { 1.0 };
     let full_layers = stage.dense_layers as f64 * dense_layer + stage.moe_layers as f64 * moe_layer;
     let stored_per_mb = match plan.recompute {
         // Only each layer's input is kept (sequence-sharded with SP, §9 item 5).
@@ -273,9 +281,21 @@ pub fn stage_memory(
     } else {
         0.0
     };
-    let flight = in_flight(plan, ctx.micro_batches, stage.index);
-    let activations = flight * (stored_per_mb + head_per_mb);
+    stored_per_mb + head_per_mb
+}
 
+/// Short-lived bytes on `stage` (before fragmentation): logits and their gradient on the last
+/// rank, one layer rebuilt under full recompute, gathered ZeRO-3 units (§2.4.4, §2.6).
+pub fn transient_bytes(
+    problem: &Problem,
+    plan: &Plan,
+    stage: &Stage,
+    tokens: f64,
+    params: &StageParams,
+    (dense_layer, moe_layer): (f64, f64),
+) -> f64 {
+    let model = &problem.model;
+    let vocab_local = model.vocab as f64 / plan.tp as f64;
     let mut transient = 0.0;
     if stage.last {
         // bf16 logits and their gradient during the loss backward (§2.4.4).
@@ -287,18 +307,50 @@ pub fn stage_memory(
     }
     if plan.zero >= 3 {
         // Current and prefetched gathered bf16 units plus one unsharded gradient (§2.6).
+        let grad_bytes = problem.workload.grad_bytes as f64;
         transient += params.largest_layer * (2.0 * WEIGHT_BYTES + grad_bytes);
     }
-    let fragmentation = cal.fragmentation * (activations + transient);
+    transient
+}
 
+/// The breakdown of a stage from its parts: model states ([`state_gib`]), `flight` in-flight
+/// micro-batches of `stored_per_mb` bytes ([`stored_bytes_per_micro_batch`]) and `transient`
+/// bytes ([`transient_bytes`]); fragmentation and fixed memory are added here (§2.6).
+pub fn assemble(
+    problem: &Problem,
+    [weights, gradients, optimizer]: [f64; 3],
+    flight: f64,
+    stored_per_mb: f64,
+    transient: f64,
+) -> MemoryBreakdown {
+    let cal = &problem.cluster.gpu.calibration;
+    let activations = flight * stored_per_mb;
+    let fragmentation = cal.fragmentation * (activations + transient);
     MemoryBreakdown {
-        weights: (wd + we) / GIB,
-        gradients: (gd + ge) / GIB,
-        optimizer: (od + oe) / GIB,
+        weights,
+        gradients,
+        optimizer,
         activations: activations / GIB,
         transient: (transient + fragmentation) / GIB,
         fixed: cal.fixed_memory_gib,
     }
+}
+
+/// Peak memory of `stage`, GiB, by component.
+pub fn stage_memory(
+    problem: &Problem,
+    plan: &Plan,
+    groups: &Groups,
+    stage: &Stage,
+    ctx: MemoryContext,
+) -> MemoryBreakdown {
+    let params = stage_params(&problem.model, plan, stage);
+    let states = state_gib(problem, plan.zero, groups, &params);
+    let layers = layer_activations(problem, plan);
+    let stored = stored_bytes_per_micro_batch(problem, plan, stage, ctx.tokens, layers);
+    let transient = transient_bytes(problem, plan, stage, ctx.tokens, &params, layers);
+    let flight = in_flight(plan, ctx.micro_batches, stage.index);
+    assemble(problem, states, flight, stored, transient)
 }
 
 #[cfg(test)]

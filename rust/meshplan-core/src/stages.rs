@@ -69,8 +69,15 @@ pub fn stages(model: &Model, pp: u32) -> Vec<Stage> {
 /// 1F1B and ZB-H1 `min(p − j, m)`; interleaved 1F1B counts warm-up chunks,
 /// `2(p − j − 1) + (v − 1)·p + 1` chunks of `1/v` of the rank's layers, capped at `m·v`.
 pub fn in_flight(plan: &Plan, micro_batches: u32, stage: u32) -> f64 {
-    let (p, j, m, v) = (plan.pp, stage, micro_batches, plan.vpp);
-    match plan.schedule() {
+    in_flight_of(plan.schedule(), plan.pp, plan.vpp, micro_batches, stage)
+}
+
+/// [`in_flight`] for `schedule` on `pp` ranks of `vpp` chunks. Never increases with the stage
+/// index, and interleaving (`vpp ≥ 2`) never holds less than 1F1B on any rank (the search's
+/// memory bounds rely on both).
+pub fn in_flight_of(schedule: Schedule, pp: u32, vpp: u32, micro_batches: u32, stage: u32) -> f64 {
+    let (p, j, m, v) = (pp, stage, micro_batches, vpp);
+    match schedule {
         Schedule::OneFOneB | Schedule::ZeroBubbleH1 => (p - j).min(m) as f64,
         Schedule::Interleaved => {
             let chunks = 2 * (p - j - 1) + (v - 1) * p + 1;

@@ -8,7 +8,7 @@ use crate::comm::{Collective, Fabric};
 use crate::gemm::{linear_s, GemmDevice};
 use crate::hardware::Precision;
 use crate::layout::Groups;
-use crate::memory::stage_params;
+use crate::memory::{stage_params, StageParams};
 use crate::model::{Activation, Model};
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::TimeBreakdown;
@@ -410,18 +410,15 @@ impl<'a> TimeContext<'a> {
         out
     }
 
-    /// Exposed DP/ZeRO communication of `stage` per step (§3.6), given its per-micro-batch time.
-    fn dp_exposed(&self, stage: &Stage, st: &LayerTime, micro_batches: u32) -> f64 {
+    /// The DP/ZeRO collectives of a stage holding `params` (`layers` layers) at ZeRO stage
+    /// `zero`, per step and before any overlap (§3.6).
+    pub fn dp_comm(&self, zero: u8, params: &StageParams, layers: u32) -> DpComm {
         if self.problem.workload.lora {
-            return 0.0; // only the (negligible) adapters are reduced
+            return DpComm::None; // only the (negligible) adapters are reduced
         }
-        let plan = self.plan;
-        let cal = &self.problem.cluster.gpu.calibration;
-        let params = stage_params(self.model(), plan, stage);
         let gb = self.problem.workload.grad_bytes as f64;
         let wb = WIRE_BYTES;
         let f = &self.fabric;
-        let m = micro_batches as f64;
         let groups = [
             (params.dense, self.groups.dense_dp),
             (params.expert, self.groups.expert_dp),
@@ -437,48 +434,81 @@ impl<'a> TimeContext<'a> {
                 })
                 .sum()
         };
-        let (t_f, t_b) = (st.fwd.total(), st.bwd.total());
-        let hide = |comm: f64, window: f64| (comm - cal.dp_overlap * window).max(0.0);
-        match plan.zero {
-            0 => hide(coll(Collective::AllReduce, gb), t_b),
-            1 => {
-                hide(coll(Collective::ReduceScatter, gb), t_b)
-                    + hide(coll(Collective::AllGather, wb), t_f)
-            }
-            2 => {
-                m * hide(coll(Collective::ReduceScatter, gb), t_b)
-                    + hide(coll(Collective::AllGather, wb), t_f)
-            }
+        match zero {
+            0 => DpComm::AllReduce(coll(Collective::AllReduce, gb)),
+            1 | 2 => DpComm::Sharded {
+                per_micro_batch: zero == 2,
+                reduce_scatter: coll(Collective::ReduceScatter, gb),
+                all_gather: coll(Collective::AllGather, wb),
+            },
             _ => {
-                // One FSDP unit per layer: every unit is gathered in forward and again in
-                // backward and its gradient reduce-scattered, each a collective of its own (so
-                // the latency is paid per unit). The gather of unit i+1 is prefetched behind
-                // unit i's compute: per unit and pass, what the compute does not cover is
-                // exposed; the first gather and the last reduce-scatter always are (§3.6).
-                let units = stage.layers().max(1) as f64;
+                // One FSDP unit per layer, each unit's gather and reduce-scatter a collective of
+                // its own (so the latency is paid per unit).
+                let units = layers.max(1) as f64;
                 let unit = |kind, per_param: f64| -> f64 {
                     groups
                         .iter()
                         .map(|(p, g)| f.collective_s(kind, p / units * per_param, *g))
                         .sum()
                 };
-                let ag = unit(Collective::AllGather, wb);
-                let rs = unit(Collective::ReduceScatter, gb);
-                let per_micro_batch =
-                    units * (hide(ag, t_f / units) + hide(ag + rs, t_b / units));
+                DpComm::PerUnit {
+                    all_gather: unit(Collective::AllGather, wb),
+                    reduce_scatter: unit(Collective::ReduceScatter, gb),
+                    units,
+                }
+            }
+        }
+    }
+
+    /// Exposed seconds per step of `comm` on a stage whose per-micro-batch time is `st` (§3.6).
+    pub fn dp_hidden(&self, comm: &DpComm, st: &LayerTime, micro_batches: u32) -> f64 {
+        let cal = &self.problem.cluster.gpu.calibration;
+        let m = micro_batches as f64;
+        let (t_f, t_b) = (st.fwd.total(), st.bwd.total());
+        let hide = |comm: f64, window: f64| (comm - cal.dp_overlap * window).max(0.0);
+        match *comm {
+            DpComm::None => 0.0,
+            DpComm::AllReduce(ar) => hide(ar, t_b),
+            DpComm::Sharded {
+                per_micro_batch: false,
+                reduce_scatter,
+                all_gather,
+            } => hide(reduce_scatter, t_b) + hide(all_gather, t_f),
+            DpComm::Sharded {
+                per_micro_batch: true,
+                reduce_scatter,
+                all_gather,
+            } => m * hide(reduce_scatter, t_b) + hide(all_gather, t_f),
+            DpComm::PerUnit {
+                all_gather: ag,
+                reduce_scatter: rs,
+                units,
+            } => {
+                // Every unit is gathered in forward and again in backward and its gradient
+                // reduce-scattered. The gather of unit i+1 is prefetched behind unit i's
+                // compute: per unit and pass, what the compute does not cover is exposed; the
+                // first gather and the last reduce-scatter always are (§3.6).
+                let per_micro_batch = units * (hide(ag, t_f / units) + hide(ag + rs, t_b / units));
                 m * per_micro_batch + ag + rs
             }
         }
     }
 
-    /// Optimizer-step seconds of `stage` (§3.9): memory-bound over the local optimizer shard.
-    fn optimizer_s(&self, stage: &Stage) -> f64 {
+    /// Exposed DP/ZeRO communication of `stage` per step (§3.6), given its per-micro-batch time.
+    fn dp_exposed(&self, stage: &Stage, st: &LayerTime, micro_batches: u32) -> f64 {
+        let params = stage_params(self.model(), self.plan, stage);
+        let comm = self.dp_comm(self.plan.zero, &params, stage.layers());
+        self.dp_hidden(&comm, st, micro_batches)
+    }
+
+    /// Optimizer-step seconds of a stage holding `params` at ZeRO stage `zero` (§3.9):
+    /// memory-bound over the local optimizer shard.
+    pub fn optimizer_with(&self, zero: u8, params: &StageParams) -> f64 {
         if self.problem.workload.lora {
             return 0.0; // only the (negligible) adapters are updated
         }
-        let params = stage_params(self.model(), self.plan, stage);
         let shard = |p: f64, group: u32| {
-            if self.plan.zero >= 1 {
+            if zero >= 1 {
                 p / group.max(1) as f64
             } else {
                 p
@@ -489,6 +519,29 @@ impl<'a> TimeContext<'a> {
         let w = &self.problem.workload;
         local * optimizer_bytes_per_param(w.grad_bytes as f64, w.optimizer.state_bytes_per_param())
             / self.memory_bytes_per_s
+    }
+
+    /// Optimizer-step seconds of `stage` (§3.9).
+    fn optimizer_s(&self, stage: &Stage) -> f64 {
+        self.optimizer_with(
+            self.plan.zero,
+            &stage_params(self.model(), self.plan, stage),
+        )
+    }
+
+    /// Seconds of one pipeline hop: a micro-batch's activations to the next stage (§3.5).
+    pub fn pp_hop_s(&self) -> f64 {
+        let bytes = self.tokens * self.model().hidden as f64 * WIRE_BYTES / self.sp_div();
+        self.fabric.p2p_s(bytes, self.groups.pp.within_domain())
+    }
+
+    /// Exposed fill and drain p2p of the pipeline with `vpp` chunks per rank, from one `hop`.
+    pub fn pp_p2p_s(&self, vpp: u32, hop: f64) -> f64 {
+        if self.plan.pp > 1 {
+            2.0 * (self.plan.pp - 1) as f64 * vpp as f64 * hop
+        } else {
+            0.0
+        }
     }
 
     /// The step time of the plan over `stages`, by component.
@@ -519,29 +572,9 @@ impl<'a> TimeContext<'a> {
     ) -> TimeBreakdown {
         let plan = self.plan;
         let per_stage: Vec<LayerTime> = stages.iter().map(|s| self.stage(s, dense, moe)).collect();
-        let worst = per_stage
-            .iter()
-            .copied()
-            .max_by(|a, b| a.total().total_cmp(&b.total()))
-            .unwrap_or_default();
-        let m = micro_batches as f64;
-        let v = plan.vpp as f64;
-        let sum: f64 = per_stage.iter().map(LayerTime::total).sum();
-        let bubble = match plan.schedule() {
-            Schedule::OneFOneB => sum - worst.total(),
-            Schedule::Interleaved => (sum - worst.total()) / v,
-            Schedule::ZeroBubbleH1 => {
-                let deferred: f64 = per_stage.iter().map(|s| s.total() - s.wgrad).sum();
-                (deferred - (worst.total() - worst.wgrad)).max(0.0)
-            }
-        };
-        let pp_p2p = if plan.pp > 1 {
-            let bytes = self.tokens * self.model().hidden as f64 * WIRE_BYTES / self.sp_div();
-            let hop = self.fabric.p2p_s(bytes, self.groups.pp.within_domain());
-            2.0 * (plan.pp - 1) as f64 * v * hop
-        } else {
-            0.0
-        };
+        let pipeline = PipelineTimes::of(&per_stage);
+        let bubble = pipeline.bubble(plan.schedule(), plan.vpp);
+        let pp_p2p = self.pp_p2p_s(plan.vpp, self.pp_hop_s());
         // Stage j finishes its last backward about j backward passes before stage 0.
         let dp = stages
             .iter()
@@ -554,15 +587,95 @@ impl<'a> TimeContext<'a> {
             .iter()
             .map(|s| self.optimizer_s(s))
             .fold(0.0, f64::max);
-        TimeBreakdown {
-            compute: m * (worst.fwd.compute + worst.bwd.compute),
-            tp: m * (worst.fwd.tp + worst.bwd.tp),
-            cp: m * (worst.fwd.cp + worst.bwd.cp),
-            ep: m * (worst.fwd.ep + worst.bwd.ep),
+        breakdown(
+            micro_batches,
+            &pipeline.worst,
             pp_p2p,
-            bubble: bubble.max(0.0),
+            bubble,
             dp,
             optimizer,
+        )
+    }
+}
+
+/// The DP/ZeRO collectives of one stage per step, seconds before overlap
+/// ([`TimeContext::dp_comm`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DpComm {
+    /// Nothing reduced (LoRA).
+    None,
+    /// ZeRO-0: one all-reduce of the gradients.
+    AllReduce(f64),
+    /// ZeRO-1 and 2: reduce-scatter of the gradients (every micro-batch under ZeRO-2) and
+    /// all-gather of the updated weights.
+    Sharded {
+        per_micro_batch: bool,
+        reduce_scatter: f64,
+        all_gather: f64,
+    },
+    /// ZeRO-3: one all-gather and one reduce-scatter per FSDP unit, `units` units.
+    PerUnit {
+        all_gather: f64,
+        reduce_scatter: f64,
+        units: f64,
+    },
+}
+
+/// What the schedules need from the per-micro-batch times of the stages (§4).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PipelineTimes {
+    /// The slowest stage (the last of equal maxima).
+    pub worst: LayerTime,
+    /// Sum of the stages' totals.
+    pub sum: f64,
+    /// Sum of the stages' totals less their weight-gradient parts.
+    pub deferred: f64,
+}
+
+impl PipelineTimes {
+    /// From the per-micro-batch times of the stages, in order.
+    pub fn of(per_stage: &[LayerTime]) -> Self {
+        PipelineTimes {
+            worst: per_stage
+                .iter()
+                .copied()
+                .max_by(|a, b| a.total().total_cmp(&b.total()))
+                .unwrap_or_default(),
+            sum: per_stage.iter().map(LayerTime::total).sum(),
+            deferred: per_stage.iter().map(|s| s.total() - s.wgrad).sum(),
         }
+    }
+
+    /// The bubble of `schedule` with `vpp` chunks per rank (§4), before clamping at zero.
+    pub fn bubble(&self, schedule: Schedule, vpp: u32) -> f64 {
+        let worst = &self.worst;
+        match schedule {
+            Schedule::OneFOneB => self.sum - worst.total(),
+            Schedule::Interleaved => (self.sum - worst.total()) / vpp as f64,
+            Schedule::ZeroBubbleH1 => (self.deferred - (worst.total() - worst.wgrad)).max(0.0),
+        }
+    }
+}
+
+/// The step's breakdown from its parts: `micro_batches` micro-batches through the `worst`
+/// stage, then the pipeline, DP/ZeRO and optimizer terms.
+pub fn breakdown(
+    micro_batches: u32,
+    worst: &LayerTime,
+    pp_p2p: f64,
+    bubble: f64,
+    dp: f64,
+    optimizer: f64,
+) -> TimeBreakdown {
+    let m = micro_batches as f64;
+    TimeBreakdown {
+        compute: m * (worst.fwd.compute + worst.bwd.compute),
+        tp: m * (worst.fwd.tp + worst.bwd.tp),
+        cp: m * (worst.fwd.cp + worst.bwd.cp),
+        ep: m * (worst.fwd.ep + worst.bwd.ep),
+        pp_p2p,
+        bubble: bubble.max(0.0),
+        dp,
+        optimizer,
     }
 }
