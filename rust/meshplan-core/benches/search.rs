@@ -15,10 +15,38 @@ use meshplan_core::*;
 
 /// The reference problems: (label, model, gpu, GPUs, global batch, sequence length).
 pub const PROBLEMS: [(&str, &str, &str, u32, u32, u32); 4] = [
-    ("llama3.1-405b_16384xh100", "llama3.1-405b", "h100-sxm", 16384, 2048, 8192),
-    ("deepseek-v3_2048xh800", "deepseek-v3", "h800-sxm", 2048, 4096, 4096),
-    ("llama3-70b_1024xh100", "llama3-70b", "h100-sxm", 1024, 1024, 8192),
-    ("gpt3-175b_4096xa100-80g", "gpt3-175b", "a100-sxm-80g", 4096, 1536, 2048),
+    (
+        "llama3.1-405b_16384xh100",
+        "llama3.1-405b",
+        "h100-sxm",
+        16384,
+        2048,
+        8192,
+    ),
+    (
+        "deepseek-v3_2048xh800",
+        "deepseek-v3",
+        "h800-sxm",
+        2048,
+        4096,
+        4096,
+    ),
+    (
+        "llama3-70b_1024xh100",
+        "llama3-70b",
+        "h100-sxm",
+        1024,
+        1024,
+        8192,
+    ),
+    (
+        "gpt3-175b_4096xa100-80g",
+        "gpt3-175b",
+        "a100-sxm-80g",
+        4096,
+        1536,
+        2048,
+    ),
 ];
 
 fn problem(model: &str, gpu: &str, n: u32, global_batch: u32, seq_len: u32) -> Problem {
