@@ -28,7 +28,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 import meshplan as mp
-from meshplan import cli, errors, server, wire
+from meshplan import _core, cli, errors, server, wire
 from meshplan.client import PlannerClient, RemoteError
 from meshplan.server import PlannerServer, ServerConfig
 from meshplan.v1 import planner_pb2 as pb
@@ -40,8 +40,14 @@ SMALL = mp.SearchSpace(
     max_micro_batch=2, recompute=["none", "full"], zero=[0, 1, 3], schedules=["1f1b"],
 )
 FSDP = "dp=8,tp=1,pp=1,micro_batch=1,zero=3,recompute=none"
-# The deadline test's search: every knob open on 16,384 GPUs runs for minutes on two cores.
+# The deadline test's search: llama3.1-405b on 16,384 GPUs with every knob open (all 120 rank
+# orders, TP across domains, vpp and micro-batch up to 64): ~275 M candidates, about ten seconds
+# on two cores.
 HUGE = ("llama3.1-405b", mp.Cluster("h100-sxm", 16384), mp.Workload(2048, 8192))
+HUGE_SPACE = mp.SearchSpace(max_vpp=64, max_micro_batch=64, tp_within_domain=False,
+                            orders=_core.rank_orders())
+# A search of a second or two: long enough to be in flight when a server is told to stop.
+LONG_SPACE = mp.SearchSpace(max_vpp=64, max_micro_batch=64)
 
 
 def start(**config: Any) -> PlannerServer:
@@ -272,7 +278,7 @@ def test_deadline_stops_the_search_and_frees_the_worker() -> None:
         with PlannerClient(single.address) as c:
             began = time.monotonic()
             with pytest.raises(errors.DeadlineExceededError):
-                c.search(*HUGE, timeout_s=0.05)
+                c.search(*HUGE, HUGE_SPACE, timeout_s=0.05)
             assert time.monotonic() - began < 5
             began = time.monotonic()
             result = c.search(llama2_7b(), CLUSTER, WORKLOAD, SMALL, timeout_s=30)
@@ -301,7 +307,7 @@ def test_the_server_side_deadline_is_passed_to_the_core(client: PlannerClient) -
     mp_patch.setattr(server, "search", spy)
     try:
         with pytest.raises(errors.DeadlineExceededError):
-            client.search(*HUGE, timeout_s=0.5)
+            client.search(*HUGE, HUGE_SPACE, timeout_s=0.5)
         deadline = time.monotonic() + 10
         while not seen and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -336,9 +342,11 @@ def test_cancel_stops_the_search_and_frees_the_worker() -> None:
             model=wire.model_message(HUGE[0]),
             cluster=wire.cluster_message(HUGE[1]),
             workload=wire.workload_message(HUGE[2]),
+            space=wire.space_message(HUGE_SPACE),
         )
         future = stub.Search.future(request, timeout=600)
         time.sleep(0.3)  # the search is running in the one worker
+        assert not future.done()
         assert future.cancel()
         with pytest.raises(grpc.FutureCancelledError):
             future.result()
@@ -481,12 +489,14 @@ def test_stop_drains_in_flight_calls_and_reports_not_serving() -> None:
     watcher.start()
     stub = pb_grpc.PlannerStub(channel)
     request = pb.SearchRequest(
-        model=pb.Model(preset="llama3-70b"),
-        cluster=wire.cluster_message(mp.Cluster("h100-sxm", 1024)),
-        workload=wire.workload_message(mp.Workload(1024, 8192)),
+        model=wire.model_message(HUGE[0]),
+        cluster=wire.cluster_message(HUGE[1]),
+        workload=wire.workload_message(HUGE[2]),
+        space=wire.space_message(LONG_SPACE),
     )
     in_flight = stub.Search.future(request, timeout=120)
     time.sleep(0.3)
+    assert not in_flight.done()
     done = s.stop(grace_s=60)
     # New calls are refused while the running one finishes.
     assert code_of(lambda: stub.Evaluate(pb.EvaluateRequest(), timeout=10)) in (

@@ -55,17 +55,19 @@ def test_signal_drains_in_flight_calls_then_exits_0(
     token = tmp_path / "token"
     token.write_text("abc\n")
     proc, address, features = serve("--workers", "2", "--grace-s", "60",
-                                    "--token-file", str(token), "--max-candidates", "5000000")
+                                    "--token-file", str(token), "--max-candidates", "100000000")
     stop_at_end.append(proc)
     assert address.startswith("127.0.0.1:")  # loopback by default
-    assert "token auth" in features and "max 5,000,000 candidates" in features
+    assert "token auth" in features and "max 100,000,000 candidates" in features
     with PlannerClient(address, token="abc", timeout_s=120) as client, \
             ThreadPoolExecutor(1) as pool:
         assert client.health() == "SERVING"
-        # A search of about a second is in flight when the signal arrives; it still completes.
-        in_flight = pool.submit(client.search, "llama3-70b", mp.Cluster("h100-sxm", 1024),
-                                mp.Workload(1024, 8192))
+        # A search of a second or two is in flight when the signal arrives; it still completes.
+        in_flight = pool.submit(client.search, "llama3.1-405b", mp.Cluster("h100-sxm", 16384),
+                                mp.Workload(2048, 8192),
+                                mp.SearchSpace(max_vpp=64, max_micro_batch=64))
         time.sleep(0.5)
+        assert not in_flight.done()
         proc.send_signal(signum)
         result = in_flight.result(timeout=120)
     assert result.plans and result.stats.candidates > 1_000_000
