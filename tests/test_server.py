@@ -359,8 +359,8 @@ def test_cancel_stops_the_search_and_frees_the_worker() -> None:
         single.stop(0).wait()
 
 
-def test_concurrent_searches_run_in_parallel(planner: PlannerServer) -> None:
-    # Four searches at once return the same answers as one at a time.
+def test_concurrent_searches_agree_with_the_local_one(planner: PlannerServer) -> None:
+    # Four searches at once on the four workers return the same answers as a local search.
     outcomes: list[mp.SearchResult] = []
 
     def one() -> None:
