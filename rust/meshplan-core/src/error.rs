@@ -37,6 +37,9 @@ pub enum Error {
     /// The search space holds more candidates than the configured cap.
     #[error("search space too large: {candidates} candidates exceed the limit of {limit} (constrain the degrees or raise max_candidates)")]
     SpaceTooLarge { candidates: u64, limit: u64 },
+    /// A whole-space query found more feasible plans than its cap.
+    #[error("feasible space too large: more than {limit} feasible plans (constrain the space or raise max_plans)")]
+    TooManyPlans { limit: u64 },
     /// The caller's cancel flag was raised.
     #[error("search cancelled")]
     Cancelled,
@@ -67,7 +70,7 @@ impl Error {
             Error::HfConfig { .. } => "hf_config",
             Error::DataFile { .. } => "data_file",
             Error::InvalidCase { .. } => "invalid_case",
-            Error::SpaceTooLarge { .. } => "space_too_large",
+            Error::SpaceTooLarge { .. } | Error::TooManyPlans { .. } => "space_too_large",
             Error::Cancelled => "cancelled",
             Error::DeadlineExceeded { .. } => "deadline_exceeded",
         }

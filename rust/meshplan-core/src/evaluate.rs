@@ -171,8 +171,9 @@ pub fn peak_memory(
         .unwrap_or_default()
 }
 
-/// Headline metrics from a step time.
-fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> (f64, f64, f64, f64) {
+/// Headline metrics from a step time: (tokens/s per GPU, MFU, model and hardware TFLOP/s per
+/// GPU).
+pub(crate) fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> (f64, f64, f64, f64) {
     let n = problem.cluster.num_gpus as f64;
     let w = &problem.workload;
     let tokens = w.tokens_per_step();

@@ -8,6 +8,7 @@
 pub mod calibration;
 pub mod comm;
 pub mod error;
+pub mod feasible;
 pub mod flops;
 pub mod gemm;
 pub mod hardware;
@@ -65,4 +66,5 @@ mod search;
 
 pub use evaluate::{evaluate, evaluate_in};
 pub use explain::{decode_traffic, explain, Explanation};
-pub use search::{search, search_counting_faster, Control};
+pub use feasible::{Column, FeasibleSpace, DEFAULT_MAX_PLANS};
+pub use search::{feasible_space, search, search_counting_faster, search_many, Control, Query};

@@ -1,29 +1,52 @@
 //! Enumerates every plan of a search space, prunes what cannot run with counted reasons, scores
-//! the rest and keeps the best `top_k` (DESIGN "Flow of one query").
+//! the rest and keeps the best `top_k` (DESIGN "Flow of one query"), or every feasible plan as
+//! columns ([`feasible_space`]); [`search_many`] runs a batch of searches on one pool.
 //!
 //! Outer tuples `(dp, tp, pp, ep, cp)` with product `N` are scored in parallel (rayon) and merged
 //! deterministically: the ranking is by tokens/s per GPU, ties broken by the plan's fields, so the
-//! result does not depend on the thread count. Work is skipped, never changed: a tuple whose
-//! memory lower bound (smallest micro-batch, highest allowed ZeRO stage, least-storing recompute,
-//! sequence parallel, 1F1B) already exceeds the capacity is not scored, and its plans are still
-//! counted under the rule that removes them.
+//! result does not depend on the thread count.
+//!
+//! Work is skipped or shared, never changed: every number is computed by the same functions of
+//! `memory` and `time` as `evaluate` uses, on the same inputs, so a plan's memory and step time
+//! are bit for bit those of `evaluate` (`tests/snapshot.rs`, `tests/feasible.rs`).
+//! - The structural rules depend on the degrees, rank order, micro-batch and schedule only, so
+//!   they run once per (micro-batch, schedule) cell and count the cell's ZeRO × recompute ×
+//!   sequence-parallel plans together.
+//! - A tuple whose memory lower bound (smallest micro-batch, highest allowed ZeRO stage,
+//!   least-storing recompute, sequence parallel, 1F1B) already exceeds the capacity is not scored;
+//!   within a tuple, a (micro-batch, sequence parallel, recompute, ZeRO) whose 1F1B memory exceeds
+//!   it is not either (no schedule holds fewer micro-batches on any rank). Their plans are still
+//!   counted under the rule that removes them.
+//! - Per tuple: pipeline ranks grouped by shape (the first rank of a shape has its peak memory),
+//!   parameters and model states per shape; per rank order the DP/ZeRO collectives and the
+//!   optimizer step per ZeRO stage; per (micro-batch, sequence parallel, recompute) the layer and
+//!   stage times, the pipeline sums and the exposed DP time. A plan then costs a few dozen
+//!   floating-point operations and no allocation.
+//! - Only the kept plans are evaluated in full (breakdowns, worst stage) at the end.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::evaluate::{memory_capacity_gib, micro_batches, peak_memory, score, structural_rules};
+use crate::evaluate::{
+    memory_capacity_gib, metrics, micro_batches, peak_memory, score, structural_rules,
+};
+use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
+use crate::memory::{
+    assemble, layer_activations, stage_params, state_gib, stored_bytes_per_micro_batch,
+    transient_bytes, StageParams,
+};
 use crate::plan::{Plan, RankOrder, Recompute, Schedule};
-use crate::report::{Evaluation, SearchResult, SearchStats};
+use crate::report::{Evaluation, MemoryBreakdown, SearchResult, SearchStats};
 use crate::space::{Degree, SearchSpace};
-use crate::stages::{stages, Stage};
-use crate::time::TimeContext;
+use crate::stages::{in_flight, in_flight_of, stages, Stage};
+use crate::time::{breakdown, DpComm, LayerTime, PipelineTimes, TimeContext};
 use crate::Problem;
 
 /// How a caller steers a long search: a cancel flag polled by the workers, a deadline, and the
@@ -200,10 +223,17 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<[u32; 5]> {
     out
 }
 
+/// A feasible plan before its full evaluation: what the ranking needs.
+#[derive(Debug, Clone)]
+struct Ranked {
+    tokens_per_s: f64,
+    plan: Plan,
+}
+
 /// Total order of plans: best tokens/s first, then by fields.
-fn rank_order(a: &Evaluation, b: &Evaluation) -> Ordering {
-    b.tokens_per_s_per_gpu
-        .total_cmp(&a.tokens_per_s_per_gpu)
+fn rank_order(a: &Ranked, b: &Ranked) -> Ordering {
+    b.tokens_per_s
+        .total_cmp(&a.tokens_per_s)
         .then_with(|| plan_key(&a.plan).cmp(&plan_key(&b.plan)))
 }
 
@@ -285,14 +315,14 @@ fn base_plan([dp, tp, pp, ep, cp]: [u32; 5]) -> Plan {
 /// Best-`k` list kept sorted; O(k) memory.
 struct TopK {
     k: usize,
-    plans: Vec<Evaluation>,
+    plans: Vec<Ranked>,
 }
 
 impl TopK {
     fn new(k: usize) -> Self {
         TopK {
             k,
-            plans: Vec::with_capacity(k + 1),
+            plans: Vec::new(),
         }
     }
 
@@ -301,10 +331,10 @@ impl TopK {
             || self
                 .plans
                 .last()
-                .is_some_and(|w| tokens_per_s >= w.tokens_per_s_per_gpu)
+                .is_some_and(|w| tokens_per_s >= w.tokens_per_s)
     }
 
-    fn push(&mut self, e: Evaluation) {
+    fn push(&mut self, e: Ranked) {
         let pos = self
             .plans
             .partition_point(|x| rank_order(x, &e) == Ordering::Less);
@@ -316,13 +346,28 @@ impl TopK {
 
     fn merge(mut self, other: TopK) -> TopK {
         for e in other.plans {
-            self.push(e);
+            if self.would_accept(e.tokens_per_s) {
+                self.push(e);
+            }
         }
         self
     }
 }
 
-/// What one outer tuple contributes.
+/// What the search keeps of the feasible plans.
+#[derive(Clone, Copy)]
+enum Keep<'a> {
+    /// The best `top_k`.
+    Top,
+    /// Every one, as rows; more than `max_plans` is an error (`kept` counts over all workers).
+    All {
+        max_plans: u64,
+        kept: &'a AtomicU64,
+        codes: &'a Codes,
+    },
+}
+
+/// What some outer tuples contribute.
 struct Partial {
     top: TopK,
     /// Feasible plans strictly faster than [`Searcher::faster_than`].
@@ -330,9 +375,28 @@ struct Partial {
     candidates: u64,
     feasible: u64,
     pruned: BTreeMap<&'static str, u64>,
+    rows: Rows,
 }
 
 impl Partial {
+    fn new(k: usize) -> Self {
+        Partial {
+            top: TopK::new(k),
+            faster: 0,
+            candidates: 0,
+            feasible: 0,
+            pruned: BTreeMap::new(),
+            rows: Rows::default(),
+        }
+    }
+
+    /// Counts `n` plans removed by `rule`.
+    fn prune(&mut self, rule: &'static str, n: u64) {
+        if n > 0 {
+            *self.pruned.entry(rule).or_default() += n;
+        }
+    }
+
     fn merge(mut self, other: Partial) -> Partial {
         self.top = self.top.merge(other.top);
         self.faster += other.faster;
@@ -341,8 +405,139 @@ impl Partial {
         for (k, v) in other.pruned {
             *self.pruned.entry(k).or_default() += v;
         }
+        self.rows.append(other.rows);
         self
     }
+}
+
+/// The pipeline ranks of one degree tuple, grouped by shape. Ranks of one shape (layers, first,
+/// last) differ only in their index, which only sets how many micro-batches they hold in flight;
+/// that count never grows with the index (`stages::in_flight_of`), and every memory term grows
+/// with it, so the first rank of each shape has the shape's peak memory.
+struct Pipeline {
+    stages: Vec<Stage>,
+    /// Shape of each rank (an index into `shapes`).
+    shape_of: Vec<usize>,
+    /// The first rank of each shape.
+    shapes: Vec<Stage>,
+    /// Parameters per GPU of each shape.
+    params: Vec<StageParams>,
+}
+
+impl Pipeline {
+    fn new(problem: &Problem, base: &Plan) -> Self {
+        let stages = stages(&problem.model, base.pp);
+        let mut shapes: Vec<Stage> = Vec::new();
+        let shape_of = stages
+            .iter()
+            .map(|s| {
+                let same = |k: &Stage| {
+                    (k.dense_layers, k.moe_layers, k.first, k.last)
+                        == (s.dense_layers, s.moe_layers, s.first, s.last)
+                };
+                shapes.iter().position(same).unwrap_or_else(|| {
+                    shapes.push(*s);
+                    shapes.len() - 1
+                })
+            })
+            .collect();
+        let params = shapes
+            .iter()
+            .map(|s| stage_params(&problem.model, base, s))
+            .collect();
+        Pipeline {
+            stages,
+            shape_of,
+            shapes,
+            params,
+        }
+    }
+}
+
+/// Memory parts of one (degrees, order, micro-batch, sequence parallel, recompute), per shape
+/// and ZeRO stage (`z` of them): everything but the in-flight count.
+struct MemoryParts {
+    z: usize,
+    /// Model states, GiB, per (shape, ZeRO): fixed for the order.
+    states: Vec<[f64; 3]>,
+    /// Stored bytes per in-flight micro-batch, per shape.
+    stored: Vec<f64>,
+    /// Transient bytes per (shape, ZeRO).
+    transient: Vec<f64>,
+}
+
+impl MemoryParts {
+    /// Peak memory total over the ranks (the exact value of `peak_memory(..).0.total()`) at ZeRO
+    /// index `zi` under `schedule` with `vpp` chunks and `m` micro-batches.
+    #[allow(clippy::too_many_arguments)]
+    fn peak(
+        &self,
+        problem: &Problem,
+        pipeline: &Pipeline,
+        zi: usize,
+        schedule: Schedule,
+        pp: u32,
+        vpp: u32,
+        m: u32,
+    ) -> f64 {
+        let mut peak = f64::NEG_INFINITY;
+        for (k, first) in pipeline.shapes.iter().enumerate() {
+            let i = k * self.z + zi;
+            let flight = in_flight_of(schedule, pp, vpp, m, first.index);
+            let total = assemble(
+                problem,
+                self.states[i],
+                flight,
+                self.stored[k],
+                self.transient[i],
+            )
+            .total();
+            if total.total_cmp(&peak) != Ordering::Less {
+                peak = total;
+            }
+        }
+        peak
+    }
+
+    /// The worst rank's breakdown and index, over every rank (as `evaluate::peak_memory`).
+    fn breakdown(
+        &self,
+        problem: &Problem,
+        pipeline: &Pipeline,
+        zi: usize,
+        plan: &Plan,
+        m: u32,
+    ) -> (MemoryBreakdown, u32) {
+        pipeline
+            .stages
+            .iter()
+            .map(|s| {
+                let k = pipeline.shape_of[s.index as usize];
+                let i = k * self.z + zi;
+                let flight = in_flight(plan, m, s.index);
+                (
+                    assemble(
+                        problem,
+                        self.states[i],
+                        flight,
+                        self.stored[k],
+                        self.transient[i],
+                    ),
+                    s.index,
+                )
+            })
+            .max_by(|a, b| a.0.total().total_cmp(&b.0.total()))
+            .unwrap_or_default()
+    }
+}
+
+/// Time parts of one (degrees, order, micro-batch, sequence parallel, recompute): everything
+/// but the schedule's terms.
+struct TimeParts {
+    pipeline: PipelineTimes,
+    hop: f64,
+    /// Exposed DP/ZeRO seconds per ZeRO index.
+    dp: [f64; 4],
 }
 
 struct Searcher<'a> {
@@ -352,9 +547,10 @@ struct Searcher<'a> {
     control: &'a Control,
     started: Instant,
     faster_than: Option<f64>,
+    keep: Keep<'a>,
 }
 
-impl Searcher<'_> {
+impl<'a> Searcher<'a> {
     fn first_structural(&self, plan: &Plan, groups: &Groups) -> Option<&'static str> {
         let mut first = None;
         structural_rules(self.problem, plan, self.space, groups, &mut |rule, _| {
@@ -393,95 +589,218 @@ impl Searcher<'_> {
 
     fn tuple(&self, degrees: [u32; 5]) -> Result<Partial> {
         self.control.check(self.started)?;
-        let k = self.space.top_k as usize;
-        let mut part = Partial {
-            top: TopK::new(k),
-            faster: 0,
-            candidates: 0,
-            feasible: 0,
-            pruned: BTreeMap::new(),
-        };
+        let mut part = Partial::new(self.space.top_k as usize);
         let knobs = knobs(self.problem, self.space, degrees);
         if knobs.count() == 0 {
             return Ok(part);
         }
-        let pp = degrees[2];
-        let stage_list = stages(&self.problem.model, pp);
-        for (order, groups) in distinct_orders(self.problem, self.space, &base_plan(degrees)) {
+        let base = base_plan(degrees);
+        let pipeline = Pipeline::new(self.problem, &base);
+        for (order, groups) in distinct_orders(self.problem, self.space, &base) {
             part.candidates += knobs.count();
             let base = Plan {
                 order,
-                ..base_plan(degrees)
+                ..base.clone()
             };
-            self.score_knobs(&mut part, &base, &knobs, &groups, &stage_list)?;
+            self.score_knobs(&mut part, &base, &knobs, &groups, &pipeline)?;
         }
         Ok(part)
     }
 
-    /// Scores every knob combination of `base` (one degree tuple, one rank order) into `part`.
+    /// Accounts for every knob combination of `base` (one degree tuple, one rank order) in
+    /// `part`. The structural rules depend on the micro-batch and the schedule, not on ZeRO,
+    /// recompute or sequence parallelism, so each (micro-batch, schedule) cell is checked once
+    /// and its plans counted together; so are the plans that no memory can hold.
     fn score_knobs(
         &self,
         part: &mut Partial,
         base: &Plan,
         knobs: &Knobs,
         groups: &Groups,
-        stage_list: &[Stage],
+        pipeline: &Pipeline,
     ) -> Result<()> {
+        let problem = self.problem;
         let groups = *groups;
-        let hopeless = base.pp <= self.problem.model.layers + 2
-            && self.memory_lower_bound(base, knobs, &groups, stage_list) > self.capacity_gib;
+        let hopeless = base.pp <= problem.model.layers + 2
+            && self.memory_lower_bound(base, knobs, &groups, &pipeline.stages) > self.capacity_gib;
+        let z = knobs.zero.len();
+        let per_cell = (z * knobs.recompute.len() * knobs.sequence_parallel.len()) as u64;
+        let shapes = pipeline.shapes.len();
+        let mut memory = MemoryParts {
+            z,
+            states: Vec::with_capacity(shapes * z),
+            stored: vec![0.0; shapes],
+            transient: vec![0.0; shapes * z],
+        };
+        for params in &pipeline.params {
+            for &zero in &knobs.zero {
+                memory
+                    .states
+                    .push(state_gib(problem, zero, &groups, params));
+            }
+        }
+        // Per (shape, ZeRO), filled on the first plan that fits: DP/ZeRO collectives, optimizer.
+        let mut dp_comm: Vec<DpComm> = Vec::new();
+        let mut optimizer = [0.0f64; 4];
+        let mut stage_times: Vec<LayerTime> = Vec::with_capacity(pipeline.stages.len());
+        let mut cells: Vec<(Schedule, u32)> = Vec::with_capacity(knobs.schedules.len());
+        let mut floor = [0.0f64; 4];
 
         for &b in &knobs.micro_batches {
             self.control.check(self.started)?;
+            let probe = Plan {
+                micro_batch: b,
+                ..base.clone()
+            };
+            cells.clear();
+            for &(schedule, vpp) in &knobs.schedules {
+                let plan = Plan {
+                    schedule: Some(schedule),
+                    vpp,
+                    ..probe.clone()
+                };
+                match self.first_structural(&plan, &groups) {
+                    Some(rule) => part.prune(rule, per_cell),
+                    None => cells.push((schedule, vpp)),
+                }
+            }
+            if cells.is_empty() {
+                continue;
+            }
+            if hopeless {
+                part.prune("memory", cells.len() as u64 * per_cell);
+                continue;
+            }
+            let m = micro_batches(problem, &probe);
+            let tokens = b as f64 * problem.workload.seq_len as f64 / base.cp as f64;
             for &sp in &knobs.sequence_parallel {
+                let sp_plan = Plan {
+                    sequence_parallel: sp,
+                    ..probe.clone()
+                };
+                let layer_bytes = layer_activations(problem, &sp_plan);
                 for &rec in &knobs.recompute {
-                    let mut layer_times = None;
-                    for &(schedule, vpp) in &knobs.schedules {
-                        for &zero in &knobs.zero {
-                            let plan = Plan {
-                                micro_batch: b,
-                                sequence_parallel: sp,
-                                recompute: rec,
-                                schedule: Some(schedule),
-                                vpp,
-                                zero,
-                                ..base.clone()
+                    let plan = Plan {
+                        recompute: rec,
+                        ..sp_plan.clone()
+                    };
+                    for (k, first) in pipeline.shapes.iter().enumerate() {
+                        memory.stored[k] = stored_bytes_per_micro_batch(
+                            problem,
+                            &plan,
+                            first,
+                            tokens,
+                            layer_bytes,
+                        );
+                        for (zi, &zero) in knobs.zero.iter().enumerate() {
+                            memory.transient[k * z + zi] = transient_bytes(
+                                problem,
+                                &Plan {
+                                    zero,
+                                    ..plan.clone()
+                                },
+                                first,
+                                tokens,
+                                &pipeline.params[k],
+                                layer_bytes,
+                            );
+                        }
+                    }
+                    // 1F1B's in-flight counts are the least of any schedule on every rank, so
+                    // its memory bounds every schedule's from below (and is ZB-H1's exactly).
+                    let mut any = false;
+                    for (zi, f) in floor.iter_mut().enumerate().take(z) {
+                        *f = memory.peak(problem, pipeline, zi, Schedule::OneFOneB, base.pp, 1, m);
+                        any |= (*f).partial_cmp(&self.capacity_gib) != Some(Ordering::Greater);
+                    }
+                    if !any {
+                        part.prune("memory", (cells.len() * z) as u64);
+                        continue;
+                    }
+                    let mut time: Option<(TimeContext, TimeParts)> = None;
+                    for &(schedule, vpp) in &cells {
+                        for (zi, &zero) in knobs.zero.iter().enumerate() {
+                            let peak = match schedule {
+                                _ if floor[zi] > self.capacity_gib => floor[zi],
+                                Schedule::Interleaved => {
+                                    memory.peak(problem, pipeline, zi, schedule, base.pp, vpp, m)
+                                }
+                                Schedule::OneFOneB | Schedule::ZeroBubbleH1 => floor[zi],
                             };
-                            if let Some(rule) = self.first_structural(&plan, &groups) {
-                                *part.pruned.entry(rule).or_default() += 1;
-                                continue;
-                            }
-                            if hopeless {
-                                *part.pruned.entry("memory").or_default() += 1;
-                                continue;
-                            }
-                            let m = micro_batches(self.problem, &plan);
-                            let (memory, worst) =
-                                peak_memory(self.problem, &plan, &groups, stage_list, m);
-                            if memory.total() > self.capacity_gib {
-                                *part.pruned.entry("memory").or_default() += 1;
+                            if peak > self.capacity_gib {
+                                part.prune("memory", 1);
                                 continue;
                             }
                             part.feasible += 1;
-                            let ctx = TimeContext::new(self.problem, &plan, groups);
-                            let (dense, moe) = *layer_times.get_or_insert_with(|| ctx.layers());
-                            let time = ctx.step_with(stage_list, m, &dense, &moe);
-                            let tokens_per_s = self.problem.workload.tokens_per_step()
-                                / (time.total() * self.problem.cluster.num_gpus as f64);
+                            let (tc, parts) = time.get_or_insert_with(|| {
+                                self.time_parts(
+                                    &plan,
+                                    groups,
+                                    pipeline,
+                                    knobs,
+                                    m,
+                                    &mut dp_comm,
+                                    &mut optimizer,
+                                    &mut stage_times,
+                                )
+                            });
+                            let bubble = parts.pipeline.bubble(schedule, vpp);
+                            let pp_p2p = tc.pp_p2p_s(vpp, parts.hop);
+                            let step = breakdown(
+                                m,
+                                &parts.pipeline.worst,
+                                pp_p2p,
+                                bubble,
+                                parts.dp[zi],
+                                optimizer[zi],
+                            );
+                            let tokens_per_s = problem.workload.tokens_per_step()
+                                / (step.total() * problem.cluster.num_gpus as f64);
                             if self.faster_than.is_some_and(|t| tokens_per_s > t) {
                                 part.faster += 1;
                             }
-                            if part.top.would_accept(tokens_per_s) {
-                                part.top.push(score(
-                                    self.problem,
-                                    plan,
-                                    groups,
-                                    stage_list,
-                                    m,
-                                    memory,
-                                    worst,
-                                    Vec::new(),
-                                ));
+                            let full = |part: &Partial| {
+                                matches!(self.keep, Keep::All { .. })
+                                    || part.top.would_accept(tokens_per_s)
+                            };
+                            if !full(part) {
+                                continue;
+                            }
+                            let plan = Plan {
+                                schedule: Some(schedule),
+                                vpp,
+                                zero,
+                                ..plan.clone()
+                            };
+                            match self.keep {
+                                Keep::Top => part.top.push(Ranked { tokens_per_s, plan }),
+                                Keep::All {
+                                    max_plans,
+                                    kept,
+                                    codes,
+                                } => {
+                                    if kept.fetch_add(1, AtomicOrdering::Relaxed) >= max_plans {
+                                        return Err(Error::TooManyPlans { limit: max_plans });
+                                    }
+                                    let (mem, worst_stage) =
+                                        memory.breakdown(problem, pipeline, zi, &plan, m);
+                                    let (tps, mfu, model_tflops, hardware_tflops) =
+                                        metrics(problem, &plan, step.total());
+                                    part.rows.push(
+                                        &Row {
+                                            plan,
+                                            tokens_per_s_per_gpu: tps,
+                                            mfu,
+                                            model_tflops_per_gpu: model_tflops,
+                                            hardware_tflops_per_gpu: hardware_tflops,
+                                            micro_batches: m,
+                                            worst_stage,
+                                            memory: mem,
+                                            time: step,
+                                        },
+                                        codes,
+                                    );
+                                }
                             }
                         }
                     }
@@ -490,6 +809,97 @@ impl Searcher<'_> {
         }
         Ok(())
     }
+
+    /// The schedule-independent time parts of `plan` (one micro-batch, sequence-parallel and
+    /// recompute setting), filling the order's DP/ZeRO collectives and optimizer times on first
+    /// use.
+    #[allow(clippy::too_many_arguments)]
+    fn time_parts<'p>(
+        &self,
+        plan: &'p Plan,
+        groups: Groups,
+        pipeline: &Pipeline,
+        knobs: &Knobs,
+        m: u32,
+        dp_comm: &mut Vec<DpComm>,
+        optimizer: &mut [f64; 4],
+        stage_times: &mut Vec<LayerTime>,
+    ) -> (TimeContext<'p>, TimeParts)
+    where
+        'a: 'p,
+    {
+        let tc = TimeContext::new(self.problem, plan, groups);
+        let z = knobs.zero.len();
+        if dp_comm.is_empty() {
+            for (params, first) in pipeline.params.iter().zip(&pipeline.shapes) {
+                for &zero in &knobs.zero {
+                    dp_comm.push(tc.dp_comm(zero, params, first.layers()));
+                }
+            }
+            for (zi, &zero) in knobs.zero.iter().enumerate() {
+                let per_shape: Vec<f64> = pipeline
+                    .params
+                    .iter()
+                    .map(|p| tc.optimizer_with(zero, p))
+                    .collect();
+                optimizer[zi] = pipeline
+                    .shape_of
+                    .iter()
+                    .map(|&k| per_shape[k])
+                    .fold(0.0, f64::max);
+            }
+        }
+        let (dense, moe) = tc.layers();
+        let shape_times: Vec<LayerTime> = pipeline
+            .shapes
+            .iter()
+            .map(|s| tc.stage(s, &dense, &moe))
+            .collect();
+        stage_times.clear();
+        stage_times.extend(pipeline.shape_of.iter().map(|&k| shape_times[k]));
+        let mut dp = [0.0f64; 4];
+        for (zi, d) in dp.iter_mut().enumerate().take(z) {
+            let exposed: Vec<f64> = shape_times
+                .iter()
+                .enumerate()
+                .map(|(k, st)| tc.dp_hidden(&dp_comm[k * z + zi], st, m))
+                .collect();
+            // Stage j finishes its last backward about j backward passes before stage 0.
+            *d = pipeline
+                .stages
+                .iter()
+                .zip(stage_times.iter())
+                .map(|(s, st)| {
+                    let k = pipeline.shape_of[s.index as usize];
+                    (exposed[k] - s.index as f64 * st.bwd.total()).max(0.0)
+                })
+                .fold(0.0, f64::max);
+        }
+        let parts = TimeParts {
+            pipeline: PipelineTimes::of(stage_times),
+            hop: tc.pp_hop_s(),
+            dp,
+        };
+        (tc, parts)
+    }
+}
+
+/// The full evaluation of a plan the search kept, exactly as `evaluate` scores it.
+fn full_evaluation(problem: &Problem, plan: Plan) -> Evaluation {
+    let groups = Groups::of(&plan, problem.cluster.nvlink_domain());
+    let stage_list = stages(&problem.model, plan.pp);
+    let m = micro_batches(problem, &plan);
+    let (memory, worst) = peak_memory(problem, &plan, &groups, &stage_list, m);
+    score(
+        problem,
+        plan,
+        groups,
+        &stage_list,
+        m,
+        memory,
+        worst,
+        Vec::new(),
+    )
 }
 
 /// Searches `space` for the best plans of `problem`.
@@ -508,6 +918,77 @@ pub fn search_counting_faster(
     run(problem, space, control, Some(tokens_per_s_per_gpu))
 }
 
+/// Every feasible plan of `space` as columns, ranked best first (see [`FeasibleSpace`]); more
+/// than `max_plans` feasible plans is [`Error::TooManyPlans`], raised as soon as the count
+/// passes the cap (nothing larger is held).
+pub fn feasible_space(
+    problem: &Problem,
+    space: &SearchSpace,
+    control: &Control,
+    max_plans: u64,
+) -> Result<FeasibleSpace> {
+    let started = Instant::now();
+    space.validate()?;
+    let threads = control.thread_count()?;
+    let kept = AtomicU64::new(0);
+    let codes = Codes::new(&space.orders);
+    let keep = Keep::All {
+        max_plans,
+        kept: &kept,
+        codes: &codes,
+    };
+    let total =
+        thread_pool(threads)?.install(|| collect(problem, space, control, None, keep, started))?;
+    let stats = stats(&total, started, threads);
+    Ok(total.rows.finish(&codes, stats))
+}
+
+/// One query of [`search_many`]: a problem and its search space.
+pub type Query = (Problem, SearchSpace);
+
+/// Searches every query on one pool of `control.threads` workers, queries and their outer
+/// tuples in parallel, and returns one result per query in order: a query's own failure (bad
+/// space, too large, cancelled, deadline) is its entry, the others still run. `done` (when
+/// given) counts finished queries as they finish, for a progress display. The error is for the
+/// batch as a whole (a thread count the OS refuses).
+pub fn search_many(
+    queries: &[Query],
+    control: &Control,
+    done: Option<&AtomicUsize>,
+) -> Result<Vec<Result<SearchResult>>> {
+    let threads = control.thread_count()?;
+    let pool = thread_pool(threads)?;
+    Ok(pool.install(|| {
+        queries
+            .par_iter()
+            .map(|(problem, space)| {
+                let started = Instant::now();
+                let result = space
+                    .validate()
+                    .and_then(|()| collect(problem, space, control, None, Keep::Top, started))
+                    .map(|total| result_of(problem, total, started, threads).0);
+                if let Some(done) = done {
+                    done.fetch_add(1, AtomicOrdering::Relaxed);
+                }
+                result
+            })
+            .collect()
+    }))
+}
+
+fn thread_pool(threads: usize) -> Result<rayon::ThreadPool> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| {
+            Error::invalid(
+                "threads",
+                threads,
+                format!("a thread count the OS accepts ({e})"),
+            )
+        })
+}
+
 fn run(
     problem: &Problem,
     space: &SearchSpace,
@@ -517,6 +998,21 @@ fn run(
     let started = Instant::now();
     space.validate()?;
     let threads = control.thread_count()?;
+    thread_pool(threads)?.install(|| {
+        let total = collect(problem, space, control, faster_than, Keep::Top, started)?;
+        Ok(result_of(problem, total, started, threads))
+    })
+}
+
+/// Every outer tuple of `space` scored on the current pool and merged in tuple order.
+fn collect(
+    problem: &Problem,
+    space: &SearchSpace,
+    control: &Control,
+    faster_than: Option<f64>,
+    keep: Keep,
+    started: Instant,
+) -> Result<Partial> {
     let tuples = outer_tuples(problem, space);
     if let Some(limit) = space.max_candidates {
         let candidates: u64 = tuples
@@ -541,49 +1037,56 @@ fn run(
         control,
         started,
         faster_than,
+        keep,
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| {
-            Error::invalid(
-                "threads",
-                threads,
-                format!("a thread count the OS accepts ({e})"),
-            )
-        })?;
-    let empty = || Partial {
-        top: TopK::new(space.top_k as usize),
-        faster: 0,
-        candidates: 0,
-        feasible: 0,
-        pruned: BTreeMap::new(),
-    };
-    let total = pool.install(|| {
-        tuples
-            .par_iter()
-            .map(|t| searcher.tuple(*t))
-            .try_reduce(empty, |a, b| Ok(a.merge(b)))
-    })?;
-    let mut plans = total.top.plans;
+    let k = space.top_k as usize;
+    tuples
+        .par_iter()
+        .map(|t| searcher.tuple(*t))
+        .try_reduce(|| Partial::new(k), |a, b| Ok(a.merge(b)))
+}
+
+fn stats(total: &Partial, started: Instant, threads: usize) -> SearchStats {
+    SearchStats {
+        candidates: total.candidates,
+        feasible: total.feasible,
+        pruned: total
+            .pruned
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
+        elapsed_s: started.elapsed().as_secs_f64(),
+        threads: threads as u32,
+    }
+}
+
+/// The ranked result: the kept plans evaluated in full (in parallel on the current pool).
+fn result_of(
+    problem: &Problem,
+    total: Partial,
+    started: Instant,
+    threads: usize,
+) -> (SearchResult, u64) {
+    let mut plans: Vec<Evaluation> = total
+        .top
+        .plans
+        .par_iter()
+        .map(|r| {
+            let e = full_evaluation(problem, r.plan.clone());
+            debug_assert_eq!(
+                e.tokens_per_s_per_gpu.to_bits(),
+                r.tokens_per_s.to_bits(),
+                "the search's fast path and evaluate disagree on {:?}",
+                r.plan
+            );
+            e
+        })
+        .collect();
     for (i, p) in plans.iter_mut().enumerate() {
         p.rank = Some(i as u32 + 1);
     }
-    let result = SearchResult {
-        plans,
-        stats: SearchStats {
-            candidates: total.candidates,
-            feasible: total.feasible,
-            pruned: total
-                .pruned
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
-            elapsed_s: started.elapsed().as_secs_f64(),
-            threads: threads as u32,
-        },
-    };
-    Ok((result, total.faster))
+    let stats = stats(&total, started, threads);
+    (SearchResult { plans, stats }, total.faster)
 }
 
 #[cfg(test)]

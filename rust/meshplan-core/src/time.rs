@@ -46,7 +46,7 @@ pub struct Pass {
 }
 
 impl Pass {
-    fn total(&self) -> f64 {
+    pub fn total(&self) -> f64 {
         self.compute + self.tp + self.cp + self.ep
     }
 
