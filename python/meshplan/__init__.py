@@ -19,8 +19,10 @@ from __future__ import annotations
 from . import errors
 from ._core import CancelToken, __version__
 from .api import evaluate, search
+from .batch import Query, search_many
 from .explain import Explanation, decode_traffic, explain
 from .export import export
+from .feasible import FeasibleSpace, feasible_space
 from .hardware import Cluster, Gpu
 from .model import Mla, Model, Moe
 from .plan import Plan
@@ -32,6 +34,10 @@ from .workload import Workload
 __all__ = [
     "search",
     "evaluate",
+    "search_many",
+    "Query",
+    "feasible_space",
+    "FeasibleSpace",
     "explain",
     "Explanation",
     "decode_traffic",

@@ -6,7 +6,7 @@ the core, and maps its errors onto ``meshplan.errors``. Use the typed API of ``m
 instead unless you hold the dicts already.
 """
 
-from typing import Any, Optional, final
+from typing import Any, Callable, Optional, final
 
 __all__ = [
     "__version__",
@@ -24,6 +24,8 @@ __all__ = [
     "explain",
     "decode_traffic",
     "rank_orders",
+    "feasible_space",
+    "search_many",
 ]
 
 __version__: str
@@ -120,3 +122,34 @@ def decode_traffic(
 
 def rank_orders() -> list[str]:
     """Every rank order (the 120 permutations of tp, cp, ep, dp, pp), the default first."""
+
+def feasible_space(
+    problem: dict[str, Any],
+    space: Optional[dict[str, Any]] = None,
+    max_plans: Optional[int] = None,
+    threads: Optional[int] = None,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+) -> dict[str, Any]:
+    """Every feasible plan of ``problem`` in ``space``, ranked best first, as column buffers.
+
+    Returns ``{"columns": [(name, dtype, data)...], "categories": [(column, [label...])...],
+    "stats": {...}}``: ``data`` is ``bytes`` in native byte order for ``numpy.frombuffer`` with
+    ``dtype`` (``u1``, ``u4``, ``f8`` or ``?``). More than ``max_plans`` (default 5,000,000)
+    feasible plans raises ``SpaceTooLargeError``; the other arguments as :func:`search`.
+    """
+
+def search_many(
+    queries: list[tuple[dict[str, Any], Optional[dict[str, Any]]]],
+    threads: Optional[int] = None,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+    progress: Optional[Callable[[int, int], object]] = None,
+) -> list[dict[str, Any]]:
+    """Searches every ``(problem, space)`` query in parallel on one pool (GIL released).
+
+    Returns one entry per query, in order: ``{"ok": result}`` (the :func:`search` shape) or
+    ``{"error": {"class": name in meshplan.errors, "message": str}}`` for a query that failed
+    on its own. ``progress(done, total)`` is called every 50 ms while the batch runs; an
+    exception from it, like Ctrl-C, stops the batch and is raised.
+    """

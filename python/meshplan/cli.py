@@ -1,4 +1,5 @@
-"""The ``meshplan`` command: ``search``, ``evaluate``, ``models``, ``gpus``, ``validate``,
+"""The ``meshplan`` command: ``search`` (``--all`` for every feasible plan), ``sweep``,
+``evaluate``, ``models``, ``gpus``, ``validate``,
 ``serve`` (the gRPC service; ``search --server HOST:PORT`` asks one), ``explain``, ``export``
 and ``plot`` (one plan taken apart, turned into framework configuration, or drawn).
 
@@ -154,6 +155,14 @@ def build_parser() -> argparse.ArgumentParser:
     out = s.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print JSON")
     out.add_argument("--csv", action="store_true", help="print CSV, one row per plan")
+    s.add_argument(
+        "--all", action="store_true",
+        help="every feasible plan, ranked (with --csv or --json; see meshplan.feasible_space)",
+    )
+    s.add_argument(
+        "--max-plans", type=int, metavar="N",
+        help="with --all: refuse spaces with more feasible plans (default 5,000,000)",
+    )
     r = s.add_argument_group("remote", "Ask a running `meshplan serve` instead of searching here.")
     r.add_argument("--server", metavar="HOST:PORT", help="search on this server (--threads is its own)")
     r.add_argument("--server-token-file", metavar="F", help="file holding the server's bearer token")
@@ -197,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--grace-s", type=float, default=10.0, metavar="S", help="in-flight calls may finish for S seconds on SIGTERM/SIGINT (default 10)")
     sv.set_defaults(run=_serve)
     _plan_commands(sub, common)
+    _sweep_command(sub)
     return parser
 
 
@@ -289,6 +299,8 @@ def _space(args: argparse.Namespace) -> SearchSpace:
 
 def _search(args: argparse.Namespace, out: TextIO) -> int:
     model, cluster, workload = _model(args), _cluster(args), _workload(args)
+    if args.all:
+        return _search_all(args, model, cluster, workload, out)
     if args.server:
         from .client import PlannerClient
 
@@ -314,6 +326,108 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
         else:
             out.write("no feasible plan (see what was pruned below)\n\n")
         out.write(stats_block(result.stats) + "\n")
+    return 0
+
+
+def _search_all(
+    args: argparse.Namespace, model: Model, cluster: Cluster, workload: Workload, out: TextIO
+) -> int:
+    """``search --all``: every feasible plan as CSV rows or JSON columns."""
+    from .feasible import DEFAULT_MAX_PLANS, feasible_space
+
+    if args.server:
+        raise UsageError("--all searches here, not on a --server")
+    if not (args.csv or args.json):
+        raise UsageError("--all writes every feasible plan: add --csv or --json")
+    space = feasible_space(
+        model, cluster, workload, _space(args),
+        max_plans=DEFAULT_MAX_PLANS if args.max_plans is None else args.max_plans,
+        threads=args.threads, timeout_s=args.timeout_s,
+    )
+    if args.csv:
+        space.write_csv(out)
+    else:
+        columns = {name: space.decode(name).tolist() for name in space}
+        json.dump({"columns": columns, "stats": space.stats.to_dict()}, out)
+        out.write("\n")
+    return 0
+
+
+def _sweep_command(sub: Any) -> None:
+    sw = sub.add_parser(
+        "sweep", help="the best plan over a grid of GPU counts, GPU types, models, batches, lengths",
+        description="Searches the cartesian product of the listed values (one batch, in "
+        "parallel) and reports the best plan of each point.",
+    )
+    g = sw.add_argument_group("swept variables (comma-separated lists)")
+    g.add_argument("--model", required=True, type=_list_of(str, "models"), metavar="A,B")
+    g.add_argument("--gpu", required=True, type=_list_of(str, "GPU presets"), metavar="h100-sxm,b200")
+    g.add_argument("--gpus", required=True, type=_list_of(int, "GPU counts"), metavar="64,128")
+    g.add_argument("--global-batch", required=True, type=_list_of(int, "batch sizes"), metavar="B,...")
+    g.add_argument("--seq-len", required=True, type=_list_of(int, "sequence lengths"), metavar="S,...")
+    w = sw.add_argument_group("cluster and workload (fixed)")
+    w.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the GPU preset's")
+    w.add_argument("--nvlink-domain", type=int, metavar="N", help="GPUs per NVLink domain")
+    w.add_argument("--precision", default="bf16", help="bf16 (default), fp16, fp8, mxfp8 or nvfp4")
+    w.add_argument("--optimizer", default="adam", help="adam (default) or sgd-momentum")
+    w.add_argument("--grad-bytes", type=int, default=4, help="4 (default) or 2")
+    w.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
+    w.add_argument("--no-flash-attention", dest="flash_attention", action="store_false")
+    w.add_argument("--calibration", metavar="FILE", help="calibration overrides (TOML or JSON)")
+    _space_flags(sw)
+    o = sw.add_argument_group("output")
+    fmt = o.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="JSON: a list of rows")
+    fmt.add_argument("--csv", action="store_true", help="CSV, one row per point")
+    o.add_argument("--out", metavar="FILE", help="write the rows here instead of stdout")
+    o.add_argument("--plot", metavar="FILE.png", help="plot best tokens/s/GPU and MFU against the swept variable")
+    o.add_argument("--x", choices=("model", "gpu", "gpus", "global_batch", "seq_len"), help="the plot's x axis")
+    prog = o.add_mutually_exclusive_group()
+    prog.add_argument("--progress", dest="progress", action="store_true", default=None,
+                      help="a progress bar on stderr (default: only on a terminal)")
+    prog.add_argument("--no-progress", dest="progress", action="store_false")
+    sw.set_defaults(run=_sweep)
+
+
+def _sweep(args: argparse.Namespace, out: TextIO) -> int:
+    from . import sweep
+
+    points = sweep.grid(args.model, args.gpu, args.gpus, args.global_batch, args.seq_len)
+    workload = Workload(
+        1, 1, args.precision, args.optimizer, args.grad_bytes, args.lora, args.flash_attention,
+    )
+    calibration = None if args.calibration is None else _readable(args.calibration, "--calibration")
+    rows = sweep.sweep(
+        points, workload, _space(args), gpus_per_node=args.gpus_per_node,
+        nvlink_domain=args.nvlink_domain, calibration=calibration, threads=args.threads,
+        progress=args.progress,
+    )
+    if args.plot:
+        sweep.plot(rows, args.plot, args.x)
+    try:
+        target = open(args.out, "w", newline="") if args.out else out
+    except OSError as e:
+        raise InvalidInputError(f"invalid --out: {args.out} ({e.strerror})") from None
+    try:
+        if args.json:
+            json.dump(rows, target, indent=2)
+            target.write("\n")
+        elif args.csv:
+            sweep.write_csv(rows, target)
+        else:
+            header = ["model", "gpu", "gpus", "batch", "seq", "status", "tok/s/GPU", "MFU %", "step s", "plan"]
+            table_rows = [
+                [r["model"], r["gpu"], r["gpus"], r["global_batch"], r["seq_len"], r["status"],
+                 "-" if r["tokens_per_s_per_gpu"] is None else f"{r['tokens_per_s_per_gpu']:,.0f}",
+                 "-" if r["mfu"] is None else f"{100 * r['mfu']:.1f}",
+                 "-" if r["step_time_s"] is None else f"{r['step_time_s']:.3f}",
+                 r["plan"] or r["error"] or "-"]
+                for r in rows
+            ]
+            target.write(table(header, table_rows) + "\n")
+    finally:
+        if target is not out:
+            target.close()
     return 0
 
 

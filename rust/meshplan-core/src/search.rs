@@ -929,6 +929,9 @@ pub fn feasible_space(
 ) -> Result<FeasibleSpace> {
     let started = Instant::now();
     space.validate()?;
+    if max_plans == 0 {
+        return Err(Error::invalid("max_plans", 0, "an integer >= 1"));
+    }
     let threads = control.thread_count()?;
     let kept = AtomicU64::new(0);
     let codes = Codes::new(&space.orders);

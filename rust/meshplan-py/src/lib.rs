@@ -9,7 +9,7 @@
 //! users read live in `_core.pyi` and the Python layer.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -112,10 +112,26 @@ fn guarded<R>(work: impl FnOnce() -> core::Result<R>) -> Result<R, Failure> {
     }
 }
 
-/// Runs `work` on a helper thread while this (GIL-free) thread polls for Ctrl-C; on an
-/// interrupt it raises `flag` so the core stops, waits for it, and hands back the interrupt.
+/// A Python callable `callback(done, total)` the waiting thread calls while a batch runs.
+struct Progress {
+    done: Arc<AtomicUsize>,
+    total: usize,
+    callback: Py<PyAny>,
+}
+
+impl Progress {
+    fn report(&self, py: Python<'_>) -> PyResult<()> {
+        let done = self.done.load(Ordering::Relaxed);
+        self.callback.call1(py, (done, self.total)).map(drop)
+    }
+}
+
+/// Runs `work` on a helper thread while this (GIL-free) thread polls for Ctrl-C (and reports
+/// `progress`, when given); on an interrupt, or an exception from the progress callback, it
+/// raises `flag` so the core stops, waits for it, and hands back the exception.
 fn interruptible<R: Send>(
     flag: &AtomicBool,
+    progress: Option<&Progress>,
     work: impl FnOnce() -> core::Result<R> + Send,
 ) -> (Result<R, Failure>, Option<PyErr>) {
     std::thread::scope(|s| {
@@ -126,7 +142,11 @@ fn interruptible<R: Send>(
             match rx.recv_timeout(SIGNAL_POLL) {
                 Ok(outcome) => return (outcome, interrupt),
                 Err(mpsc::RecvTimeoutError::Timeout) if interrupt.is_none() => {
-                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                    let polled = Python::attach(|py| {
+                        py.check_signals()?;
+                        progress.map_or(Ok(()), |p| p.report(py))
+                    });
+                    if let Err(e) = polled {
                         flag.store(true, Ordering::SeqCst);
                         interrupt = Some(e);
                     }
@@ -155,9 +175,25 @@ where
     R: Serialize + Send,
     F: FnOnce(I) -> core::Result<R> + Send,
 {
+    run_watched(py, inputs, flag, None, work)
+}
+
+/// [`run`], reporting `progress` while the work runs (only with a cancel `flag`).
+fn run_watched<I, R, F>(
+    py: Python<'_>,
+    inputs: I,
+    flag: Option<Arc<AtomicBool>>,
+    progress: Option<Progress>,
+    work: F,
+) -> PyResult<Py<PyAny>>
+where
+    I: Send,
+    R: Serialize + Send,
+    F: FnOnce(I) -> core::Result<R> + Send,
+{
     let (outcome, interrupt) = py.detach(move || match flag {
         None => (guarded(|| work(inputs)), None),
-        Some(flag) => interruptible(&flag, || work(inputs)),
+        Some(flag) => interruptible(&flag, progress.as_ref(), || work(inputs)),
     });
     if let Some(interrupt) = interrupt {
         return Err(interrupt);
@@ -170,19 +206,21 @@ where
                 format!("internal error: cannot convert the result: {e}"),
             )
         }),
-        Err(Failure::Core(e)) => {
-            let class = ERROR_CLASSES
-                .iter()
-                .find(|(kind, _)| *kind == e.kind())
-                .map_or("MeshplanError", |c| c.1);
-            Err(raise(py, class, e.to_string()))
-        }
+        Err(Failure::Core(e)) => Err(raise(py, error_class(&e), e.to_string())),
         Err(Failure::Panic(text)) => Err(raise(
             py,
             "MeshplanError",
             format!("internal error: {text}"),
         )),
     }
+}
+
+/// The `meshplan.errors` class of a core error.
+fn error_class(e: &core::Error) -> &'static str {
+    ERROR_CLASSES
+        .iter()
+        .find(|(kind, _)| *kind == e.kind())
+        .map_or("MeshplanError", |c| c.1)
 }
 
 /// The search controls: thread count, deadline, and a cancel flag (the caller's, or a fresh one
@@ -448,6 +486,187 @@ fn rank_orders(py: Python<'_>) -> PyResult<Py<PyAny>> {
     run(py, (), None, |()| Ok(core::RankOrder::all()))
 }
 
+/// One column of a feasible space as `(name, NumPy dtype, native-endian bytes)`.
+struct ColumnBytes(String, &'static str, Vec<u8>);
+
+/// Bytes that serialise as Python `bytes` (not a list of numbers).
+struct Bytes<'a>(&'a [u8]);
+
+impl Serialize for Bytes<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self.0)
+    }
+}
+
+impl Serialize for ColumnBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(3)?;
+        t.serialize_element(&self.0)?;
+        t.serialize_element(self.1)?;
+        t.serialize_element(&Bytes(&self.2))?;
+        t.end()
+    }
+}
+
+impl From<(String, core::Column)> for ColumnBytes {
+    fn from((name, column): (String, core::Column)) -> Self {
+        let (dtype, bytes): (&str, Vec<u8>) = match column {
+            core::Column::U8(v) => ("u1", v),
+            core::Column::U32(v) => ("u4", v.iter().flat_map(|x| x.to_ne_bytes()).collect()),
+            core::Column::F64(v) => ("f8", v.iter().flat_map(|x| x.to_ne_bytes()).collect()),
+            core::Column::Bool(v) => ("?", v.into_iter().map(u8::from).collect()),
+        };
+        ColumnBytes(name, dtype, bytes)
+    }
+}
+
+/// A feasible space for Python: columns as buffers, the coded columns' labels, the stats.
+#[derive(Serialize)]
+struct FeasibleColumns {
+    columns: Vec<ColumnBytes>,
+    categories: Vec<(String, Vec<String>)>,
+    stats: core::SearchStats,
+}
+
+impl From<core::FeasibleSpace> for FeasibleColumns {
+    fn from(fs: core::FeasibleSpace) -> Self {
+        FeasibleColumns {
+            columns: fs.columns.into_iter().map(ColumnBytes::from).collect(),
+            categories: fs.categories,
+            stats: fs.stats,
+        }
+    }
+}
+
+/// Every feasible plan of a problem dict in `space`, as column buffers (ranked best first).
+#[pyfunction]
+#[pyo3(signature = (problem, space=None, max_plans=None, threads=None, timeout_s=None, cancel=None))]
+fn feasible_space(
+    py: Python<'_>,
+    problem: &Bound<'_, PyAny>,
+    space: Option<&Bound<'_, PyAny>>,
+    max_plans: Option<&Bound<'_, PyAny>>,
+    threads: Option<&Bound<'_, PyAny>>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    let space: Option<SearchSpace> = space.map(|s| arg(s, "space")).transpose()?.flatten();
+    let max_plans: Option<u64> = max_plans.map(|m| arg(m, "max_plans")).transpose()?;
+    let inputs = (
+        arg::<ProblemArg>(problem, "")?,
+        space.unwrap_or_default(),
+        max_plans.unwrap_or(core::DEFAULT_MAX_PLANS),
+        control(py, threads, timeout_s, cancel)?,
+    );
+    let flag = inputs.3.cancel.clone();
+    run(py, inputs, flag, |(problem, space, max_plans, control)| {
+        core::feasible_space(&problem.validate()?, &space, &control, max_plans)
+            .map(FeasibleColumns::from)
+    })
+}
+
+/// One query's outcome in a batch: its result, or the `meshplan.errors` class and message of
+/// what went wrong with it alone.
+#[derive(Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Outcome {
+    Ok(core::SearchResult),
+    Error { class: String, message: String },
+}
+
+impl Outcome {
+    fn of(result: core::Result<core::SearchResult>) -> Self {
+        match result {
+            Ok(r) => Outcome::Ok(r),
+            Err(e) => Outcome::Error {
+                class: error_class(&e).to_string(),
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// One query of a batch: `(problem, space)`, `space` None for the default.
+fn query_arg(item: &Bound<'_, PyAny>) -> PyResult<(ProblemArg, SearchSpace)> {
+    let (problem, space): (Bound<'_, PyAny>, Bound<'_, PyAny>) = item.extract().map_err(|_| {
+        raise(
+            item.py(),
+            "InvalidInputError",
+            "invalid query: expected a (problem, space) pair".into(),
+        )
+    })?;
+    let problem: ProblemArg = arg(&problem, "")?;
+    let space: Option<SearchSpace> = arg(&space, "space")?;
+    Ok((problem, space.unwrap_or_default()))
+}
+
+/// Searches a batch of `(problem, space)` queries in parallel (one pool, GIL released) and
+/// returns one outcome per query, in order: `{"ok": result}` or `{"error": {"class", "message"}}`.
+/// `progress(done, total)` is called every 50 ms while the batch runs.
+#[pyfunction]
+#[pyo3(signature = (queries, threads=None, timeout_s=None, cancel=None, progress=None))]
+fn search_many(
+    py: Python<'_>,
+    queries: &Bound<'_, PyAny>,
+    threads: Option<&Bound<'_, PyAny>>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
+    progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    // Each query is converted on its own, so that one malformed query is its own error.
+    let mut items: Vec<Result<(ProblemArg, SearchSpace), Outcome>> = Vec::new();
+    for item in queries.try_iter()? {
+        items.push(query_arg(&item?).map_err(|e| {
+            Outcome::Error {
+                class: e
+                    .get_type(py)
+                    .name()
+                    .map_or("MeshplanError".into(), |n| n.to_string()),
+                message: e.value(py).to_string(),
+            }
+        }));
+    }
+    let control = control(py, threads, timeout_s, cancel)?;
+    let flag = control.cancel.clone();
+    let done = Arc::new(AtomicUsize::new(0));
+    let watch = progress.map(|callback| Progress {
+        done: done.clone(),
+        total: items.len(),
+        callback: callback.clone().unbind(),
+    });
+    run_watched(
+        py,
+        (items, control),
+        flag,
+        watch,
+        move |(items, control)| {
+            let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(items.len());
+            let mut queries = Vec::new();
+            for item in items {
+                match item.map(|(p, s)| p.validate().map(|p| (p, s))) {
+                    Ok(Ok(query)) => {
+                        queries.push(query);
+                        outcomes.push(None);
+                    }
+                    Ok(Err(e)) => outcomes.push(Some(Outcome::of(Err(e)))),
+                    Err(outcome) => outcomes.push(Some(outcome)),
+                }
+            }
+            done.fetch_add(outcomes.len() - queries.len(), Ordering::Relaxed);
+            let mut results = core::search_many(&queries, &control, Some(&done))?.into_iter();
+            Ok(outcomes
+                .into_iter()
+                .map(|o| {
+                    o.unwrap_or_else(|| {
+                        Outcome::of(results.next().unwrap_or(Err(core::Error::Cancelled)))
+                    })
+                })
+                .collect::<Vec<_>>())
+        },
+    )
+}
+
 /// The module `meshplan._core`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -466,6 +685,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(decode_traffic, m)?)?;
     m.add_function(wrap_pyfunction!(rank_orders, m)?)?;
+    m.add_function(wrap_pyfunction!(feasible_space, m)?)?;
+    m.add_function(wrap_pyfunction!(search_many, m)?)?;
     Ok(())
 }
 
@@ -543,7 +764,7 @@ mod tests {
         // The waiting thread attaches to Python to look for Ctrl-C while the work runs.
         Python::initialize();
         let flag = AtomicBool::new(false);
-        let (outcome, interrupt) = interruptible(&flag, || {
+        let (outcome, interrupt) = interruptible(&flag, None, || {
             std::thread::sleep(3 * SIGNAL_POLL);
             Ok(41 + 1)
         });
