@@ -243,16 +243,23 @@ def test_search_ranking_does_not_depend_on_threads(
     assert one.stats.pruned == two.stats.pruned
 
 
+# A search long enough to be caught running (about a second on one thread): 405B on 16,384
+# GPUs with every knob open, every rank order, TP across domains, vpp and micro-batch up to 64
+# (275 million candidates). The default space of the same problem takes a few milliseconds.
+LONG = (
+    "llama3.1-405b", mp.Cluster("h100-sxm", 16384), mp.Workload(2048, 8192),
+    mp.SearchSpace(max_vpp=64, max_micro_batch=64, tp_within_domain=False,
+                   orders=mp._core.rank_orders()),
+)
+
+
 def test_search_releases_the_gil() -> None:
     """While a long search runs in a thread, the main thread keeps running Python code."""
-    big = dict(
-        model="llama3-70b", cluster=mp.Cluster("h100-sxm", 512), workload=mp.Workload(1024, 8192),
-    )
     started, done = threading.Event(), threading.Event()
 
     def work() -> None:
         started.set()
-        mp.search(big["model"], big["cluster"], big["workload"], threads=1)  # type: ignore[arg-type]
+        mp.search(*LONG, threads=1)
         done.set()
 
     t = threading.Thread(target=work)
@@ -288,8 +295,7 @@ def test_ctrl_c_cancels_a_running_search() -> None:
     threading.Thread(target=interrupt).start()
     start = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
-        mp.search("llama3.1-405b", mp.Cluster("h100-sxm", 16384), mp.Workload(2048, 8192),
-                  threads=1, cancel=token)
+        mp.search(*LONG, threads=1, cancel=token)
         time.sleep(5)  # only reached when the search ended before the interrupt
     # The wait loop saw the signal while the core was still working and told it to stop.
     assert token.cancelled

@@ -9,6 +9,8 @@
 //!   llama3.1-405b on 16,384 h100-sxm (global batch 2,048, seq 8,192), deepseek-v3 on 2,048
 //!   h800-sxm (4,096 × 4,096), llama3-70b on 1,024 h100-sxm (1,024 × 8,192), gpt3-175b on 4,096
 //!   a100-sxm-80g (1,536 × 2,048).
+//! - `feasible_space`: every feasible plan of the 70B problem evaluated in full, in evaluated
+//!   plans per second.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use meshplan_core::*;
@@ -115,5 +117,24 @@ fn search_bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, evaluate_bench, search_bench);
+/// Every feasible plan of the 70B problem, each evaluated in full (breakdowns, worst stage,
+/// metrics: the numbers `evaluate` gives), in evaluated plans per second.
+fn feasible_bench(c: &mut Criterion) {
+    let (_, model, gpu, n, gb, s) = PROBLEMS[2];
+    let p = problem(model, gpu, n, gb, s);
+    let space = SearchSpace::default();
+    let control = Control::default();
+    let plans = feasible_space(&p, &space, &control, DEFAULT_MAX_PLANS)
+        .unwrap()
+        .len();
+    let mut g = c.benchmark_group("feasible_space");
+    g.sample_size(10);
+    g.throughput(Throughput::Elements(plans as u64));
+    g.bench_function("llama3-70b_1024xh100", |b| {
+        b.iter(|| feasible_space(&p, &space, &control, DEFAULT_MAX_PLANS).unwrap())
+    });
+    g.finish();
+}
+
+criterion_group!(benches, evaluate_bench, search_bench, feasible_bench);
 criterion_main!(benches);

@@ -15,12 +15,11 @@ use crate::Problem;
 
 /// Micro-batches per pipeline per step, `m = B / (b·dp·ep)`, rounded up when not exact.
 pub fn micro_batches(problem: &Problem, plan: &Plan) -> u32 {
+    // In u64: `micro_batch·dp·ep` can pass u32 (an absurd micro-batch), which must not wrap to 0.
     let per_step = plan.micro_batch as u64 * plan.dense_dp() as u64;
-    problem
-        .workload
-        .global_batch
-        .div_ceil(per_step.max(1) as u32)
-        .max(1)
+    (problem.workload.global_batch as u64)
+        .div_ceil(per_step.max(1))
+        .max(1) as u32
 }
 
 /// Checks the structural rules (everything but memory) in a fixed order, reporting each broken

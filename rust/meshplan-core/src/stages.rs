@@ -76,7 +76,8 @@ pub fn in_flight(plan: &Plan, micro_batches: u32, stage: u32) -> f64 {
 /// index, and interleaving (`vpp ≥ 2`) never holds less than 1F1B on any rank (the search's
 /// memory bounds rely on both).
 pub fn in_flight_of(schedule: Schedule, pp: u32, vpp: u32, micro_batches: u32, stage: u32) -> f64 {
-    let (p, j, m, v) = (pp, stage, micro_batches, vpp);
+    // In u64, so that absurd degrees of an evaluated plan cannot overflow.
+    let (p, j, m, v) = (pp as u64, stage as u64, micro_batches as u64, vpp as u64);
     match schedule {
         Schedule::OneFOneB | Schedule::ZeroBubbleH1 => (p - j).min(m) as f64,
         Schedule::Interleaved => {
