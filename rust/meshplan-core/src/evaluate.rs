@@ -22,6 +22,17 @@ pub fn micro_batches(problem: &Problem, plan: &Plan) -> u32 {
         .max(1) as u32
 }
 
+/// The keys of the structural rules checked before `batch`: they depend on the plan's degrees
+/// only (not on its micro-batch, schedule, rank order or other knobs), so the search applies
+/// one to every plan of a degree tuple at once.
+pub const DEGREE_RULES: [&str; 5] = [
+    "tp_heads",
+    "tp_kv_heads",
+    "tp_ffn",
+    "ep_experts",
+    "cp_seq_len",
+];
+
 /// Checks the structural rules (everything but memory) in a fixed order, reporting each broken
 /// one to `sink` as (rule key, message). The sink returns `false` to stop early.
 pub fn structural_rules(

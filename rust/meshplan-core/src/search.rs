@@ -34,7 +34,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::evaluate::{
-    memory_capacity_gib, metrics, micro_batches, peak_memory, score, structural_rules,
+    memory_capacity_gib, metrics, micro_batches, peak_memory, score, structural_rules, DEGREE_RULES,
 };
 use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
@@ -646,20 +646,33 @@ impl<'a> Searcher<'a> {
         let mut cells: Vec<(Schedule, u32)> = Vec::with_capacity(knobs.schedules.len());
         let mut floor = [0.0f64; 4];
 
-        for &b in &knobs.micro_batches {
+        // Plans no memory can hold, counted once at the end.
+        let mut too_big = 0u64;
+        for (i, &b) in knobs.micro_batches.iter().enumerate() {
             self.control.check(self.started)?;
             let probe = Plan {
                 micro_batch: b,
                 ..base.clone()
             };
             cells.clear();
-            for &(schedule, vpp) in &knobs.schedules {
+            for (j, &(schedule, vpp)) in knobs.schedules.iter().enumerate() {
                 let plan = Plan {
                     schedule: Some(schedule),
                     vpp,
                     ..probe.clone()
                 };
                 match self.first_structural(&plan, &groups) {
+                    // The rules before `batch` depend on the degrees only, and `batch` on the
+                    // micro-batch only: what removes the first cell removes the order's every
+                    // plan, or the micro-batch's.
+                    Some(rule) if i == 0 && j == 0 && DEGREE_RULES.contains(&rule) => {
+                        part.prune(rule, knobs.count());
+                        return Ok(());
+                    }
+                    Some("batch") if j == 0 => {
+                        part.prune("batch", knobs.schedules.len() as u64 * per_cell);
+                        break;
+                    }
                     Some(rule) => part.prune(rule, per_cell),
                     None => cells.push((schedule, vpp)),
                 }
@@ -668,7 +681,7 @@ impl<'a> Searcher<'a> {
                 continue;
             }
             if hopeless {
-                part.prune("memory", cells.len() as u64 * per_cell);
+                too_big += cells.len() as u64 * per_cell;
                 continue;
             }
             let m = micro_batches(problem, &probe);
@@ -714,7 +727,7 @@ impl<'a> Searcher<'a> {
                         any |= (*f).partial_cmp(&self.capacity_gib) != Some(Ordering::Greater);
                     }
                     if !any {
-                        part.prune("memory", (cells.len() * z) as u64);
+                        too_big += (cells.len() * z) as u64;
                         continue;
                     }
                     let mut time: Option<(TimeContext, TimeParts)> = None;
@@ -728,7 +741,7 @@ impl<'a> Searcher<'a> {
                                 Schedule::OneFOneB | Schedule::ZeroBubbleH1 => floor[zi],
                             };
                             if peak > self.capacity_gib {
-                                part.prune("memory", 1);
+                                too_big += 1;
                                 continue;
                             }
                             part.feasible += 1;
@@ -807,6 +820,7 @@ impl<'a> Searcher<'a> {
                 }
             }
         }
+        part.prune("memory", too_big);
         Ok(())
     }
 
