@@ -46,7 +46,7 @@ use crate::plan::{Plan, RankOrder, Recompute, Schedule};
 use crate::report::{Evaluation, MemoryBreakdown, SearchResult, SearchStats};
 use crate::space::{Degree, SearchSpace};
 use crate::stages::{in_flight, in_flight_of, stages, Stage};
-use crate::time::{breakdown, DpComm, LayerTime, PipelineTimes, TimeContext};
+use crate::time::{breakdown, DpComm, LayerParts, LayerTime, PipelineTimes, TimeContext};
 use crate::Problem;
 
 /// How a caller steers a long search: a cancel flag polled by the workers, a deadline, and the
@@ -467,23 +467,14 @@ struct MemoryParts {
 }
 
 impl MemoryParts {
-    /// Peak memory total over the ranks (the exact value of `peak_memory(..).0.total()`) at ZeRO
-    /// index `zi` under `schedule` with `vpp` chunks and `m` micro-batches.
-    #[allow(clippy::too_many_arguments)]
-    fn peak(
-        &self,
-        problem: &Problem,
-        pipeline: &Pipeline,
-        zi: usize,
-        schedule: Schedule,
-        pp: u32,
-        vpp: u32,
-        m: u32,
-    ) -> f64 {
+    /// Peak memory total over the ranks at ZeRO index `zi` when the first rank of shape `k`
+    /// holds `flights[k]` micro-batches in flight (with the schedule's counts, the exact value of
+    /// `peak_memory(..).0.total()`; every term grows with the counts, so larger counts bound it
+    /// from above).
+    fn peak(&self, problem: &Problem, zi: usize, flights: &[f64]) -> f64 {
         let mut peak = f64::NEG_INFINITY;
-        for (k, first) in pipeline.shapes.iter().enumerate() {
+        for (k, &flight) in flights.iter().enumerate() {
             let i = k * self.z + zi;
-            let flight = in_flight_of(schedule, pp, vpp, m, first.index);
             let total = assemble(
                 problem,
                 self.states[i],
@@ -645,6 +636,7 @@ impl<'a> Searcher<'a> {
         let mut stage_times: Vec<LayerTime> = Vec::with_capacity(pipeline.stages.len());
         let mut cells: Vec<(Schedule, u32)> = Vec::with_capacity(knobs.schedules.len());
         let mut floor = [0.0f64; 4];
+        let mut flights: Vec<f64> = Vec::new();
 
         // Plans no memory can hold, counted once at the end.
         let mut too_big = 0u64;
@@ -685,6 +677,30 @@ impl<'a> Searcher<'a> {
                 continue;
             }
             let m = micro_batches(problem, &probe);
+            // In-flight micro-batches of each shape's first rank: per cell, under 1F1B (the
+            // least of any schedule on every rank), and the most of any interleaved cell.
+            let shapes = pipeline.shapes.len();
+            let flight = |schedule, vpp, k: usize| {
+                in_flight_of(schedule, base.pp, vpp, m, pipeline.shapes[k].index)
+            };
+            flights.clear();
+            for &(schedule, vpp) in &cells {
+                flights.extend((0..shapes).map(|k| flight(schedule, vpp, k)));
+            }
+            let least: Vec<f64> = (0..shapes)
+                .map(|k| flight(Schedule::OneFOneB, 1, k))
+                .collect();
+            let interleaved = cells.iter().any(|c| c.0 == Schedule::Interleaved);
+            let most: Vec<f64> = (0..shapes)
+                .map(|k| {
+                    cells
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, c)| c.0 == Schedule::Interleaved)
+                        .map(|(c, _)| flights[c * shapes + k])
+                        .fold(f64::NEG_INFINITY, f64::max)
+                })
+                .collect();
             let tokens = b as f64 * problem.workload.seq_len as f64 / base.cp as f64;
             for &sp in &knobs.sequence_parallel {
                 let sp_plan = Plan {
@@ -692,6 +708,8 @@ impl<'a> Searcher<'a> {
                     ..probe.clone()
                 };
                 let layer_bytes = layer_activations(problem, &sp_plan);
+                // Layer times before recompute (dense, MoE), shared by the recompute modes.
+                let mut layer_parts: Option<(LayerParts, Option<LayerParts>)> = None;
                 for &rec in &knobs.recompute {
                     let plan = Plan {
                         recompute: rec,
@@ -723,20 +741,29 @@ impl<'a> Searcher<'a> {
                     // its memory bounds every schedule's from below (and is ZB-H1's exactly).
                     let mut any = false;
                     for (zi, f) in floor.iter_mut().enumerate().take(z) {
-                        *f = memory.peak(problem, pipeline, zi, Schedule::OneFOneB, base.pp, 1, m);
+                        *f = memory.peak(problem, zi, &least);
                         any |= (*f).partial_cmp(&self.capacity_gib) != Some(Ordering::Greater);
                     }
                     if !any {
                         too_big += (cells.len() * z) as u64;
                         continue;
                     }
+                    // Where the most any interleaved cell holds fits, every one does.
+                    let mut roomy = [false; 4];
+                    if interleaved {
+                        for (zi, r) in roomy.iter_mut().enumerate().take(z) {
+                            *r = memory.peak(problem, zi, &most) <= self.capacity_gib;
+                        }
+                    }
                     let mut time: Option<(TimeContext, TimeParts)> = None;
-                    for &(schedule, vpp) in &cells {
+                    for (c, &(schedule, vpp)) in cells.iter().enumerate() {
                         for (zi, &zero) in knobs.zero.iter().enumerate() {
+                            // The plan's peak memory, or a bound that decides as well.
                             let peak = match schedule {
                                 _ if floor[zi] > self.capacity_gib => floor[zi],
+                                Schedule::Interleaved if roomy[zi] => floor[zi],
                                 Schedule::Interleaved => {
-                                    memory.peak(problem, pipeline, zi, schedule, base.pp, vpp, m)
+                                    memory.peak(problem, zi, &flights[c * shapes..(c + 1) * shapes])
                                 }
                                 Schedule::OneFOneB | Schedule::ZeroBubbleH1 => floor[zi],
                             };
@@ -755,6 +782,7 @@ impl<'a> Searcher<'a> {
                                     &mut dp_comm,
                                     &mut optimizer,
                                     &mut stage_times,
+                                    &mut layer_parts,
                                 )
                             });
                             let bubble = parts.pipeline.bubble(schedule, vpp);
@@ -838,6 +866,7 @@ impl<'a> Searcher<'a> {
         dp_comm: &mut Vec<DpComm>,
         optimizer: &mut [f64; 4],
         stage_times: &mut Vec<LayerTime>,
+        layer_parts: &mut Option<(LayerParts, Option<LayerParts>)>,
     ) -> (TimeContext<'p>, TimeParts)
     where
         'a: 'p,
@@ -863,7 +892,13 @@ impl<'a> Searcher<'a> {
                     .fold(0.0, f64::max);
             }
         }
-        let (dense, moe) = tc.layers();
+        // As `TimeContext::layers`, with the recompute-independent part computed once.
+        let (dense, moe) = layer_parts.get_or_insert_with(|| {
+            let moe = self.problem.model.is_moe().then(|| tc.layer_parts(true));
+            (tc.layer_parts(false), moe)
+        });
+        let dense = dense.with(plan.recompute);
+        let moe = moe.map_or(dense, |m| m.with(plan.recompute));
         let shape_times: Vec<LayerTime> = pipeline
             .shapes
             .iter()

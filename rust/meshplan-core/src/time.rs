@@ -80,6 +80,32 @@ impl LayerTime {
     }
 }
 
+/// A layer's time without recompute, and its core-attention forward (what selective recompute
+/// repeats).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerParts {
+    pub time: LayerTime,
+    pub attention_fwd: f64,
+}
+
+impl LayerParts {
+    /// The layer's time under `recompute`: full recompute repeats the forward in the backward,
+    /// selective the core attention.
+    pub fn with(&self, recompute: Recompute) -> LayerTime {
+        let LayerTime {
+            fwd,
+            mut bwd,
+            wgrad,
+        } = self.time;
+        match recompute {
+            Recompute::Full => bwd.add_scaled(&fwd, 1.0),
+            Recompute::Selective => bwd.compute += self.attention_fwd,
+            Recompute::None => {}
+        }
+        LayerTime { fwd, bwd, wgrad }
+    }
+}
+
 /// Device and fabric constants of one plan, resolved once.
 pub struct TimeContext<'a> {
     problem: &'a Problem,
@@ -203,6 +229,12 @@ impl<'a> TimeContext<'a> {
 
     /// Seconds of one layer (dense or MoE) for one micro-batch.
     pub fn layer(&self, moe: bool) -> LayerTime {
+        self.layer_parts(moe).with(self.plan.recompute)
+    }
+
+    /// [`Self::layer`] before recompute, which only adds to the backward pass: the same for
+    /// every recompute mode of the plan.
+    pub fn layer_parts(&self, moe: bool) -> LayerParts {
         let model = self.model();
         let plan = self.plan;
         let cal = &self.problem.cluster.gpu.calibration;
@@ -355,18 +387,16 @@ impl<'a> TimeContext<'a> {
             cp: cp_fwd,
             ep: ep_fwd,
         };
-        let mut bwd = Pass {
+        let bwd = Pass {
             compute: bwd_compute,
             tp: tp_fwd,
             cp: cp_bwd,
             ep: ep_fwd,
         };
-        match plan.recompute {
-            Recompute::Full => bwd.add_scaled(&fwd, 1.0),
-            Recompute::Selective => bwd.compute += attn_fwd,
-            Recompute::None => {}
+        LayerParts {
+            time: LayerTime { fwd, bwd, wgrad },
+            attention_fwd: attn_fwd,
         }
-        LayerTime { fwd, bwd, wgrad }
     }
 
     /// Extra seconds of the first (embedding) and last (LM head, loss) ranks per micro-batch.
