@@ -123,7 +123,8 @@ pub struct Groups {
 /// straddles a domain boundary that the block size does not force.
 pub fn domain_block(num_gpus: u64, domain: u32) -> u32 {
     let n = num_gpus.max(1);
-    (1..=domain.max(1) as u64)
+    // No divisor of n exceeds n: start there, not at a (possibly huge) domain size.
+    (1..=(domain.max(1) as u64).min(n))
         .rev()
         .find(|d| n % d == 0)
         .unwrap_or(1) as u32

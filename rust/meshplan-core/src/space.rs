@@ -55,6 +55,10 @@ impl Degree {
 /// Default memory headroom kept free on every GPU, GiB. Fixed memory and fragmentation are
 /// modelled separately (calibration), so this is only a safety margin for the user.
 pub const DEFAULT_MEMORY_HEADROOM_GIB: f64 = 1.0;
+/// Largest bound accepted for `vpp` and `micro_batch` (the search lists every allowed value).
+pub const MAX_KNOB_VALUE: u32 = 1 << 16;
+/// Largest `top_k` accepted (use `feasible_space` for every feasible plan).
+pub const MAX_TOP_K: u32 = 1 << 20;
 /// Default number of plans returned.
 pub const DEFAULT_TOP_K: u32 = 10;
 /// Default largest micro-batch tried.
@@ -144,6 +148,25 @@ impl SearchSpace {
             ("micro_batch", &self.micro_batch),
         ] {
             d.validate(name)?;
+        }
+        // The search lists every allowed value of these two knobs: bound them.
+        for (name, d) in [("vpp", &self.vpp), ("micro_batch", &self.micro_batch)] {
+            for (part, v) in [("fixed", d.fixed), ("min", d.min), ("max", d.max)] {
+                if v.is_some_and(|v| v > MAX_KNOB_VALUE) {
+                    return Err(Error::invalid(
+                        format!("space.{name}.{part}"),
+                        v.unwrap_or_default(),
+                        format!("at most {MAX_KNOB_VALUE}"),
+                    ));
+                }
+            }
+        }
+        if self.top_k > MAX_TOP_K {
+            return Err(Error::invalid(
+                "space.top_k",
+                self.top_k,
+                format!("1..={MAX_TOP_K}"),
+            ));
         }
         if self.zero.is_empty() {
             return Err(Error::invalid(
