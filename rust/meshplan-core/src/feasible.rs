@@ -98,8 +98,16 @@ macro_rules! columns {
                 $( self.$field.push($value); )*
             }
 
-            pub fn append(&mut self, mut other: Rows) {
-                $( self.$field.append(&mut other.$field); )*
+            /// The chunks one after the other, each row copied once.
+            pub fn concat(chunks: Vec<Rows>) -> Rows {
+                let n = chunks.iter().map(Rows::len).sum();
+                let mut out = Rows {
+                    $( $field: Vec::with_capacity(n), )*
+                };
+                for mut c in chunks {
+                    $( out.$field.append(&mut c.$field); )*
+                }
+                out
             }
 
             /// Reorders every column by `perm` (row `i` becomes old row `perm[i]`).
@@ -222,14 +230,21 @@ impl Rows {
                 codes.orders[self.order[i] as usize],
             )
         };
-        let mut perm: Vec<u32> = (0..self.len() as u32).collect();
-        perm.sort_unstable_by(|&a, &b| {
-            let (a, b) = (a as usize, b as usize);
-            self.tokens_per_s_per_gpu[b]
-                .total_cmp(&self.tokens_per_s_per_gpu[a])
-                .then_with(|| key(a).cmp(&key(b)))
+        // Sorted on (tokens/s, row) pairs: the plan's fields are only read to break ties.
+        let mut order: Vec<(f64, u32)> = self
+            .tokens_per_s_per_gpu
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (*t, i as u32))
+            .collect();
+        order.sort_unstable_by(|a, b| {
+            b.0.total_cmp(&a.0)
+                .then_with(|| key(a.1 as usize).cmp(&key(b.1 as usize)))
         });
-        self.permute(&perm);
+        let perm: Vec<u32> = order.into_iter().map(|(_, i)| i).collect();
+        if perm.iter().enumerate().any(|(i, &j)| i as u32 != j) {
+            self.permute(&perm);
+        }
         drop(perm);
         self.rank = (1..=self.len() as u32).collect();
         FeasibleSpace {

@@ -375,7 +375,10 @@ struct Partial {
     candidates: u64,
     feasible: u64,
     pruned: BTreeMap<&'static str, u64>,
+    /// The rows of the tuple being scored ([`Keep::All`]).
     rows: Rows,
+    /// The rows of finished tuples, in tuple order.
+    chunks: Vec<Rows>,
 }
 
 impl Partial {
@@ -387,6 +390,7 @@ impl Partial {
             feasible: 0,
             pruned: BTreeMap::new(),
             rows: Rows::default(),
+            chunks: Vec::new(),
         }
     }
 
@@ -405,7 +409,7 @@ impl Partial {
         for (k, v) in other.pruned {
             *self.pruned.entry(k).or_default() += v;
         }
-        self.rows.append(other.rows);
+        self.chunks.extend(other.chunks);
         self
     }
 }
@@ -594,6 +598,10 @@ impl<'a> Searcher<'a> {
                 ..base.clone()
             };
             self.score_knobs(&mut part, &base, &knobs, &groups, &pipeline)?;
+        }
+        if part.rows.len() > 0 {
+            let rows = std::mem::take(&mut part.rows);
+            part.chunks.push(rows);
         }
         Ok(part)
     }
@@ -992,7 +1000,7 @@ pub fn feasible_space(
     let total =
         thread_pool(threads)?.install(|| collect(problem, space, control, None, keep, started))?;
     let stats = stats(&total, started, threads);
-    Ok(total.rows.finish(&codes, stats))
+    Ok(Rows::concat(total.chunks).finish(&codes, stats))
 }
 
 /// One query of [`search_many`]: a problem and its search space.
