@@ -555,6 +555,23 @@ impl<'a> Searcher<'a> {
         first
     }
 
+    /// GPU-seconds per step above which a plan's tokens/s per GPU surely falls below the worst
+    /// of a full `top` (so it needs no division); infinite when every plan must be looked at
+    /// (a top not yet full, all plans kept, or plans counted against `faster_than`). The margin
+    /// (1e-9, far above the rounding of the two divisions) keeps the test exact.
+    fn slower_than(&self, top: &TopK) -> f64 {
+        match top.plans.last() {
+            Some(worst)
+                if top.plans.len() >= top.k
+                    && self.faster_than.is_none()
+                    && matches!(self.keep, Keep::Top) =>
+            {
+                self.problem.workload.tokens_per_step() / worst.tokens_per_s * (1.0 + 1e-9)
+            }
+            _ => f64::INFINITY,
+        }
+    }
+
     /// The least memory any plan of this tuple can need (see the module docs).
     fn memory_lower_bound(
         &self,
@@ -648,6 +665,7 @@ impl<'a> Searcher<'a> {
 
         // Plans no memory can hold, counted once at the end.
         let mut too_big = 0u64;
+        let mut slower_than = self.slower_than(&part.top);
         for (i, &b) in knobs.micro_batches.iter().enumerate() {
             self.control.check(self.started)?;
             let probe = Plan {
@@ -803,8 +821,11 @@ impl<'a> Searcher<'a> {
                                 parts.dp[zi],
                                 optimizer[zi],
                             );
-                            let tokens_per_s = problem.workload.tokens_per_step()
-                                / (step.total() * problem.cluster.num_gpus as f64);
+                            let gpu_s = step.total() * problem.cluster.num_gpus as f64;
+                            if gpu_s > slower_than {
+                                continue; // surely below the worst kept plan
+                            }
+                            let tokens_per_s = problem.workload.tokens_per_step() / gpu_s;
                             if self.faster_than.is_some_and(|t| tokens_per_s > t) {
                                 part.faster += 1;
                             }
@@ -822,7 +843,10 @@ impl<'a> Searcher<'a> {
                                 ..plan.clone()
                             };
                             match self.keep {
-                                Keep::Top => part.top.push(Ranked { tokens_per_s, plan }),
+                                Keep::Top => {
+                                    part.top.push(Ranked { tokens_per_s, plan });
+                                    slower_than = self.slower_than(&part.top);
+                                }
                                 Keep::All {
                                     max_plans,
                                     kept,
