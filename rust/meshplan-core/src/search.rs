@@ -658,7 +658,7 @@ impl<'a> Searcher<'a> {
         // Per (shape, ZeRO), filled on the first plan that fits: DP/ZeRO collectives, optimizer.
         let mut dp_comm: Vec<DpComm> = Vec::new();
         let mut optimizer = [0.0f64; 4];
-        let mut stage_times: Vec<LayerTime> = Vec::with_capacity(pipeline.stages.len());
+        let mut stage_times: Vec<[f64; 3]> = Vec::with_capacity(pipeline.shapes.len());
         let mut cells: Vec<(Schedule, u32)> = Vec::with_capacity(knobs.schedules.len());
         let mut floor = [0.0f64; 4];
         let mut flights: Vec<f64> = Vec::new();
@@ -897,7 +897,7 @@ impl<'a> Searcher<'a> {
         m: u32,
         dp_comm: &mut Vec<DpComm>,
         optimizer: &mut [f64; 4],
-        stage_times: &mut Vec<LayerTime>,
+        stage_times: &mut Vec<[f64; 3]>,
         layer_parts: &mut Option<(LayerParts, Option<LayerParts>)>,
     ) -> (TimeContext<'p>, TimeParts)
     where
@@ -936,8 +936,13 @@ impl<'a> Searcher<'a> {
             .iter()
             .map(|s| tc.stage(s, &dense, &moe))
             .collect();
+        // Per shape: total, backward total, and total less the weight gradient.
         stage_times.clear();
-        stage_times.extend(pipeline.shape_of.iter().map(|&k| shape_times[k]));
+        stage_times.extend(shape_times.iter().map(|t| {
+            let total = t.total();
+            [total, t.bwd.total(), total - t.wgrad]
+        }));
+        let totals = &stage_times[..];
         let mut dp = [0.0f64; 4];
         for (zi, d) in dp.iter_mut().enumerate().take(z) {
             let exposed: Vec<f64> = shape_times
@@ -947,17 +952,36 @@ impl<'a> Searcher<'a> {
                 .collect();
             // Stage j finishes its last backward about j backward passes before stage 0.
             *d = pipeline
-                .stages
+                .shape_of
                 .iter()
-                .zip(stage_times.iter())
-                .map(|(s, st)| {
-                    let k = pipeline.shape_of[s.index as usize];
-                    (exposed[k] - s.index as f64 * st.bwd.total()).max(0.0)
-                })
+                .enumerate()
+                .map(|(j, &k)| (exposed[k] - j as f64 * totals[k][1]).max(0.0))
                 .fold(0.0, f64::max);
         }
+        // `PipelineTimes::of` over the ranks, from the shapes' sums (same values, same order).
+        let worst = pipeline
+            .shape_of
+            .iter()
+            .copied()
+            .max_by(|&a, &b| totals[a][0].total_cmp(&totals[b][0]))
+            .map_or_else(LayerTime::default, |k| shape_times[k]);
+        let pipeline_times = PipelineTimes {
+            worst,
+            sum: pipeline.shape_of.iter().map(|&k| totals[k][0]).sum(),
+            deferred: pipeline.shape_of.iter().map(|&k| totals[k][2]).sum(),
+        };
+        debug_assert_eq!(
+            pipeline_times,
+            PipelineTimes::of(
+                &pipeline
+                    .shape_of
+                    .iter()
+                    .map(|&k| shape_times[k])
+                    .collect::<Vec<_>>()
+            )
+        );
         let parts = TimeParts {
-            pipeline: PipelineTimes::of(stage_times),
+            pipeline: pipeline_times,
             hop: tc.pp_hop_s(),
             dp,
         };
