@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import meshplan as mp
+from meshplan import _core
 from meshplan.client import PlannerClient
 from meshplan.server import PlannerServer, ServerConfig
 
@@ -55,17 +56,19 @@ def test_signal_drains_in_flight_calls_then_exits_0(
     token = tmp_path / "token"
     token.write_text("abc\n")
     proc, address, features = serve("--workers", "2", "--grace-s", "60",
-                                    "--token-file", str(token), "--max-candidates", "100000000")
+                                    "--token-file", str(token), "--max-candidates", "1000000000000")
     stop_at_end.append(proc)
     assert address.startswith("127.0.0.1:")  # loopback by default
-    assert "token auth" in features and "max 100,000,000 candidates" in features
+    assert "token auth" in features and "max 1,000,000,000,000 candidates" in features
     with PlannerClient(address, token="abc", timeout_s=120) as client, \
             ThreadPoolExecutor(1) as pool:
         assert client.health() == "SERVING"
-        # A search of a second or two is in flight when the signal arrives; it still completes.
+        # A search of a few seconds (every knob open at the server's largest bounds) is in
+        # flight when the signal arrives; it still completes.
         in_flight = pool.submit(client.search, "llama3.1-405b", mp.Cluster("h100-sxm", 16384),
                                 mp.Workload(2048, 8192),
-                                mp.SearchSpace(max_vpp=64, max_micro_batch=64))
+                                mp.SearchSpace(max_vpp=4096, max_micro_batch=4096,
+                                               tp_within_domain=False, orders=_core.rank_orders()))
         time.sleep(0.5)
         assert not in_flight.done()
         proc.send_signal(signum)
