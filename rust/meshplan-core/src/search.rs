@@ -572,7 +572,11 @@ impl<'a> Searcher<'a> {
         }
     }
 
-    /// The least memory any plan of this tuple can need (see the module docs).
+    /// The least memory any plan of this tuple can need (see the module docs): the smallest
+    /// micro-batch, sequence parallel when allowed, 1F1B, and the least over the allowed ZeRO
+    /// stages and recompute modes — neither is monotone on its own (with about one layer per
+    /// stage, ZeRO-3's gathered layers or full recompute's rebuilt layer can cost more than they
+    /// save).
     fn memory_lower_bound(
         &self,
         base: &Plan,
@@ -580,23 +584,27 @@ impl<'a> Searcher<'a> {
         groups: &Groups,
         stages: &[Stage],
     ) -> f64 {
-        let plan = Plan {
-            micro_batch: knobs.micro_batches[0],
-            zero: *knobs.zero.iter().max().unwrap_or(&0),
-            recompute: if knobs.recompute.contains(&Recompute::Full) {
-                Recompute::Full
-            } else {
-                knobs.recompute[0]
-            },
-            sequence_parallel: knobs.sequence_parallel.contains(&true),
-            vpp: 1,
-            schedule: Some(Schedule::OneFOneB),
-            ..base.clone()
-        };
-        let m = micro_batches(self.problem, &plan);
-        peak_memory(self.problem, &plan, groups, stages, m)
-            .0
-            .total()
+        let mut least = f64::INFINITY;
+        for &zero in &knobs.zero {
+            for &recompute in &knobs.recompute {
+                let plan = Plan {
+                    micro_batch: knobs.micro_batches[0],
+                    zero,
+                    recompute,
+                    sequence_parallel: knobs.sequence_parallel.contains(&true),
+                    vpp: 1,
+                    schedule: Some(Schedule::OneFOneB),
+                    ..base.clone()
+                };
+                let m = micro_batches(self.problem, &plan);
+                least = least.min(
+                    peak_memory(self.problem, &plan, groups, stages, m)
+                        .0
+                        .total(),
+                );
+            }
+        }
+        least
     }
 
     fn tuple(&self, degrees: [u32; 5]) -> Result<Partial> {

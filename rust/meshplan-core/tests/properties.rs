@@ -224,3 +224,34 @@ fn pruned_search_equals_brute_force() {
         }
     }
 }
+
+/// The tuple-level memory bound must be a true lower bound: with about one layer per pipeline
+/// rank, ZeRO-3's gathered layers (and full recompute's rebuilt layer) cost more than they save,
+/// so the bound takes the least over the allowed ZeRO stages and recompute modes. Here every
+/// feasible plan is a ZeRO-1/2 one that a "highest ZeRO stage" bound used to prune.
+#[test]
+fn memory_bound_does_not_prune_feasible_low_zero_plans() {
+    let p = problem("gpt3-175b", "a100-sxm-40g", 192, 192, 2048);
+    let space = SearchSpace {
+        tp: Degree {
+            fixed: Some(1),
+            ..Degree::default()
+        },
+        pp: Degree {
+            fixed: Some(96),
+            ..Degree::default()
+        },
+        ..small_space()
+    };
+    let brute: Vec<Plan> = all_plans(&p, &space)
+        .into_iter()
+        .filter(|pl| pl.tp == 1 && pl.pp == 96)
+        .collect();
+    let feasible = brute
+        .iter()
+        .filter(|pl| evaluate_in(&p, pl, &space).unwrap().feasible)
+        .count() as u64;
+    assert!(feasible > 0);
+    let r = search(&p, &space, &Control::default()).unwrap();
+    assert_eq!(r.stats.feasible, feasible);
+}
