@@ -1,0 +1,91 @@
+//! Helpers shared by the integration tests: problems from presets, and every plan of a small
+//! search space by brute force (what the pruned search must reproduce exactly).
+#![allow(dead_code)] // each test crate uses a subset
+
+use meshplan_core::*;
+
+pub fn problem(model: &str, gpu: &str, n: u32, global_batch: u32, seq_len: u32) -> Problem {
+    let cluster = Cluster {
+        gpu: presets::gpu(gpu).unwrap(),
+        num_gpus: n,
+        gpus_per_node: None,
+        nvlink_domain: None,
+    };
+    Problem::new(
+        presets::model(model).unwrap(),
+        cluster,
+        Workload::new(global_batch, seq_len),
+    )
+    .unwrap()
+}
+
+pub fn divisors(n: u32) -> Vec<u32> {
+    (1..=n).filter(|d| n % d == 0).collect()
+}
+
+/// Every (dp, tp, pp, ep, cp) with product n.
+pub fn factorisations(n: u32, moe: bool) -> Vec<[u32; 5]> {
+    let mut out = Vec::new();
+    for tp in divisors(n) {
+        for pp in divisors(n / tp) {
+            for cp in divisors(n / tp / pp) {
+                for ep in divisors(n / tp / pp / cp) {
+                    if !moe && ep > 1 {
+                        continue;
+                    }
+                    out.push([n / tp / pp / cp / ep, tp, pp, ep, cp]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every plan of `space` as the search defines it, by brute force.
+pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
+    let mut out = Vec::new();
+    for [dp, tp, pp, ep, cp] in factorisations(p.cluster.num_gpus, p.model.is_moe()) {
+        let mut schedules = vec![(Schedule::OneFOneB, 1)];
+        if pp > 1 {
+            schedules.push((Schedule::ZeroBubbleH1, 1));
+            for v in 2..=space.vpp.max.unwrap() {
+                schedules.push((Schedule::Interleaved, v));
+            }
+        }
+        let zeros: Vec<u8> = if dp * ep * cp == 1 {
+            vec![0]
+        } else {
+            vec![0, 1, 2, 3]
+        };
+        let sps: Vec<bool> = if tp > 1 {
+            vec![false, true]
+        } else {
+            vec![false]
+        };
+        for b in 1..=space.micro_batch.max.unwrap().min(p.workload.global_batch) {
+            for &(schedule, vpp) in &schedules {
+                for &zero in &zeros {
+                    for recompute in Recompute::ALL {
+                        for &sequence_parallel in &sps {
+                            out.push(Plan {
+                                dp,
+                                tp,
+                                pp,
+                                ep,
+                                cp,
+                                vpp,
+                                micro_batch: b,
+                                zero,
+                                recompute,
+                                sequence_parallel,
+                                schedule: Some(schedule),
+                                order: RankOrder::DEFAULT,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
