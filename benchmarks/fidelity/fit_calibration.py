@@ -6,8 +6,8 @@ What is fitted, and how (see docs/calibration.md):
   signed throughput error of that group's *dense* runs is zero (dense runs only, so that errors
   of the MoE terms do not leak into the GEMM efficiency); groups with fewer than 3 runs keep
   their data-file value;
-* four software constants shared by every GPU — ``elementwise_bytes_per_hidden``,
-  ``attention_efficiency``, ``layer_overhead_us`` and ``tp_overlap`` — on a grid; each grid point
+* five software constants shared by every GPU — ``elementwise_bytes_per_hidden``,
+  ``attention_efficiency``, ``layer_overhead_us``, ``tp_overlap`` and ``dp_overlap`` — on a grid; each grid point
   refits the GEMM efficiencies and is scored by
   ``median APE + p90 APE / 4 + median regret`` over all representable runs (the regret term needs
   a search per run, so it is what makes a grid point slow).

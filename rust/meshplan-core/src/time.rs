@@ -13,13 +13,12 @@ use crate::model::{Activation, Model};
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::TimeBreakdown;
 use crate::stages::Stage;
+use crate::traffic::{self, WIRE_BYTES};
 use crate::Problem;
 
 /// Parameters per data-parallel gradient bucket: Megatron's DDP default
 /// (`bucket_size = max(40_000_000, 1_000_000 · dp)`, megatron/core/distributed), the lower bound.
 const DP_BUCKET_PARAMS: f64 = 40e6;
-/// Bytes per activation element on the wire (bf16).
-const WIRE_BYTES: f64 = 2.0;
 /// Bytes moved per element cast from 16 bits to 8 (read 2, write 1).
 const CAST_BYTES: f64 = 3.0;
 /// Bytes moved per element of a transposed FP8 copy (write 1, read 1).
@@ -281,7 +280,6 @@ impl<'a> TimeContext<'a> {
             Activation::Swiglu => 2.0,
             Activation::Gelu => 1.0,
         };
-        let mut tp_points = 1.0; // after the attention output projection
         let moe_cfg = model.moe.as_ref().filter(|_| moe);
         match moe_cfg {
             Some(m) => {
@@ -298,14 +296,11 @@ impl<'a> TimeContext<'a> {
                     self.linear(&mut g, tok, gate_up * fsh / t, h, 1.0);
                     self.linear(&mut g, tok, h, fsh / t, 1.0);
                 }
-                // Tokens are gathered over TP around the experts: top_k copies of each (§3.7).
-                tp_points += m.top_k as f64;
             }
             None => {
                 let f = model.ffn_hidden as f64;
                 self.linear(&mut g, tok, gate_up * f / t, h, 1.0);
                 self.linear(&mut g, tok, h, f / t, 1.0);
-                tp_points += 1.0;
             }
         }
 
@@ -347,6 +342,7 @@ impl<'a> TimeContext<'a> {
 
         // Tensor parallel (§3.4).
         let tp_fwd = if plan.tp > 1 {
+            let tp_points = traffic::tp_points_per_layer(moe_cfg) as f64;
             (1.0 - cal.tp_overlap) * tp_points * self.tp_point(tok * h * WIRE_BYTES)
         } else {
             0.0
@@ -355,13 +351,8 @@ impl<'a> TimeContext<'a> {
         // Context parallel ring (§3.8): c−1 K/V blocks, each hidden behind one attention block.
         let (cp_fwd, cp_bwd) = if plan.cp > 1 {
             let c = plan.cp as f64;
-            let kv_width = match &model.mla {
-                Some(_) => a_local * (dqk + dv),
-                None => 2.0 * (model.kv_heads as f64 / t).max(1.0) * dqk,
-            };
-            let xfer = self
-                .fabric
-                .p2p_s(tok * kv_width * WIRE_BYTES, self.groups.cp.within_domain());
+            let kv_bytes = tok * traffic::cp_kv_bytes_per_token(model, plan.tp);
+            let xfer = self.fabric.p2p_s(kv_bytes, self.groups.cp.within_domain());
             let fwd = (c - 1.0) * (xfer - attn_fwd / c).max(0.0);
             let bwd = (c - 1.0) * (2.0 * xfer - attn_bwd / c).max(0.0);
             (fwd, bwd)
