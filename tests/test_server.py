@@ -297,7 +297,9 @@ def test_the_server_side_deadline_is_passed_to_the_core(client: PlannerClient) -
     original = server.search
 
     def spy(*args: Any, **kwargs: Any) -> mp.SearchResult:
-        assert kwargs["timeout_s"] is not None and 0 < kwargs["timeout_s"] <= 0.5
+        # gRPC encodes the deadline as a rounded-up `grpc-timeout` header, so the server may see
+        # a hair more than the client's 0.5 s; never a missing or a much larger one.
+        assert kwargs["timeout_s"] is not None and 0 < kwargs["timeout_s"] <= 0.5 + 0.05
         try:
             return original(*args, **kwargs)
         except BaseException as e:
