@@ -22,6 +22,8 @@
 //!
 //! torchtitan's FSDP under pipeline parallelism keeps parameters unsharded through the step
 //! (`fsdp_reshard_after_forward` defaults to False with PP), so those runs are ZeRO-1 plans.
+//! Llama 3's FSDP variant accumulates fp32 gradients over the micro-batches and reduce-scatters
+//! them once per step (arXiv:2407.21783 §3.3.4), so its "ZeRO-2-like" runs are ZeRO-1 plans.
 //!
 //! Gradients are reduced in bf16 (2 bytes) for NVIDIA's NeMo, Megatron-Bridge and DGX Cloud
 //! recipes, in fp32 for every other source (Megatron-LM's and torchtitan's defaults).
@@ -479,6 +481,19 @@ fn published_plan(
             Some(3) if p.pp > 1 && case.source.starts_with("torchtitan") => {
                 defaults.push(
                     "plan.zero=1 (torchtitan FSDP under PP keeps parameters unsharded)".into(),
+                );
+                1
+            }
+            // Llama 3 accumulates fp32 gradients over the micro-batches of a step and
+            // reduce-scatters them once ("we use FP32 gradient accumulation during backward
+            // computation over multiple micro-batches and also reduce-scatter gradients in FP32
+            // across data parallel workers in FSDP", arXiv:2407.21783 §3.3.4): the gradient
+            // buffer is whole through the step and reduced once — ZeRO-1, not a per-micro-batch
+            // ZeRO-2 reduction.
+            Some(2) if case.source.starts_with("Llama Team") => {
+                defaults.push(
+                    "plan.zero=1 (Llama 3 accumulates fp32 gradients, reduce-scatters once per step)"
+                        .into(),
                 );
                 1
             }
