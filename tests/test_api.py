@@ -43,7 +43,7 @@ def test_workload_defaults_and_round_trip() -> None:
     w = mp.Workload(512, 2048)
     assert w.to_dict() == {
         "global_batch": 512, "seq_len": 2048, "precision": "bf16", "optimizer": "adam",
-        "grad_bytes": 4, "lora": False, "flash_attention": True,
+        "grad_bytes": 4, "lora": False, "flash_attention": True, "fused_cross_entropy": True,
     }
     assert mp.Workload.from_dict(w.to_dict()) == w
 
@@ -62,6 +62,42 @@ def test_unfused_attention_stores_more_activations(
     fused = mp.evaluate(model, cluster, mp.Workload(64, 4096), FSDP)
     unfused = mp.evaluate(model, cluster, mp.Workload(64, 4096, flash_attention=False), FSDP)
     assert unfused.memory_gib["activations"] > fused.memory_gib["activations"]
+
+
+def test_an_eager_fp32_loss_holds_six_more_bytes_per_logit(
+    model: mp.Model, cluster: mp.Cluster
+) -> None:
+    fused = mp.evaluate(model, cluster, mp.Workload(64, 4096), FSDP)
+    eager = mp.evaluate(model, cluster, mp.Workload(64, 4096, fused_cross_entropy=False), FSDP)
+    logits = 4096 * model.vocab  # one micro-batch of one sequence on the last (only) stage
+    frag = 1.05  # the allocator margin charged on transients (gpus.toml fragmentation)
+    extra = eager.memory_gib["transient"] - fused.memory_gib["transient"]
+    assert extra * 2**30 == pytest.approx(6 * logits * frag, rel=1e-9)
+    assert eager.step_time_s == fused.step_time_s
+
+
+def test_op_level_checkpointing_sits_between_none_and_full(
+    model: mp.Model, cluster: mp.Cluster, workload: mp.Workload
+) -> None:
+    ev = {r: mp.evaluate(model, cluster, workload, f"dp=8,tp=1,pp=1,zero=3,recompute={r}")
+          for r in ("none", "selective-op", "full")}
+    act = {r: e.memory_gib["activations"] for r, e in ev.items()}
+    assert act["full"] < act["selective-op"] < act["none"]
+    step = {r: e.step_time_s for r, e in ev.items()}
+    assert step["none"] < step["selective-op"] < step["full"]
+    assert ev["selective-op"].plan.recompute == "selective-op"
+
+
+def test_op_level_checkpointing_is_searched_only_when_asked(
+    model: mp.Model, cluster: mp.Cluster, workload: mp.Workload
+) -> None:
+    default = mp.search(model, cluster, workload, mp.SearchSpace(top_k=1000))
+    assert {p.plan.recompute for p in default.plans} <= {"none", "selective", "full"}
+    space = mp.SearchSpace(recompute=["selective-op"], top_k=1000)
+    only = mp.search(model, cluster, workload, space)
+    assert only.plans and {p.plan.recompute for p in only.plans} == {"selective-op"}
+    with pytest.raises(mp.errors.InvalidInputError, match="selective-op"):
+        mp.search(model, cluster, workload, mp.SearchSpace(recompute=["ops"]))
 
 
 def test_cluster_from_dict_accepts_a_gpu_dict_or_a_name() -> None:

@@ -116,8 +116,11 @@ def test_workload_flags_reach_the_core(capsys: pytest.CaptureFixture[str]) -> No
     base = json.loads(run(capsys, *argv)[1])
     lora = json.loads(run(capsys, *argv, "--lora")[1])
     unfused = json.loads(run(capsys, *argv, "--no-flash-attention")[1])
+    eager_loss = json.loads(run(capsys, *argv, "--unfused-cross-entropy")[1])
     assert lora["memory_gib"]["optimizer"] < base["memory_gib"]["optimizer"]
     assert unfused["memory_gib"]["activations"] > base["memory_gib"]["activations"]
+    assert eager_loss["memory_gib"]["transient"] > base["memory_gib"]["transient"]
+    assert eager_loss["memory_gib"]["activations"] == base["memory_gib"]["activations"]
 
 
 def test_search_with_nothing_feasible(capsys: pytest.CaptureFixture[str]) -> None:

@@ -319,3 +319,12 @@ def test_degrees_whose_product_overflows_are_rejected() -> None:
     # this for an 8-GPU plan (and an unchecked one panics in debug builds).
     plan = {"dp": 24, "tp": 2**32 - 1, "pp": 2**32 - 1, "ep": 2863311531, "cp": 1}
     raises(InvalidInputError, "plan")(lambda: _core.evaluate(problem(), plan))
+
+
+def test_a_value_with_a_newline_still_gives_a_one_line_message() -> None:
+    # Found by the generated test above: serde quotes the bad value verbatim.
+    with pytest.raises(InvalidInputError) as info:
+        mp.evaluate("llama3-8b", mp.Cluster("h100-sxm", 8), mp.Workload(8, 4096, "\n"),
+                    "dp=8,tp=1,pp=1")
+    assert "\n" not in str(info.value) and "workload.precision" in str(info.value)
+    assert "`\\n`" in str(info.value)

@@ -81,6 +81,7 @@ def test_megatron_without_the_model_gives_the_chunk_count() -> None:
 @pytest.mark.parametrize("text, message", [
     ("dp=4,tp=4,pp=4,schedule=zb-h1", "zb-h1"),
     ("dp=16,tp=4,pp=1,order=dp-tp-cp-ep-pp", "rank order"),
+    ("dp=16,tp=4,pp=1,recompute=selective-op", "op-level"),
 ])
 def test_megatron_refuses_what_it_cannot_run(text: str, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
@@ -103,7 +104,8 @@ def torchtitan_config(text: str) -> tuple[dict[str, Any], str]:
 
 @pytest.mark.parametrize("text", PLANS[:4])
 def test_torchtitan_config_matches_the_plan(text: str) -> None:
-    plan = mp.Plan.parse(text)
+    # torchtitan's selective checkpointing is the op-level policy, not Megatron's.
+    plan = mp.Plan.parse(text.replace("recompute=selective", "recompute=selective-op"))
     kwargs, toml = torchtitan_config(mp.export(plan, "torchtitan", model=LLAMA70, workload=WORKLOAD))
     dp = plan.dp * plan.ep
     if plan.zero == 0:
@@ -139,7 +141,11 @@ def test_torchtitan_config_matches_the_plan(text: str) -> None:
             assert par["pipeline_parallel_microbatch_size"] == plan.micro_batch
         if plan.ep > 1:
             assert par["expert_tensor_parallel_degree"] == plan.tp
-        assert doc["activation_checkpoint"]["mode"] == plan.recompute
+        ac = doc["activation_checkpoint"]
+        if plan.recompute == "selective-op":
+            assert (ac["mode"], ac["selective_ac_option"]) == ("selective", "op")
+        else:
+            assert ac["mode"] == plan.recompute and "selective_ac_option" not in ac
         assert doc["training"]["global_batch_size"] == 128
         assert doc["training"]["local_batch_size"] == 128 // dp
         assert doc["training"]["seq_len"] == 8192
@@ -150,6 +156,7 @@ def test_torchtitan_config_matches_the_plan(text: str) -> None:
     ("dp=4,tp=4,pp=4,schedule=zb-h1", "ZBVZeroBubble"),
     ("dp=2,tp=2,pp=2,ep=4,cp=2,zero=0", "zero >= 1"),
     ("dp=16,tp=4,pp=1,order=tp-cp-ep-pp-dp", "rank order"),
+    ("dp=16,tp=4,pp=1,recompute=selective", "core-attention"),
 ])
 def test_torchtitan_refuses_what_it_cannot_run(text: str, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
@@ -181,6 +188,7 @@ def test_deepspeed_config_matches_the_plan(text: str) -> None:
     ("dp=32,tp=1,pp=1,cp=2", "cp = 2"),
     ("dp=16,tp=1,pp=4,zero=2", "pp = 4 with ZeRO-2"),
     ("dp=16,tp=1,pp=4,vpp=2", "vpp = 2"),
+    ("dp=64,tp=1,pp=1,recompute=selective-op", "selective-op"),
 ])
 def test_deepspeed_refuses_what_it_cannot_run(text: str, message: str) -> None:
     with pytest.raises(InvalidInputError, match=f"cannot export to deepspeed: .*{message}"):

@@ -56,7 +56,7 @@ def test_columns_lengths_and_dtypes(space: mp.FeasibleSpace) -> None:
         assert space[name].shape == (space.num_plans,), name
     assert list(space["rank"]) == list(range(1, space.num_plans + 1))
     assert set(space.categories) == set(CATEGORICAL)
-    assert space.categories["recompute"] == ("none", "selective", "full")
+    assert space.categories["recompute"] == ("none", "selective", "full", "selective-op")
     assert space.categories["schedule"] == ("1f1b", "interleaved-1f1b", "zb-h1")
     assert space.categories["order"] == ("tp-cp-ep-dp-pp",)
     for name in CATEGORICAL:

@@ -118,6 +118,8 @@ def test_space_constraints_travel_exactly(client: PlannerClient) -> None:
         cp_within_domain=True, ep_within_domain=True, top_k=4, max_candidates=10**6,
     )
     assert wire.space_from(wire.space_message(space)).to_dict() == space.to_dict()
+    eager = mp.Workload(64, 4096, fused_cross_entropy=False, flash_attention=False)
+    assert wire.workload_from(wire.workload_message(eager)) == eager
     remote = client.search("llama3-8b", mp.Cluster("h100-sxm", 16), WORKLOAD, space)
     local = mp.search("llama3-8b", mp.Cluster("h100-sxm", 16), WORKLOAD, space)
     assert len(remote.plans) == 4 and all(p.plan.tp == 2 for p in remote.plans)

@@ -117,6 +117,7 @@ def workloads() -> st.SearchStrategy[pb.Workload]:
         precision=maybe(words("bf16", "fp16", "fp8", "mxfp8", "nvfp4")),
         optimizer=maybe(words("adam", "sgd-momentum")),
         grad_bytes=maybe(small(-1, 5)), lora=st.booleans(), flash_attention=maybe(st.booleans()),
+        fused_cross_entropy=maybe(st.booleans()),
     )
 
 
@@ -131,7 +132,7 @@ def spaces() -> st.SearchStrategy[Optional[pb.SearchSpace]]:
         dp=degrees(), tp=degrees(), pp=degrees(), ep=degrees(), cp=degrees(), vpp=degrees(),
         micro_batch=degrees(),
         zero=st.lists(small(-1, 4), max_size=4),
-        recompute=st.lists(words("none", "selective", "full"), max_size=3),
+        recompute=st.lists(words("none", "selective", "full", "selective-op"), max_size=3),
         sequence_parallel=st.lists(st.booleans(), max_size=2),
         schedules=st.lists(words("1f1b", "interleaved-1f1b", "zb-h1"), max_size=3),
         orders=st.lists(words("tp-cp-ep-dp-pp", "dp-tp-cp-ep-pp", "tp-tp-ep-dp-pp"), max_size=2),
@@ -147,7 +148,7 @@ def plans() -> st.SearchStrategy[pb.Plan]:
         pb.Plan,
         dp=small(), tp=small(), pp=small(), ep=maybe(small()), cp=maybe(small()),
         vpp=maybe(small()), micro_batch=maybe(small()), zero=maybe(small(-1, 4)),
-        recompute=maybe(words("none", "selective", "full")),
+        recompute=maybe(words("none", "selective", "full", "selective-op")),
         sequence_parallel=maybe(st.booleans()),
         schedule=maybe(words("1f1b", "interleaved-1f1b", "zb-h1")),
         order=maybe(words("tp-cp-ep-dp-pp", "pp-dp-ep-cp-tp", "tp-cp")),

@@ -40,14 +40,19 @@ BASE_CASE: dict[str, Any] = {
 }
 
 
-def predicted(case: dict[str, Any]) -> mp.Evaluation:
-    """What meshplan predicts for ``case``'s plan, through the ordinary API."""
-    m, p = case["model"], case["plan"]
-    model = mp.Model(
+def predicted_model(case: dict[str, Any]) -> mp.Model:
+    m = case["model"]
+    return mp.Model(
         name=m["name"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
         kv_heads=m["kv_heads"], ffn_hidden=m["ffn_hidden"], vocab=m["vocab"],
         activation=m["activation"],
     )
+
+
+def predicted(case: dict[str, Any]) -> mp.Evaluation:
+    """What meshplan predicts for ``case``'s plan, through the ordinary API."""
+    p = case["plan"]
+    model = predicted_model(case)
     c, t = case["cluster"], case["training"]
     cluster = mp.Cluster(c["gpu"], c["num_gpus"], c["gpus_per_node"], c["nvlink_domain"])
     workload = mp.Workload(t["global_batch"], t["seq_len"], t["precision"], grad_bytes=4)
@@ -131,6 +136,36 @@ def test_unknown_knobs_get_documented_defaults_and_are_reported() -> None:
     assert "zero=1" in row["plan"] and "micro_batch=1" in row["plan"]
     # The least recompute that fits: this plan fits without any.
     assert "recompute=none" in row["plan"]
+
+
+def test_torchtitan_runs_get_its_checkpointing_policy_and_its_eager_loss() -> None:
+    # The same run under a torchtitan source: "selective" is its op-level policy and the loss
+    # holds fp32 logits, so the prediction is that of the API with those two settings.
+    case = case_with(peak_memory_gib=50.0)
+    case["source"] = "torchtitan (hand-made test case)"
+    case["plan"].update({"zero": 3, "recompute": "selective"})
+    row = mp.validate([case]).cases[0]
+    assert "recompute=selective-op" in row["plan"]
+    c, t = case["cluster"], case["training"]
+    expected = mp.evaluate(
+        predicted_model(case), mp.Cluster(c["gpu"], c["num_gpus"]),
+        mp.Workload(t["global_batch"], t["seq_len"], fused_cross_entropy=False),
+        "dp=8,tp=1,pp=1,zero=3,recompute=selective-op",
+    )
+    assert row["memory"]["predicted_gib"] == pytest.approx(expected.peak_memory_gib, rel=1e-12)
+
+
+def test_llama3_fsdp_variant_reduces_gradients_once_per_step() -> None:
+    # Llama 3 accumulates fp32 gradients over the micro-batches and reduce-scatters them once:
+    # its "ZeRO-2-like" plan is evaluated as ZeRO-1, and the row says so.
+    case = case_with(tokens_per_s_per_gpu=3000.0)
+    case["source"] = "Llama Team, AI @ Meta 2024 (hand-made test case)"
+    case["plan"]["zero"] = 2
+    row = mp.validate([case]).cases[0]
+    assert "zero=1" in row["plan"]
+    assert any(d.startswith("plan.zero=1 (Llama 3") for d in row["defaults"])
+    case["source"] = "hand-made test case"
+    assert "zero=2" in mp.validate([case]).cases[0]["plan"]
 
 
 def test_unrepresentable_cases_are_listed_with_their_reason() -> None:

@@ -105,6 +105,10 @@ def _problem_flags() -> _Parser:
         help="model unfused attention (stores the attention scores)",
     )
     g.add_argument(
+        "--unfused-cross-entropy", dest="fused_cross_entropy", action="store_false",
+        help="model an eager fp32 loss (torchtitan): 14 bytes per logit instead of 8",
+    )
+    g.add_argument(
         "--calibration", metavar="FILE",
         help="calibration overrides (TOML or JSON; see docs/calibration.md)",
     )
@@ -123,7 +127,7 @@ def _space_flags(p: argparse.ArgumentParser) -> None:
         g.add_argument(f"--min-{flag}", type=int, metavar="N", help=argparse.SUPPRESS)
         g.add_argument(f"--max-{flag}", type=int, metavar="N", help=argparse.SUPPRESS)
     g.add_argument("--zero", type=_list_of(int, "ZeRO stages"), metavar="0,1,2,3")
-    g.add_argument("--recompute", type=_list_of(str, "modes"), metavar="none,selective,full")
+    g.add_argument("--recompute", type=_list_of(str, "modes"), metavar="none,selective,full,selective-op")
     g.add_argument("--sequence-parallel", choices=("on", "off", "both"))
     g.add_argument("--schedules", type=_list_of(str, "schedules"), metavar="1f1b,interleaved-1f1b,zb-h1")
     orders = g.add_mutually_exclusive_group()
@@ -268,7 +272,7 @@ def _readable(path: str, flag: str) -> str:
 def _workload(args: argparse.Namespace) -> Workload:
     return Workload(
         args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
-        args.lora, args.flash_attention,
+        args.lora, args.flash_attention, args.fused_cross_entropy,
     )
 
 
@@ -373,6 +377,7 @@ def _sweep_command(sub: Any) -> None:
     w.add_argument("--grad-bytes", type=int, default=4, help="4 (default) or 2")
     w.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
     w.add_argument("--no-flash-attention", dest="flash_attention", action="store_false")
+    w.add_argument("--unfused-cross-entropy", dest="fused_cross_entropy", action="store_false")
     w.add_argument("--calibration", metavar="FILE", help="calibration overrides (TOML or JSON)")
     _space_flags(sw)
     o = sw.add_argument_group("output")
@@ -395,6 +400,7 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     points = sweep.grid(args.model, args.gpu, args.gpus, args.global_batch, args.seq_len)
     workload = Workload(
         1, 1, args.precision, args.optimizer, args.grad_bytes, args.lora, args.flash_attention,
+        args.fused_cross_entropy,
     )
     calibration = None if args.calibration is None else _readable(args.calibration, "--calibration")
     rows = sweep.sweep(

@@ -137,6 +137,11 @@ def megatron_args(
             f"cannot export to megatron: rank order {plan.order} has no Megatron-LM option "
             f"(it builds {DEFAULT_ORDER}, or {MEGATRON_TP_PP_DP} with --use-tp-pp-dp-mapping)"
         )
+    if plan.recompute == "selective-op":
+        raise InvalidInputError(
+            "cannot export to megatron: Megatron-LM has no op-level selective checkpointing "
+            "(recompute selective-op is torchtitan's policy); use selective or full"
+        )
     args: list[tuple[str, Optional[str]]] = [
         ("--tensor-model-parallel-size", str(plan.tp)),
         ("--pipeline-model-parallel-size", str(plan.pp)),
@@ -227,6 +232,11 @@ def torchtitan_fields(
             f"cannot export to torchtitan: rank order {plan.order} (torchtitan builds its mesh "
             f"pp, dp_replicate, dp_shard, cp, tp from the outside in, i.e. {DEFAULT_ORDER})"
         )
+    if plan.recompute == "selective":
+        raise InvalidInputError(
+            "cannot export to torchtitan: it has no core-attention-only recompute (recompute "
+            "selective is Megatron's); use selective-op (its op-level policy), full or none"
+        )
     schedule = schedule_of(plan)
     data_parallel = plan.dp * plan.ep
     if plan.zero == 0 and plan.ep > 1:
@@ -291,9 +301,10 @@ def torchtitan_toml(
     lines = _header(plan, "#", "torchtitan job config")
     lines.append("[parallelism]")
     lines += [f"{k} = {_toml(v)}" for k, v in legacy.items()]
-    lines += ["", "[activation_checkpoint]", f"mode = {_toml(plan.recompute)}"]
-    if plan.recompute == "selective":
-        lines.append('selective_ac_option = "op"')
+    if plan.recompute == "selective-op":
+        lines += ["", "[activation_checkpoint]", 'mode = "selective"', 'selective_ac_option = "op"']
+    else:
+        lines += ["", "[activation_checkpoint]", f"mode = {_toml(plan.recompute)}"]
     if workload is not None:
         lines += [
             "",
@@ -363,6 +374,8 @@ def deepspeed_config(plan: Plan, workload: Workload) -> dict[str, Any]:
         why.append(f"precision {workload.precision} (a DeepSpeed config trains in bf16 or fp16)")
     if plan.recompute == "selective" and not workload.flash_attention:
         why.append("selective recompute of unfused attention")
+    if plan.recompute == "selective-op":
+        why.append("op-level selective checkpointing (selective-op)")
     if why:
         raise InvalidInputError("cannot export to deepspeed: " + "; ".join(why))
     m = micro_batches(plan, workload)

@@ -38,7 +38,8 @@ class Plan:
     micro_batch: int = 1
     zero: int = 0
     recompute: str = "none"
-    """``"none"``, ``"selective"`` (core attention) or ``"full"``."""
+    """``"none"``, ``"selective"`` (core attention, Megatron), ``"full"`` or ``"selective-op"``
+    (every other matmul output kept, the rest recomputed: torchtitan's op-level policy)."""
     sequence_parallel: bool = False
     schedule: Optional[str] = None
     order: str = DEFAULT_ORDER

@@ -54,7 +54,7 @@ class SearchSpace:
     """What :func:`meshplan.search` may choose; None everywhere is the core's default space.
 
     The core's defaults: every degree open except ``vpp`` and ``micro_batch`` (at most 16 each),
-    ZeRO 0-3, every recompute mode, sequence parallel on and off, every schedule, 1 GiB of
+    ZeRO 0-3, recompute none/selective/full, sequence parallel on and off, every schedule, 1 GiB of
     memory headroom, TP inside one NVLink domain, CP and EP free to cross it, top 10 plans.
     """
 
@@ -82,7 +82,8 @@ class SearchSpace:
     zero: Optional[Sequence[int]] = None
     """Allowed ZeRO stages."""
     recompute: Optional[Sequence[str]] = None
-    """Allowed recompute modes: ``none``, ``selective``, ``full``."""
+    """Allowed recompute modes: ``none``, ``selective``, ``full`` (the default set) and
+    ``selective-op`` (torchtitan's op-level checkpointing, searched only when listed)."""
     sequence_parallel: Optional[Sequence[bool]] = None
     """Allowed sequence-parallel settings."""
     schedules: Optional[Sequence[str]] = None

@@ -156,6 +156,7 @@ def workload_message(workload: object) -> pb.Workload:
         grad_bytes=w.grad_bytes,
         lora=w.lora,
         flash_attention=w.flash_attention,
+        fused_cross_entropy=w.fused_cross_entropy,
     )
 
 
@@ -300,7 +301,7 @@ def cluster_from(msg: pb.Cluster) -> Cluster:
 def workload_from(msg: Any) -> Workload:
     """The workload of a request (a ``Workload`` message)."""
     w = Workload(msg.global_batch, msg.seq_len, lora=msg.lora)
-    for name in ("precision", "optimizer", "grad_bytes", "flash_attention"):
+    for name in ("precision", "optimizer", "grad_bytes", "flash_attention", "fused_cross_entropy"):
         if msg.HasField(name):
             setattr(w, name, getattr(msg, name))
     return w

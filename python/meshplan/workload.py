@@ -28,6 +28,10 @@ class Workload:
     flash_attention: bool = True
     """Fused (flash) attention; False models the unfused softmax of pre-2023 Megatron, which
     stores the ``a·s²`` attention scores."""
+    fused_cross_entropy: bool = True
+    """Fused loss (Megatron's vocab-parallel cross-entropy): 8 bytes per logit at the loss
+    backward. False models eager ``F.cross_entropy`` on fp32-upcast logits (torchtitan):
+    14 bytes per logit."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -38,6 +42,7 @@ class Workload:
             "grad_bytes": self.grad_bytes,
             "lora": self.lora,
             "flash_attention": self.flash_attention,
+            "fused_cross_entropy": self.fused_cross_entropy,
         }
 
     @classmethod

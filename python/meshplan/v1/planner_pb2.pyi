@@ -281,6 +281,7 @@ class Workload(_message.Message):
     GRAD_BYTES_FIELD_NUMBER: _builtins.int
     LORA_FIELD_NUMBER: _builtins.int
     FLASH_ATTENTION_FIELD_NUMBER: _builtins.int
+    FUSED_CROSS_ENTROPY_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -295,6 +296,8 @@ class Workload(_message.Message):
     """LoRA fine-tuning: frozen base weights."""
     flash_attention: _builtins.bool
     """Fused (flash) attention; default true."""
+    fused_cross_entropy: _builtins.bool
+    """Fused cross-entropy loss (8 bytes per logit); false: eager fp32 loss (14); default true."""
     def __init__(
         self,
         *,
@@ -305,13 +308,16 @@ class Workload(_message.Message):
         grad_bytes: _builtins.int | None = ...,
         lora: _builtins.bool = ...,
         flash_attention: _builtins.bool | None = ...,
+        fused_cross_entropy: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "flash_attention", b"flash_attention", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "flash_attention", b"flash_attention", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__flash_attention: _TypeAlias = _typing.Literal["flash_attention"]  # noqa: Y015
     _WhichOneofArgType__flash_attention: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention"]  # noqa: Y015
+    _WhichOneofReturnType__fused_cross_entropy: _TypeAlias = _typing.Literal["fused_cross_entropy"]  # noqa: Y015
+    _WhichOneofArgType__fused_cross_entropy: _TypeAlias = _typing.Literal["_fused_cross_entropy", b"_fused_cross_entropy"]  # noqa: Y015
     _WhichOneofReturnType__grad_bytes: _TypeAlias = _typing.Literal["grad_bytes"]  # noqa: Y015
     _WhichOneofArgType__grad_bytes: _TypeAlias = _typing.Literal["_grad_bytes", b"_grad_bytes"]  # noqa: Y015
     _WhichOneofReturnType__optimizer: _TypeAlias = _typing.Literal["optimizer"]  # noqa: Y015
@@ -320,6 +326,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__flash_attention) -> _WhichOneofReturnType__flash_attention | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fused_cross_entropy) -> _WhichOneofReturnType__fused_cross_entropy | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__grad_bytes) -> _WhichOneofReturnType__grad_bytes | None: ...
     @_typing.overload
@@ -375,7 +383,7 @@ Global___DegreeConstraint: _TypeAlias = DegreeConstraint  # noqa: Y015
 class SearchSpace(_message.Message):
     """What the search may choose (Python `meshplan.SearchSpace`). Everything unset (or empty) keeps
     the default space: every degree open except vpp and micro_batch (at most 16 each), ZeRO 0-3,
-    every recompute mode, sequence parallel on and off, every schedule, 1 GiB headroom, TP inside
+    recompute none, selective and full (selective-op only when listed), sequence parallel on and off, every schedule, 1 GiB headroom, TP inside
     one NVLink domain, CP and EP free to cross it, top 10 plans.
     """
 
@@ -432,7 +440,7 @@ class SearchSpace(_message.Message):
 
     @_builtins.property
     def recompute(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Allowed recompute modes: "none", "selective", "full"; empty: all."""
+        """Allowed recompute modes: "none", "selective", "full", "selective-op"; empty: the first three."""
 
     @_builtins.property
     def sequence_parallel(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:

@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::flops::{train_flops_per_token, AttentionCounting};
 use crate::layout::Groups;
 use crate::memory::{stage_memory, MemoryContext};
-use crate::plan::{Plan, Recompute, Schedule};
+use crate::plan::{Plan, Schedule};
 use crate::report::{Evaluation, MemoryBreakdown, TimeBreakdown, Violation};
 use crate::space::SearchSpace;
 use crate::stages::{stages, Stage};
@@ -189,26 +189,11 @@ pub(crate) fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> (f64,
     let tokens = w.tokens_per_step();
     let model_flops = tokens * train_flops_per_token(&problem.model, w, AttentionCounting::Causal);
     let recompute_flops = tokens
-        * match plan.recompute {
-            // One more forward of every layer (not of the LM head).
-            Recompute::Full => {
-                let model = &problem.model;
-                2.0 * (model.active_matmul_params() - model.embedding_params()) as f64
-                    + model.layers as f64
-                        * crate::flops::attention_core_fwd_flops_per_token(
-                            model,
-                            w.seq_len as f64 / 2.0,
-                        )
-            }
-            Recompute::Selective => {
-                problem.model.layers as f64
-                    * crate::flops::attention_core_fwd_flops_per_token(
-                        &problem.model,
-                        w.seq_len as f64 / 2.0,
-                    )
-            }
-            Recompute::None => 0.0,
-        };
+        * crate::flops::recompute_flops_per_token(
+            &problem.model,
+            plan.recompute,
+            w.seq_len as f64 / 2.0,
+        );
     let peak = problem
         .cluster
         .gpu

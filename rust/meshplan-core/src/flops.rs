@@ -6,6 +6,7 @@
 //! comparisons with sources that count that way.
 
 use crate::model::Model;
+use crate::plan::Recompute;
 use crate::workload::Workload;
 
 /// How core-attention FLOPs are counted (COSTMODEL §9 item 1).
@@ -39,10 +40,37 @@ pub fn train_flops_per_token(
         + 3.0 * model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx)
 }
 
+/// FLOPs per token that `recompute` adds to a training step with `s_ctx` keys per query (what
+/// hardware FLOP counts include and model FLOP counts do not): full recompute one more forward
+/// of every layer (not of the LM head), selective the core attention, op-level selective every
+/// other weight GEMM of the layers.
+pub fn recompute_flops_per_token(model: &Model, recompute: Recompute, s_ctx: f64) -> f64 {
+    let layer_gemms = 2.0 * (model.active_matmul_params() - model.embedding_params()) as f64;
+    let attention = model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx);
+    match recompute {
+        Recompute::Full => layer_gemms + attention,
+        Recompute::Selective => attention,
+        Recompute::SelectiveOp => 0.5 * layer_gemms,
+        Recompute::None => 0.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::{Activation, Norm};
+
+    #[test]
+    fn recompute_adds_a_forward_the_attention_or_half_the_layer_gemms() {
+        let m = crate::presets::model("llama3-8b").unwrap();
+        let gemms = 2.0 * (m.active_matmul_params() - m.embedding_params()) as f64;
+        let attn = m.layers as f64 * attention_core_fwd_flops_per_token(&m, 4096.0);
+        let of = |r| recompute_flops_per_token(&m, r, 4096.0);
+        assert_eq!(of(Recompute::None), 0.0);
+        assert_eq!(of(Recompute::Selective), attn);
+        assert_eq!(of(Recompute::Full), gemms + attn);
+        assert_eq!(of(Recompute::SelectiveOp), 0.5 * gemms);
+    }
 
     #[test]
     fn gpt3_175b_matches_narayanan_closed_form() {

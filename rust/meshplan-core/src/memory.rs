@@ -191,6 +191,45 @@ pub fn layer_activation_bytes_per_token(
     replicated + attention + ffn
 }
 
+/// Stored bytes per token of one layer under op-level selective checkpointing
+/// ([`Recompute::SelectiveOp`], torchtitan's `_save_list` policy): the layer input, the
+/// attention output (flash attention's saved result) and every other matmul output — half of
+/// the layer's 16-bit linear outputs on average — plus the fp32 router logits of an MoE layer.
+/// Column-parallel outputs are TP-sharded, row-parallel ones sequence-sharded under SP.
+pub fn selective_op_bytes_per_token(model: &Model, plan: &Plan, moe: bool, imbalance: f64) -> f64 {
+    let t = plan.tp as f64;
+    let sp_div = if plan.sequence_parallel { t } else { 1.0 };
+    let h = model.hidden as f64;
+    let a_local = model.heads as f64 / t;
+    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+    let attention_out = a_local * dv;
+    // Outputs of the attention projections: Q, K, V (MLA: the latents and the per-head
+    // up-projections) and the output projection.
+    let attention_linears = match &model.mla {
+        Some(m) => {
+            (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64
+                + a_local * (2.0 * dqk + dv)
+        }
+        None => a_local * dqk + 2.0 * (model.kv_heads as f64 / t).max(1.0) * dqk,
+    } + h / sp_div;
+    // Outputs of the FFN projections per unit of width (gate and up for SwiGLU), plus the
+    // down projection's output.
+    let in_proj = match model.activation {
+        Activation::Swiglu => 2.0,
+        Activation::Gelu => 1.0,
+    };
+    let (ffn_linears, router) = match (&model.moe, moe) {
+        (Some(m), true) => (
+            m.top_k as f64 * imbalance * (in_proj * m.expert_ffn_hidden as f64 / t + h)
+                + in_proj * model.shared_ffn_hidden() as f64 / t
+                + h / sp_div,
+            FP32_BYTES * m.num_experts as f64 / sp_div,
+        ),
+        _ => (in_proj * model.ffn_hidden as f64 / t + h / sp_div, 0.0),
+    };
+    ACT_BYTES * (h / sp_div + attention_out + 0.5 * (attention_linears + ffn_linears)) + router
+}
+
 /// Everything memory needs about one plan, computed once.
 #[derive(Debug, Clone, Copy)]
 pub struct MemoryContext {
@@ -266,6 +305,12 @@ pub fn stored_bytes_per_micro_batch(
         // With flash attention, core-attention recompute stores what no-recompute stores
         // minus nothing: the a·s² tensors it would save are never materialised (§2.4.2).
         Recompute::Selective => full_layers,
+        Recompute::SelectiveOp => {
+            let imbalance = problem.cluster.gpu.calibration.moe_imbalance;
+            stage.dense_layers as f64 * selective_op_bytes_per_token(model, plan, false, 1.0)
+                + stage.moe_layers as f64
+                    * selective_op_bytes_per_token(model, plan, true, imbalance)
+        }
         // Unfused attention also keeps softmax output, its dropout mask and output:
         // 5·a·s²·b bytes per layer, split over TP (KOR22 §4.1), i.e. 5·(a/t)·s per token.
         Recompute::None if !problem.workload.flash_attention => {
@@ -298,8 +343,15 @@ pub fn transient_bytes(
     let vocab_local = model.vocab as f64 / plan.tp as f64;
     let mut transient = 0.0;
     if stage.last {
-        // bf16 logits and their gradient during the loss backward (§2.4.4).
-        transient += 2.0 * ACT_BYTES * tokens * vocab_local;
+        // Besides the stored fp32 softmax: the bf16 logits and their gradient during a fused
+        // loss backward; an eager fp32 loss adds its fp32 input gradient and log-softmax
+        // gradient to the bf16 gradient (§2.4.4, [`crate::Workload::fused_cross_entropy`]).
+        let per_logit = if problem.workload.fused_cross_entropy {
+            2.0 * ACT_BYTES
+        } else {
+            2.0 * FP32_BYTES + ACT_BYTES
+        };
+        transient += per_logit * tokens * vocab_local;
     }
     if plan.recompute == Recompute::Full {
         // One layer's full activations rebuilt during its backward.
@@ -416,6 +468,53 @@ mod tests {
             (no_sp - (8.0 + (8.0 + 6.0 * 11008.0 / 4096.0) / 8.0)).abs() < 1e-9,
             "{no_sp}"
         );
+    }
+
+    #[test]
+    fn op_level_checkpointing_keeps_input_attention_output_and_half_the_matmul_outputs() {
+        // Llama-2-7B (MHA, SwiGLU), no TP: input h + attention output h + half of the outputs
+        // of Q, K, V, O (4h) and of gate, up (2f) and down (h), in 16 bits.
+        let m = llama2_7b();
+        let (h, f) = (4096.0, 11008.0);
+        let got = selective_op_bytes_per_token(&m, &plan(1, false), false, 1.0);
+        assert_eq!(got, 2.0 * (2.0 * h + 0.5 * (4.0 * h + 2.0 * f + h)));
+        // Between full recompute (the input only) and no recompute, for every TP/SP split.
+        for (tp, sp) in [(1, false), (2, false), (8, true)] {
+            let pl = plan(tp, sp);
+            let sp_div = if sp { tp as f64 } else { 1.0 };
+            let op = selective_op_bytes_per_token(&m, &pl, false, 1.0);
+            let none = layer_activation_bytes_per_token(&m, &pl, false, 1.0, 2.0);
+            assert!(2.0 * h / sp_div < op && op < none, "tp {tp}: {op} vs {none}");
+        }
+    }
+
+    #[test]
+    fn an_eager_fp32_loss_holds_14_bytes_per_logit_a_fused_one_8() {
+        let mut problem = crate::Problem::new(
+            llama2_7b(),
+            crate::hardware::Cluster {
+                gpu: crate::presets::gpu("h100-sxm").unwrap(),
+                num_gpus: 8,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            },
+            crate::Workload::new(8, 4096),
+        )
+        .unwrap();
+        let pl = plan(1, false);
+        let stage = crate::stages::stages(&problem.model, 1)[0].clone();
+        let params = stage_params(&problem.model, &pl, &stage);
+        let layers = layer_activations(&problem, &pl);
+        let tokens = 4096.0;
+        let logits = tokens * 32000.0;
+        let total = |p: &Problem| {
+            stored_bytes_per_micro_batch(p, &pl, &stage, tokens, layers)
+                + transient_bytes(p, &pl, &stage, tokens, &params, layers)
+        };
+        let fused = total(&problem);
+        problem.workload.fused_cross_entropy = false;
+        let eager = total(&problem);
+        assert!((eager - fused - 6.0 * logits).abs() < 1.0, "{}", eager - fused);
     }
 
     #[test]

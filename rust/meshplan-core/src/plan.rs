@@ -18,16 +18,30 @@ pub enum Recompute {
     Selective,
     /// Recompute every layer from its stored input.
     Full,
+    /// Op-level selective activation checkpointing (torchtitan's `selective_ac_option = "op"`):
+    /// every other matmul output and the attention output are kept, everything else is
+    /// recomputed in the backward. Not searched unless asked for (Megatron has no such mode).
+    #[serde(rename = "selective-op")]
+    SelectiveOp,
 }
 
 impl Recompute {
-    pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
+    /// Every mode, in the order of their codes (`feasible_space` columns).
+    pub const ALL: [Recompute; 4] = [
+        Recompute::None,
+        Recompute::Selective,
+        Recompute::Full,
+        Recompute::SelectiveOp,
+    ];
+    /// The modes a search space allows by default: those of Megatron-LM.
+    pub const DEFAULT: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
 
     pub fn name(self) -> &'static str {
         match self {
             Recompute::None => "none",
             Recompute::Selective => "selective",
             Recompute::Full => "full",
+            Recompute::SelectiveOp => "selective-op",
         }
     }
 }

@@ -121,7 +121,7 @@ impl Default for SearchSpace {
                 max: Some(DEFAULT_MAX_MICRO_BATCH),
             },
             zero: vec![0, 1, 2, 3],
-            recompute: Recompute::ALL.to_vec(),
+            recompute: Recompute::DEFAULT.to_vec(),
             sequence_parallel: vec![false, true],
             schedules: Schedule::ALL.to_vec(),
             orders: vec![RankOrder::DEFAULT],

@@ -89,7 +89,7 @@ pub struct LayerParts {
 
 impl LayerParts {
     /// The layer's time under `recompute`: full recompute repeats the forward in the backward,
-    /// selective the core attention.
+    /// selective the core attention, op-level selective half of the rest of the forward.
     pub fn with(&self, recompute: Recompute) -> LayerTime {
         let LayerTime {
             fwd,
@@ -99,6 +99,10 @@ impl LayerParts {
         match recompute {
             Recompute::Full => bwd.add_scaled(&fwd, 1.0),
             Recompute::Selective => bwd.compute += self.attention_fwd,
+            // Every other matmul and the element-wise work between them are rebuilt; the
+            // attention output is kept (its collectives are not repeated: the saved
+            // reduce-scatter outputs are on the save list).
+            Recompute::SelectiveOp => bwd.compute += 0.5 * (fwd.compute - self.attention_fwd),
             Recompute::None => {}
         }
         LayerTime { fwd, bwd, wgrad }

@@ -22,6 +22,9 @@
 //!
 //! torchtitan's FSDP under pipeline parallelism keeps parameters unsharded through the step
 //! (`fsdp_reshard_after_forward` defaults to False with PP), so those runs are ZeRO-1 plans.
+//! torchtitan's "selective" activation checkpointing is its op-level policy
+//! (`selective_ac_option = "op"`), and its loss is eager `F.cross_entropy` on fp32 logits.
+//!
 //! Llama 3's FSDP variant accumulates fp32 gradients over the micro-batches and reduce-scatters
 //! them once per step (arXiv:2407.21783 §3.3.4), so its "ZeRO-2-like" runs are ZeRO-1 plans.
 //!
@@ -46,7 +49,7 @@ use serde::{Deserialize, Serialize};
 use crate::calibration::{apply_overrides, CalibrationOverrides};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate_in;
-use crate::flops::{attention_core_fwd_flops_per_token, train_flops_per_token, AttentionCounting};
+use crate::flops::{recompute_flops_per_token, train_flops_per_token, AttentionCounting};
 use crate::hardware::{Cluster, Precision};
 use crate::model::{Activation, Mla, Model, Moe, Norm};
 use crate::plan::{Plan, Recompute, Schedule};
@@ -335,6 +338,17 @@ fn source_grad_bytes(source: &str) -> u32 {
     }
 }
 
+/// A source's recompute mode in meshplan's terms: torchtitan's "selective" is op-level
+/// selective checkpointing (`selective_ac_option = "op"` in its Llama configurations, Dec 2024),
+/// not Megatron's core-attention recompute.
+fn source_recompute(source: &str, recompute: Recompute) -> Recompute {
+    if recompute == Recompute::Selective && source.starts_with("torchtitan") {
+        Recompute::SelectiveOp
+    } else {
+        recompute
+    }
+}
+
 /// Sources whose runs predate fused (flash) attention in Megatron: Narayanan et al. 2021 and
 /// Korthikanti et al. 2022 materialise the `a·s²` scores (KOR22 §4.1).
 fn unfused_attention_source(source: &str) -> bool {
@@ -440,6 +454,8 @@ fn problem_of(
     workload.lora = case.task.as_deref() == Some("lora");
     workload.grad_bytes = source_grad_bytes(&case.source);
     workload.flash_attention = !unfused_attention_source(&case.source);
+    // torchtitan (Dec 2024) computes the loss as `F.cross_entropy(pred.float(), labels)`.
+    workload.fused_cross_entropy = !case.source.starts_with("torchtitan");
     Problem::new(model, cluster, workload)
 }
 
@@ -524,10 +540,10 @@ fn published_plan(
         }
     };
     let recomputes: Vec<Recompute> = match p.recompute {
-        Some(r) => vec![r],
+        Some(r) => vec![source_recompute(&case.source, r)],
         None => {
             defaults.push("plan.recompute".into());
-            Recompute::ALL.to_vec()
+            Recompute::DEFAULT.to_vec()
         }
     };
     let mut fallback: Option<Evaluation> = None;
@@ -578,17 +594,7 @@ fn measured_tokens(case: &Case, problem: &Problem, plan: &Plan) -> Option<(Strin
             AttentionCounting::Causal => w.seq_len as f64 / 2.0,
             AttentionCounting::Full => w.seq_len as f64,
         };
-        let model = &problem.model;
-        let recompute = match plan.recompute {
-            Recompute::Full => {
-                2.0 * (model.active_matmul_params() - model.embedding_params()) as f64
-                    + model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx)
-            }
-            Recompute::Selective => {
-                model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx)
-            }
-            Recompute::None => 0.0,
-        };
+        let recompute = recompute_flops_per_token(&problem.model, plan.recompute, s_ctx);
         return Some((
             "hardware_tflops_per_gpu".into(),
             tf * 1e12 / (flops_per_token + recompute),
@@ -674,6 +680,16 @@ fn fill_row(case: &Case, options: &ValidateOptions, row: &mut CaseRow) -> Result
             fixed: None,
             min: None,
             max: Some(DEFAULT_MAX_VPP.max(case.plan.vpp.unwrap_or(1))),
+        },
+        // Megatron's modes, plus the published one (torchtitan's op-level checkpointing).
+        recompute: {
+            let mut modes = Recompute::DEFAULT.to_vec();
+            if let Some(r) = case.plan.recompute.map(|r| source_recompute(&case.source, r)) {
+                if !modes.contains(&r) {
+                    modes.push(r);
+                }
+            }
+            modes
         },
         top_k: 1,
         ..SearchSpace::default()

@@ -52,6 +52,13 @@ pub struct Workload {
     /// (Korthikanti et al. 2022 §4.1: `5·a·s²·b` bytes stored per layer).
     #[serde(default = "yes")]
     pub flash_attention: bool,
+    /// Fused cross-entropy (Megatron's vocab-parallel loss, Liger/chunked losses): the loss
+    /// keeps an fp32 softmax and briefly the bf16 logits and their gradient, 8 bytes per
+    /// logit. `false` models eager PyTorch `F.cross_entropy` on an fp32 upcast of the logits
+    /// (torchtitan, Dec 2024): fp32 copy, log-softmax and their gradients plus the bf16
+    /// gradient, 14 bytes per logit at the start of the backward (§2.4.4).
+    #[serde(default = "yes")]
+    pub fused_cross_entropy: bool,
 }
 
 fn yes() -> bool {
@@ -73,6 +80,7 @@ impl Workload {
             grad_bytes: default_grad_bytes(),
             lora: false,
             flash_attention: true,
+            fused_cross_entropy: true,
         }
     }
 

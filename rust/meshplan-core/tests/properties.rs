@@ -36,6 +36,8 @@ fn small_space() -> SearchSpace {
             max: Some(3),
         },
         top_k: 25,
+        // Every recompute mode, op-level selective (not searched by default) included.
+        recompute: Recompute::ALL.to_vec(),
         ..SearchSpace::default()
     }
 }

@@ -59,6 +59,18 @@ enum Failure {
 
 /// Raises the class `name` of `meshplan.errors` with `message`.
 fn raise(py: Python<'_>, name: &str, message: String) -> PyErr {
+    // One line whatever the offending value holds: control characters are escaped (`\n`).
+    let message: String = message
+        .chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect();
     let class = py
         .import("meshplan.errors")
         .and_then(|m| m.getattr(name))

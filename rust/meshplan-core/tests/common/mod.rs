@@ -65,7 +65,7 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
         for b in 1..=space.micro_batch.max.unwrap().min(p.workload.global_batch) {
             for &(schedule, vpp) in &schedules {
                 for &zero in &zeros {
-                    for recompute in Recompute::ALL {
+                    for &recompute in &space.recompute {
                         for &sequence_parallel in &sps {
                             out.push(Plan {
                                 dp,
