@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--attention", type=_floats, default=[0.30])
     ap.add_argument("--overhead", type=_floats, default=[300.0])
     ap.add_argument("--tp-overlap", type=_floats, default=[0.7])
-    ap.add_argument("--dp-overlap", type=_floats, default=[0.9])
+    ap.add_argument("--dp-overlap", type=_floats, default=[0.3])
     args = ap.parse_args()
     best: tuple[float, dict[str, Any], mp.ValidationReport] | None = None
     grid = itertools.product(args.elementwise, args.attention, args.overhead, args.tp_overlap, args.dp_overlap)
