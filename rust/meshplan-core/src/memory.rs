@@ -484,7 +484,10 @@ mod tests {
             let sp_div = if sp { tp as f64 } else { 1.0 };
             let op = selective_op_bytes_per_token(&m, &pl, false, 1.0);
             let none = layer_activation_bytes_per_token(&m, &pl, false, 1.0, 2.0);
-            assert!(2.0 * h / sp_div < op && op < none, "tp {tp}: {op} vs {none}");
+            assert!(
+                2.0 * h / sp_div < op && op < none,
+                "tp {tp}: {op} vs {none}"
+            );
         }
     }
 
@@ -514,7 +517,11 @@ mod tests {
         let fused = total(&problem);
         problem.workload.fused_cross_entropy = false;
         let eager = total(&problem);
-        assert!((eager - fused - 6.0 * logits).abs() < 1.0, "{}", eager - fused);
+        assert!(
+            (eager - fused - 6.0 * logits).abs() < 1.0,
+            "{}",
+            eager - fused
+        );
     }
 
     #[test]

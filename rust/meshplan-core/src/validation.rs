@@ -684,7 +684,11 @@ fn fill_row(case: &Case, options: &ValidateOptions, row: &mut CaseRow) -> Result
         // Megatron's modes, plus the published one (torchtitan's op-level checkpointing).
         recompute: {
             let mut modes = Recompute::DEFAULT.to_vec();
-            if let Some(r) = case.plan.recompute.map(|r| source_recompute(&case.source, r)) {
+            if let Some(r) = case
+                .plan
+                .recompute
+                .map(|r| source_recompute(&case.source, r))
+            {
                 if !modes.contains(&r) {
                     modes.push(r);
                 }
