@@ -60,23 +60,20 @@ enum Failure {
 /// Raises the class `name` of `meshplan.errors` with `message`.
 fn raise(py: Python<'_>, name: &str, message: String) -> PyErr {
     // One line whatever the offending value holds: control characters are escaped (`\n`).
-    let message: String = message
-        .chars()
-        .flat_map(|c| {
-            let escaped: Vec<char> = if c.is_control() {
-                c.escape_default().collect()
-            } else {
-                vec![c]
-            };
-            escaped
-        })
-        .collect();
+    let mut one_line = String::with_capacity(message.len());
+    for c in message.chars() {
+        if c.is_control() {
+            one_line.extend(c.escape_default());
+        } else {
+            one_line.push(c);
+        }
+    }
     let class = py
         .import("meshplan.errors")
         .and_then(|m| m.getattr(name))
         .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
     match class {
-        Ok(class) => PyErr::from_type(class, message),
+        Ok(class) => PyErr::from_type(class, one_line),
         Err(import_error) => import_error,
     }
 }
