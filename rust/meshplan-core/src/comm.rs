@@ -1,6 +1,12 @@
 //! α–β costs of collectives on the fabric a group lands on (COSTMODEL §3.1–3.2): ring-style
 //! bandwidth terms (`2(P−1)/P` all-reduce, `(P−1)/P` all-gather, reduce-scatter, all-to-all),
 //! hierarchical NVLink-then-network decomposition, and log-depth latency terms.
+//!
+//! Every cost goes through one interface, [`CollectiveModel`]: a collective, an MoE dispatch or a
+//! point-to-point transfer gives a [`CollectiveCost`] — its latency, its bandwidth time and the
+//! algorithm chosen. Time uses the total, explain the two terms; a new algorithm (NCCL's tree,
+//! PAT, NVLS) is a new [`Algorithm`] chosen inside an implementation of the trait, with no change
+//! to its callers. [`Fabric`] is today's model; `Fabric::collective_s` and friends are the totals.
 
 use crate::hardware::{Cluster, ScaleupTopology};
 use crate::layout::Group;
@@ -12,6 +18,82 @@ pub enum Collective {
     AllGather,
     ReduceScatter,
     AllToAll,
+}
+
+/// How a collective is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Nothing to move (a group of one, or no bytes).
+    Nothing,
+    /// A ring inside one scale-up domain.
+    Ring,
+    /// A ring inside each domain, then a ring over the domains on the network (§3.2).
+    HierarchicalRing,
+    /// Every rank sends each peer its share directly (all-to-all, §3.2).
+    Pairwise,
+    /// MoE dispatch deduplicated per remote domain, fanned out over NVLink there (§3.7).
+    DomainDeduplicatedDispatch,
+    /// One send to one peer (§3.5).
+    PointToPoint,
+}
+
+impl Algorithm {
+    /// A short human name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Nothing => "none",
+            Algorithm::Ring => "ring",
+            Algorithm::HierarchicalRing => "hierarchical ring",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::DomainDeduplicatedDispatch => "domain-deduplicated dispatch",
+            Algorithm::PointToPoint => "point-to-point",
+        }
+    }
+}
+
+/// The cost of one collective: `total_s` is the time charged (the latency and bandwidth terms of
+/// the algorithm, summed as the algorithm's formula sums them); `bandwidth_s` is what is left of
+/// it beyond the latency.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CollectiveCost {
+    pub latency_s: f64,
+    pub bandwidth_s: f64,
+    pub total_s: f64,
+    pub algorithm: Algorithm,
+}
+
+impl CollectiveCost {
+    const NOTHING: CollectiveCost = CollectiveCost {
+        latency_s: 0.0,
+        bandwidth_s: 0.0,
+        total_s: 0.0,
+        algorithm: Algorithm::Nothing,
+    };
+
+    fn of(latency_s: f64, total_s: f64, algorithm: Algorithm) -> Self {
+        CollectiveCost {
+            latency_s,
+            bandwidth_s: total_s - latency_s,
+            total_s,
+            algorithm,
+        }
+    }
+}
+
+/// The one interface of collective costing.
+pub trait CollectiveModel {
+    /// A collective of `kind` on `bytes` per rank over `group`.
+    fn collective(&self, kind: Collective, bytes: f64, group: Group) -> CollectiveCost;
+    /// One MoE token dispatch (or combine) over the expert-parallel `group`.
+    fn dispatch(
+        &self,
+        tokens: f64,
+        bytes_per_copy: f64,
+        top_k: u32,
+        group: Group,
+    ) -> CollectiveCost;
+    /// One point-to-point transfer of `bytes`, inside the scale-up domain when `same_domain`.
+    fn p2p(&self, bytes: f64, same_domain: bool) -> CollectiveCost;
 }
 
 /// Achieved bandwidths (bytes/s) and latencies (s) of a cluster's two fabrics, with the
@@ -67,9 +149,25 @@ impl Fabric {
     /// Time of one collective over `group` on a buffer of `bytes` (full buffer: the gathered size
     /// for all-gather, the input for reduce-scatter, each rank's send buffer for all-to-all).
     pub fn collective_s(&self, kind: Collective, bytes: f64, group: Group) -> f64 {
+        self.collective(kind, bytes, group).total_s
+    }
+
+    /// Time of one MoE token dispatch (or combine), [`CollectiveModel::dispatch`]'s total.
+    pub fn dispatch_s(&self, tokens: f64, bytes_per_copy: f64, top_k: u32, group: Group) -> f64 {
+        self.dispatch(tokens, bytes_per_copy, top_k, group).total_s
+    }
+
+    /// Time of one point-to-point transfer of `bytes`, on NVLink when `same_domain`.
+    pub fn p2p_s(&self, bytes: f64, same_domain: bool) -> f64 {
+        self.p2p(bytes, same_domain).total_s
+    }
+}
+
+impl CollectiveModel for Fabric {
+    fn collective(&self, kind: Collective, bytes: f64, group: Group) -> CollectiveCost {
         let p = group.size;
         if p <= 1 || bytes <= 0.0 {
-            return 0.0;
+            return CollectiveCost::NOTHING;
         }
         let p1 = group.per_domain.clamp(1, p);
         let p2 = (p / p1).max(1);
@@ -77,12 +175,17 @@ impl Fabric {
         let b_up = self.domain_bytes_per_s(p1);
         let b_net = self.network_bytes_per_s;
         let lat = log2_ceil(p1) * self.scaleup_latency_s + log2_ceil(p2) * self.network_latency_s;
+        let ring = if p2 > 1 {
+            Algorithm::HierarchicalRing
+        } else {
+            Algorithm::Ring
+        };
         match kind {
             Collective::AllReduce => {
                 // Reduce-scatter + all-gather inside the domain, all-reduce of 1/P1 across domains (§3.2).
                 let intra = 2.0 * (p1f - 1.0) / p1f * bytes / b_up;
                 let inter = 2.0 * (p2f - 1.0) / p2f * (bytes / p1f) / b_net;
-                2.0 * lat + intra + inter
+                CollectiveCost::of(2.0 * lat, 2.0 * lat + intra + inter, ring)
             }
             Collective::AllGather | Collective::ReduceScatter => {
                 let intra = (p1f - 1.0) / p1f * bytes / b_up;
@@ -94,7 +197,7 @@ impl Fabric {
                 } else {
                     self.scaleup_latency_s
                 };
-                (pf - 1.0) * step + intra + inter
+                CollectiveCost::of((pf - 1.0) * step, (pf - 1.0) * step + intra + inter, ring)
             }
             Collective::AllToAll => {
                 // (P1−1)/P of the buffer stays in the domain, (P−P1)/P crosses the network (§3.2).
@@ -105,7 +208,7 @@ impl Fabric {
                 } else {
                     self.scaleup_latency_s
                 };
-                lat + intra.max(inter)
+                CollectiveCost::of(lat, lat + intra.max(inter), Algorithm::Pairwise)
             }
         }
     }
@@ -117,10 +220,16 @@ impl Fabric {
     /// out over NVLink there (node-deduplicated dispatch: DeepSeek-V3 §3.2.2, DeepEP, Megatron's
     /// flex dispatcher): with `D` domains, `(D − 1)·(1 − (1 − 1/D)^k)` network copies per token
     /// instead of `k·(P − P1)/P` [derived].
-    pub fn dispatch_s(&self, tokens: f64, bytes_per_copy: f64, top_k: u32, group: Group) -> f64 {
+    fn dispatch(
+        &self,
+        tokens: f64,
+        bytes_per_copy: f64,
+        top_k: u32,
+        group: Group,
+    ) -> CollectiveCost {
         let p = group.size;
         if p <= 1 || tokens <= 0.0 {
-            return 0.0;
+            return CollectiveCost::NOTHING;
         }
         let p1 = group.per_domain.clamp(1, p);
         let d = (p / p1).max(1) as f64;
@@ -135,23 +244,30 @@ impl Fabric {
         } else {
             self.scaleup_latency_s
         };
-        lat + intra.max(inter)
+        let algorithm = if d > 1.0 {
+            Algorithm::DomainDeduplicatedDispatch
+        } else {
+            Algorithm::Pairwise
+        };
+        CollectiveCost::of(lat, lat + intra.max(inter), algorithm)
     }
 
-    /// Time of one point-to-point transfer of `bytes`, on NVLink when `same_domain`.
-    pub fn p2p_s(&self, bytes: f64, same_domain: bool) -> f64 {
+    fn p2p(&self, bytes: f64, same_domain: bool) -> CollectiveCost {
         if bytes <= 0.0 {
-            return 0.0;
+            return CollectiveCost::NOTHING;
         }
+        let p2p = Algorithm::PointToPoint;
         if same_domain {
             let b = if self.mesh_peer_bytes_per_s > 0.0 {
                 self.mesh_peer_bytes_per_s
             } else {
                 self.scaleup_bytes_per_s
             };
-            self.scaleup_latency_s + bytes / b
+            let lat = self.scaleup_latency_s;
+            CollectiveCost::of(lat, lat + bytes / b, p2p)
         } else {
-            self.network_latency_s + bytes / self.network_bytes_per_s
+            let lat = self.network_latency_s;
+            CollectiveCost::of(lat, lat + bytes / self.network_bytes_per_s, p2p)
         }
     }
 }

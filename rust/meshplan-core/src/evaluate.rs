@@ -9,6 +9,7 @@ use crate::layout::Groups;
 use crate::memory::{stage_memory, MemoryContext};
 use crate::plan::{Plan, Schedule};
 use crate::report::{Evaluation, MemoryBreakdown, TimeBreakdown, Violation};
+use crate::rules::Rule;
 use crate::space::SearchSpace;
 use crate::stages::{stages, Stage};
 use crate::Problem;
@@ -22,31 +23,20 @@ pub fn micro_batches(problem: &Problem, plan: &Plan) -> u32 {
         .max(1) as u32
 }
 
-/// The keys of the structural rules checked before `batch`: they depend on the plan's degrees
-/// only (not on its micro-batch, schedule, rank order or other knobs), so the search applies
-/// one to every plan of a degree tuple at once.
-pub const DEGREE_RULES: [&str; 5] = [
-    "tp_heads",
-    "tp_kv_heads",
-    "tp_ffn",
-    "ep_experts",
-    "cp_seq_len",
-];
-
-/// Checks the structural rules (everything but memory) in a fixed order, reporting each broken
-/// one to `sink` as (rule key, message). The sink returns `false` to stop early.
+/// Checks the structural rules (everything but memory) in the order of [`Rule::ALL`], reporting
+/// each broken one to `sink` as (rule, message). The sink returns `false` to stop early.
 pub fn structural_rules(
     problem: &Problem,
     plan: &Plan,
     space: &SearchSpace,
     groups: &Groups,
-    sink: &mut dyn FnMut(&'static str, fmt::Arguments) -> bool,
+    sink: &mut dyn FnMut(Rule, fmt::Arguments) -> bool,
 ) {
     let model = &problem.model;
     let w = &problem.workload;
     let domain = problem.cluster.nvlink_domain();
     macro_rules! rule {
-        ($cond:expr, $key:literal, $($msg:tt)+) => {
+        ($cond:expr, $key:expr, $($msg:tt)+) => {
             if $cond && !sink($key, format_args!($($msg)+)) {
                 return;
             }
@@ -54,21 +44,21 @@ pub fn structural_rules(
     }
     rule!(
         model.heads % plan.tp != 0,
-        "tp_heads",
+        Rule::TpHeads,
         "tp = {} does not divide the {} attention heads",
         plan.tp,
         model.heads
     );
     rule!(
         model.mla.is_none() && model.kv_heads % plan.tp != 0 && plan.tp % model.kv_heads != 0,
-        "tp_kv_heads",
+        Rule::TpKvHeads,
         "tp = {} neither divides nor is a multiple of the {} KV heads",
         plan.tp,
         model.kv_heads
     );
     rule!(
         model.dense_layers() > 0 && model.ffn_hidden % plan.tp != 0,
-        "tp_ffn",
+        Rule::TpFfn,
         "tp = {} does not divide ffn_hidden = {}",
         plan.tp,
         model.ffn_hidden
@@ -76,14 +66,14 @@ pub fn structural_rules(
     if let Some(moe) = &model.moe {
         rule!(
             moe.expert_ffn_hidden % plan.tp != 0,
-            "tp_ffn",
+            Rule::TpFfn,
             "tp = {} does not divide expert_ffn_hidden = {}",
             plan.tp,
             moe.expert_ffn_hidden
         );
         rule!(
             moe.num_experts % plan.ep != 0,
-            "ep_experts",
+            Rule::EpExperts,
             "ep = {} does not divide the {} experts",
             plan.ep,
             moe.num_experts
@@ -91,14 +81,14 @@ pub fn structural_rules(
     } else {
         rule!(
             plan.ep > 1,
-            "ep_experts",
+            Rule::EpExperts,
             "ep = {} on a dense model (expert parallelism needs experts)",
             plan.ep
         );
     }
     rule!(
         plan.cp > 1 && w.seq_len % (2 * plan.cp) != 0,
-        "cp_seq_len",
+        Rule::CpSeqLen,
         "seq_len = {} is not a multiple of 2·cp = {} (causal load-balanced chunks)",
         w.seq_len,
         2 * plan.cp
@@ -106,7 +96,7 @@ pub fn structural_rules(
     let per_step = plan.micro_batch as u64 * plan.dense_dp() as u64;
     rule!(
         w.global_batch as u64 % per_step != 0,
-        "batch",
+        Rule::Batch,
         "global_batch = {} is not a multiple of micro_batch·dp·ep = {}",
         w.global_batch,
         per_step
@@ -115,42 +105,42 @@ pub fn structural_rules(
     // account_for_embedding/loss_in_pipeline_split), so L + 2 chunks is the most.
     rule!(
         plan.pp * plan.vpp > model.layers + 2,
-        "pp_layers",
+        Rule::PpLayers,
         "pp·vpp = {} model chunks exceed the {} layers plus the embedding and loss chunks",
         plan.pp * plan.vpp,
         model.layers
     );
     rule!(
         plan.pp == 1 && plan.schedule() != Schedule::OneFOneB,
-        "schedule",
+        Rule::Schedule,
         "schedule {} needs pp > 1",
         plan.schedule().name()
     );
     let m = micro_batches(problem, plan);
     rule!(
         plan.schedule() == Schedule::Interleaved && m % plan.pp != 0,
-        "interleave_microbatches",
+        Rule::InterleaveMicrobatches,
         "interleaved 1F1B needs the {} micro-batches to be a multiple of pp = {}",
         m,
         plan.pp
     );
     rule!(
         space.tp_within_domain && !groups.tp.within_domain(),
-        "tp_domain",
+        Rule::TpDomain,
         "the tp = {} group leaves the {}-GPU NVLink domain",
         plan.tp,
         domain
     );
     rule!(
         space.cp_within_domain && !groups.cp.within_domain(),
-        "cp_domain",
+        Rule::CpDomain,
         "the cp = {} group leaves the {}-GPU NVLink domain",
         plan.cp,
         domain
     );
     rule!(
         space.ep_within_domain && !groups.ep.within_domain(),
-        "ep_domain",
+        Rule::EpDomain,
         "the ep = {} group leaves the {}-GPU NVLink domain",
         plan.ep,
         domain
@@ -183,7 +173,16 @@ pub fn peak_memory(
 
 /// Headline metrics from a step time: (tokens/s per GPU, MFU, model and hardware TFLOP/s per
 /// GPU).
-pub(crate) fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> (f64, f64, f64, f64) {
+/// The rates of one plan per GPU derived from its step time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Rates {
+    pub tokens_per_s_per_gpu: f64,
+    pub mfu: f64,
+    pub model_tflops_per_gpu: f64,
+    pub hardware_tflops_per_gpu: f64,
+}
+
+pub(crate) fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> Rates {
     let n = problem.cluster.num_gpus as f64;
     let w = &problem.workload;
     let tokens = w.tokens_per_step();
@@ -202,12 +201,12 @@ pub(crate) fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> (f64,
         .unwrap_or(f64::NAN)
         * 1e12;
     let per_gpu_s = n * step_time_s;
-    (
-        tokens / per_gpu_s,
-        model_flops / (per_gpu_s * peak),
-        model_flops / per_gpu_s / 1e12,
-        (model_flops + recompute_flops) / per_gpu_s / 1e12,
-    )
+    Rates {
+        tokens_per_s_per_gpu: tokens / per_gpu_s,
+        mfu: model_flops / (per_gpu_s * peak),
+        model_tflops_per_gpu: model_flops / per_gpu_s / 1e12,
+        hardware_tflops_per_gpu: (model_flops + recompute_flops) / per_gpu_s / 1e12,
+    }
 }
 
 /// Scores `plan` on `problem` with the default search space's rules (headroom, domains).
@@ -230,7 +229,7 @@ pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Resul
     let mut reasons = Vec::new();
     structural_rules(problem, &plan, space, &groups, &mut |rule, msg| {
         reasons.push(Violation {
-            rule: rule.to_string(),
+            rule: rule.key().to_string(),
             message: msg.to_string(),
         });
         true
@@ -278,8 +277,12 @@ pub fn score(
 ) -> Evaluation {
     let time: TimeBreakdown = crate::time::TimeContext::new(problem, &plan, groups).step(stages, m);
     let step_time_s = time.total();
-    let (tokens_per_s_per_gpu, mfu, model_tflops_per_gpu, hardware_tflops_per_gpu) =
-        metrics(problem, &plan, step_time_s);
+    let Rates {
+        tokens_per_s_per_gpu,
+        mfu,
+        model_tflops_per_gpu,
+        hardware_tflops_per_gpu,
+    } = metrics(problem, &plan, step_time_s);
     Evaluation {
         rank: None,
         feasible: reasons.is_empty(),

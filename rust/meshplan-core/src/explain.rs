@@ -20,16 +20,18 @@ use crate::comm::{Collective, Fabric};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate;
 use crate::hardware::Cluster;
+use crate::layer::LayerOps;
 use crate::layout::{domain_block, group, group_ranks, strides, Group, Groups};
 use crate::memory::stage_params;
+use crate::mesh::{group_axes, GroupRole};
 use crate::model::Model;
 use crate::plan::{Axis, Plan, RankOrder, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::stages::{stages, Stage};
 use crate::time::{LayerTime, Pass, TimeContext};
 use crate::traffic::{
-    collective_terms, cp_kv_bytes_per_token, dispatch_terms, ep_bytes_per_token_per_layer,
-    p2p_terms, tp_decode_allreduce_bytes_per_token, tp_points_per_layer, wire_bytes, WIRE_BYTES,
+    collective_terms, dispatch_terms, ep_bytes_per_token_per_layer, p2p_terms,
+    tp_decode_allreduce_bytes_per_token, wire_bytes, WIRE_BYTES,
 };
 use crate::Problem;
 
@@ -186,6 +188,7 @@ pub fn explain(problem: &Problem, plan: &Plan) -> Result<Explanation> {
 /// The device mesh of `plan` on `problem`'s cluster.
 pub fn mesh(problem: &Problem, plan: &Plan) -> Mesh {
     let block = domain_block(plan.num_gpus(), problem.cluster.nvlink_domain());
+    let device_mesh = plan.mesh();
     let mut sets: Vec<(String, Vec<Axis>)> = plan
         .order
         .axes()
@@ -194,33 +197,33 @@ pub fn mesh(problem: &Problem, plan: &Plan) -> Mesh {
         .map(|a| (a.name().to_string(), vec![a]))
         .collect();
     if plan.ep * plan.cp > 1 && plan.dense_dp() * plan.cp > 1 {
-        sets.push(("dense_dp".into(), vec![Axis::Cp, Axis::Ep, Axis::Dp]));
+        sets.push(("dense_dp".into(), group_axes(GroupRole::DenseDp).to_vec()));
     }
     if plan.ep > 1 && plan.dp * plan.cp > 1 {
-        sets.push(("expert_dp".into(), vec![Axis::Cp, Axis::Dp]));
+        sets.push(("expert_dp".into(), group_axes(GroupRole::ExpertDp).to_vec()));
     }
     Mesh {
         order: plan.order,
         domain_size: block,
-        axes: strides(plan)
+        axes: strides(&device_mesh)
             .into_iter()
-            .map(|(axis, size, stride)| MeshAxis {
-                axis: axis.name().into(),
-                size,
-                stride,
+            .map(|s| MeshAxis {
+                axis: s.axis.name().into(),
+                size: s.size,
+                stride: s.stride,
             })
             .collect(),
         groups: sets
             .into_iter()
             .map(|(name, axes)| {
-                let g = group(plan, &axes, block);
+                let g = group(&device_mesh, &axes, block);
                 MeshGroup {
                     axis: name,
                     size: g.size,
                     members_per_domain: g.per_domain,
                     domains: g.domains(),
                     crosses_domain: !g.within_domain(),
-                    example_ranks: group_ranks(plan, &axes, 0)
+                    example_ranks: group_ranks(&device_mesh, &axes, 0)
                         .into_iter()
                         .map(|r| r as u32)
                         .collect(),
@@ -254,6 +257,8 @@ struct Ctx<'a> {
     fabric: Fabric,
     stages: Vec<Stage>,
     per_stage: Vec<LayerTime>,
+    /// The operations of one layer of each kind, as the time model sums them.
+    ops: Vec<LayerOps>,
     /// The stage the step time is built from (largest per-micro-batch time).
     worst: Stage,
     m: u64,
@@ -268,10 +273,10 @@ impl<'a> Ctx<'a> {
         let groups = Groups::of(plan, problem.cluster.nvlink_domain());
         let stage_list = stages(&problem.model, plan.pp);
         let tc = TimeContext::new(problem, plan, groups);
-        let (dense, moe) = tc.layers();
-        let per_stage: Vec<LayerTime> = stage_list
-            .iter()
-            .map(|s| tc.stage(s, &dense, &moe))
+        let layers = tc.layers();
+        let per_stage: Vec<LayerTime> = stage_list.iter().map(|s| tc.stage(s, &layers)).collect();
+        let ops = (0..problem.model.layer_kinds().len())
+            .map(|k| tc.layer_ops(k))
             .collect();
         // The same pick as the time model's `max_by` (the last of equal maxima).
         let worst = (0..stage_list.len())
@@ -287,6 +292,7 @@ impl<'a> Ctx<'a> {
             fabric: Fabric::of(&problem.cluster),
             stages: stage_list,
             per_stage,
+            ops,
             worst,
             m,
             tokens,
@@ -296,6 +302,16 @@ impl<'a> Ctx<'a> {
 
     fn model(&self) -> &Model {
         &self.problem.model
+    }
+
+    /// Layers of the worst stage whose operations include an MoE dispatch.
+    fn worst_moe_layers(&self) -> u64 {
+        self.worst
+            .kinds
+            .iter()
+            .filter(|&(k, _)| self.ops.get(k).is_some_and(|o| o.comm.dispatch.is_some()))
+            .map(|(_, n)| n as u64)
+            .sum()
     }
 
     fn sp_div(&self) -> f64 {
@@ -623,10 +639,14 @@ impl<'a> Ctx<'a> {
             &[Collective::AllReduce]
         };
         let bytes = self.tokens * model.hidden as f64 * WIRE_BYTES;
-        let dense_points = tp_points_per_layer(None) as u64;
-        let moe_points = tp_points_per_layer(model.moe.as_ref()) as u64;
-        let per_pass = self.worst.dense_layers as u64 * dense_points
-            + self.worst.moe_layers as u64 * moe_points;
+        let dense_points = self.ops[0].comm.tp_points as u64;
+        let per_pass: u64 = self
+            .worst
+            .kinds
+            .iter()
+            .zip(&self.ops)
+            .map(|((_, n), ops)| n as u64 * ops.comm.tp_points as u64)
+            .sum();
         for pass in self.passes() {
             for &kind in kinds {
                 a.collectives.push(self.collective(
@@ -668,7 +688,7 @@ impl<'a> Ctx<'a> {
             "all-reduce"
         };
         a.notes.push(match &model.moe {
-            Some(m) if self.worst.moe_layers > 0 => format!(
+            Some(m) if self.worst_moe_layers() > 0 => format!(
                 "one {point} after attention and {} around the experts (top-{} copies of each token gathered over TP) per MoE layer, {} per dense layer, of the micro-batch's hidden states ({} B)",
                 m.top_k,
                 m.top_k,
@@ -692,7 +712,6 @@ impl<'a> Ctx<'a> {
 
     fn cp(&self) -> AxisExplanation {
         let plan = self.plan;
-        let model = self.model();
         let g = self.groups.cp;
         let c = plan.cp;
         let seq = self.problem.workload.seq_len;
@@ -701,7 +720,8 @@ impl<'a> Ctx<'a> {
             seq / c
         );
         let mut a = self.axis("cp", c, state, g);
-        let kv = self.tokens * cp_kv_bytes_per_token(model, plan.tp);
+        // One mixer for every layer kind: kind 0's K/V width is every layer's.
+        let kv = self.tokens * self.ops[0].comm.cp_kv_bytes_per_token;
         let terms = p2p_terms(&self.fabric, kv, g.within_domain());
         let layers = self.worst.layers() as u64;
         let steps = (c - 1) as u64;
@@ -765,7 +785,7 @@ impl<'a> Ctx<'a> {
         let wire = wire_bytes(Collective::AllToAll, message, e);
         let terms = dispatch_terms(&self.fabric, routed, h_bytes, moe.top_k, g);
         let imbalance = self.problem.cluster.gpu.calibration.moe_imbalance;
-        let layers = self.worst.moe_layers as u64;
+        let layers = self.worst_moe_layers();
         if layers > 0 {
             for pass in self.passes() {
                 let what = if pass == "backward" {

@@ -48,14 +48,25 @@ pub fn gemm_s(dev: &GemmDevice, m: f64, n: f64, k: f64) -> f64 {
     compute.max(memory)
 }
 
+/// Seconds of a linear layer's three GEMMs.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LinearTimes {
+    /// Forward: `m×k · k×n`.
+    pub fwd: f64,
+    /// Input gradient: `m×n · n×k`.
+    pub dgrad: f64,
+    /// Weight gradient: `k×m · m×n`.
+    pub wgrad: f64,
+}
+
 /// Forward, input-gradient and weight-gradient seconds of a linear layer with `m` tokens,
 /// `k` inputs and `n` outputs (the backward GEMMs are the forward's with permuted shapes).
-pub fn linear_s(dev: &GemmDevice, m: f64, n: f64, k: f64) -> (f64, f64, f64) {
-    (
-        gemm_s(dev, m, n, k),
-        gemm_s(dev, m, k, n),
-        gemm_s(dev, k, n, m),
-    )
+pub fn linear_s(dev: &GemmDevice, m: f64, n: f64, k: f64) -> LinearTimes {
+    LinearTimes {
+        fwd: gemm_s(dev, m, n, k),
+        dgrad: gemm_s(dev, m, k, n),
+        wgrad: gemm_s(dev, k, n, m),
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! data-parallel group is the dp, ep and cp axes together, the expert data-parallel group dp and
 //! cp (§2.3).
 
+use crate::mesh::{group_axes, GroupRole, Mesh};
 use crate::plan::Plan;
 pub use crate::plan::{Axis, RankOrder};
 
@@ -46,22 +47,41 @@ fn gcd(a: u32, b: u32) -> u32 {
     }
 }
 
-/// Stride of each axis in the plan's order: the product of the sizes of the axes inside it.
-pub fn strides(plan: &Plan) -> [(Axis, u32, u64); 5] {
+/// One axis of a mesh with its stride: the product of the sizes of the axes inside it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stride {
+    pub axis: Axis,
+    pub size: u32,
+    pub stride: u64,
+}
+
+/// Stride of each axis of `mesh`, innermost first.
+pub fn strides(mesh: &Mesh) -> Vec<Stride> {
     let mut stride: u64 = 1;
-    plan.order.axes().map(|axis| {
-        let n = axis.size(plan);
-        let out = (axis, n, stride);
-        stride = stride.saturating_mul(n as u64);
-        out
-    })
+    mesh.axes()
+        .iter()
+        .map(|a| {
+            let out = Stride {
+                axis: a.axis,
+                size: a.size,
+                stride,
+            };
+            stride = stride.saturating_mul(a.size as u64);
+            out
+        })
+        .collect()
 }
 
 /// The ranks of the group spanning `axes` that contains `rank`, ascending.
-pub fn group_ranks(plan: &Plan, axes: &[Axis], rank: u64) -> Vec<u64> {
+pub fn group_ranks(mesh: &Mesh, axes: &[Axis], rank: u64) -> Vec<u64> {
     let mut base = rank;
     let mut members = vec![0u64];
-    for (axis, n, stride) in strides(plan) {
+    for Stride {
+        axis,
+        size: n,
+        stride,
+    } in strides(mesh)
+    {
         if axes.contains(&axis) {
             // Drop this rank's own coordinate on the axis, then span all of them.
             base -= (rank / stride) % n as u64 * stride;
@@ -76,18 +96,18 @@ pub fn group_ranks(plan: &Plan, axes: &[Axis], rank: u64) -> Vec<u64> {
     out
 }
 
-/// Members of a group spanning `axes` that share one domain of `domain` GPUs, in the plan's order.
+/// Members of a group spanning `axes` that share one domain of `domain` GPUs, in the mesh's order.
 ///
 /// For each axis with stride `σ` (product of the sizes before it) and size `n`, the members of the
 /// group that fall into one domain are `gcd(n, domain/σ)` when `σ < domain` (1 otherwise); the
 /// product over the group's axes is `P1`. The gcd makes a group that does not tile the domain
 /// evenly count as spanning two domains, which is what its slowest member pair sees.
-pub fn group(plan: &Plan, axes: &[Axis], domain: u32) -> Group {
+pub fn group(mesh: &Mesh, axes: &[Axis], domain: u32) -> Group {
     let mut stride: u64 = 1;
     let mut size: u32 = 1;
     let mut per_domain: u32 = 1;
-    for axis in plan.order.axes() {
-        let n = axis.size(plan);
+    for a in mesh.axes() {
+        let (axis, n) = (a.axis, a.size);
         if axes.contains(&axis) {
             size *= n;
             if stride < domain as u64 {
@@ -133,10 +153,16 @@ pub fn domain_block(num_gpus: u64, domain: u32) -> u32 {
 impl Groups {
     /// Places every group of `plan` on a cluster with NVLink domains of `domain` GPUs.
     pub fn of(plan: &Plan, domain: u32) -> Self {
-        let domain = domain_block(plan.num_gpus(), domain);
-        let pp_all = group(plan, &[Axis::Pp], domain);
+        Groups::on(&plan.mesh(), domain_block(plan.num_gpus(), domain))
+    }
+
+    /// Places every group of [`crate::mesh::GROUP_AXES`] on `mesh`, `domain` of its ranks per
+    /// NVLink domain (already the job's [`domain_block`]).
+    pub fn on(mesh: &Mesh, domain: u32) -> Self {
+        let of = |role| group(mesh, group_axes(role), domain);
+        let pp_all = of(GroupRole::Pp);
         // Two consecutive stages share a domain iff the pipeline axis has more than one member per domain.
-        let pp = if plan.pp > 1 {
+        let pp = if mesh.size(Axis::Pp) > 1 {
             Group {
                 size: 2,
                 per_domain: if pp_all.per_domain > 1 { 2 } else { 1 },
@@ -145,11 +171,11 @@ impl Groups {
             Group::SINGLE
         };
         Groups {
-            tp: group(plan, &[Axis::Tp], domain),
-            cp: group(plan, &[Axis::Cp], domain),
-            ep: group(plan, &[Axis::Ep], domain),
-            dense_dp: group(plan, &[Axis::Cp, Axis::Ep, Axis::Dp], domain),
-            expert_dp: group(plan, &[Axis::Cp, Axis::Dp], domain),
+            tp: of(GroupRole::Tp),
+            cp: of(GroupRole::Cp),
+            ep: of(GroupRole::Ep),
+            dense_dp: of(GroupRole::DenseDp),
+            expert_dp: of(GroupRole::ExpertDp),
             pp,
         }
     }
@@ -215,7 +241,7 @@ mod tests {
     #[test]
     fn a_group_that_does_not_tile_the_domain_spans_two() {
         // 16 DP ranks with stride 1 in a 72-GPU domain: gcd(16, 72) = 8 per domain.
-        let g = group(&plan(16, 1, 1, 1, 1), &[Axis::Dp], 72);
+        let g = group(&plan(16, 1, 1, 1, 1).mesh(), &[Axis::Dp], 72);
         assert_eq!(
             g,
             Group {
@@ -246,8 +272,8 @@ mod tests {
     #[test]
     fn the_default_order_is_megatrons() {
         assert_eq!(RankOrder::DEFAULT.axes(), DEFAULT_ORDER);
-        let s = strides(&plan(2, 4, 2, 1, 2));
-        let got: Vec<(Axis, u32, u64)> = s.to_vec();
+        let s = strides(&plan(2, 4, 2, 1, 2).mesh());
+        let got: Vec<(Axis, u32, u64)> = s.iter().map(|s| (s.axis, s.size, s.stride)).collect();
         assert_eq!(
             got,
             vec![
@@ -288,16 +314,16 @@ mod tests {
     #[test]
     fn group_ranks_follow_the_strides() {
         let p = plan(2, 4, 2, 1, 2); // tp stride 1, cp 4, dp 8, pp 16
-        assert_eq!(group_ranks(&p, &[Axis::Tp], 0), vec![0, 1, 2, 3]);
-        assert_eq!(group_ranks(&p, &[Axis::Tp], 6), vec![4, 5, 6, 7]);
-        assert_eq!(group_ranks(&p, &[Axis::Cp], 1), vec![1, 5]);
-        assert_eq!(group_ranks(&p, &[Axis::Pp], 3), vec![3, 19]);
+        assert_eq!(group_ranks(&p.mesh(), &[Axis::Tp], 0), vec![0, 1, 2, 3]);
+        assert_eq!(group_ranks(&p.mesh(), &[Axis::Tp], 6), vec![4, 5, 6, 7]);
+        assert_eq!(group_ranks(&p.mesh(), &[Axis::Cp], 1), vec![1, 5]);
+        assert_eq!(group_ranks(&p.mesh(), &[Axis::Pp], 3), vec![3, 19]);
         assert_eq!(
-            group_ranks(&p, &[Axis::Cp, Axis::Ep, Axis::Dp], 0),
+            group_ranks(&p.mesh(), &[Axis::Cp, Axis::Ep, Axis::Dp], 0),
             vec![0, 4, 8, 12]
         );
         let q = ordered(p, "pp-dp-cp-ep-tp"); // pp stride 1, dp 2, cp 4, tp 8
-        assert_eq!(group_ranks(&q, &[Axis::Tp], 0), vec![0, 8, 16, 24]);
-        assert_eq!(group_ranks(&q, &[Axis::Pp], 5), vec![4, 5]);
+        assert_eq!(group_ranks(&q.mesh(), &[Axis::Tp], 0), vec![0, 8, 16, 24]);
+        assert_eq!(group_ranks(&q.mesh(), &[Axis::Pp], 5), vec![4, 5]);
     }
 }

@@ -7,17 +7,22 @@
 
 pub mod calibration;
 pub mod comm;
+pub mod device;
 pub mod error;
 pub mod feasible;
 pub mod flops;
 pub mod gemm;
 pub mod hardware;
+pub mod layer;
 pub mod layout;
 pub mod memory;
+pub mod mesh;
 pub mod model;
 pub mod plan;
 pub mod report;
+pub mod rules;
 pub mod space;
+pub mod stack;
 pub mod stages;
 pub mod time;
 pub mod traffic;

@@ -9,8 +9,12 @@
 //! shapes this is Korthikanti's `34·sbh` less the dropout masks.
 
 use crate::hardware::Precision;
+use crate::layer::{
+    activation_bytes_per_token, params_per_rank, selective_op_bytes_per_token, LayerParams, Shard,
+    MAX_LAYER_KINDS,
+};
 use crate::layout::Groups;
-use crate::model::{Activation, Model};
+use crate::model::Model;
 use crate::plan::{Plan, Recompute};
 use crate::report::MemoryBreakdown;
 use crate::stages::{in_flight, Stage};
@@ -34,32 +38,6 @@ pub fn linear_input_bytes(precision: Precision) -> f64 {
     }
 }
 
-/// Parameters of one layer's attention held by one TP rank: Q and O split over `t`; K and V
-/// split over `t` but replicated when `t > kv_heads` (§2.4.3 GQA note); MLA's down-projections
-/// are replicated (they are not tensor-parallel in Megatron's MLA).
-pub fn attention_params_per_rank(model: &Model, tp: u32) -> f64 {
-    let t = tp as f64;
-    let h = model.hidden as f64;
-    let a = model.heads as f64;
-    match &model.mla {
-        Some(m) => {
-            let (qk, v) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
-            let (q_down, q_up) = match m.q_lora_rank {
-                Some(r) => (h * r as f64, r as f64 * a * qk),
-                None => (0.0, h * a * qk),
-            };
-            let kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim) as f64;
-            let kv_up = m.kv_lora_rank as f64 * a * (m.qk_nope_head_dim as f64 + v);
-            q_down + kv_down + (q_up + kv_up + a * v * h) / t
-        }
-        None => {
-            let d = model.qk_head_dim() as f64;
-            let g_local = (model.kv_heads as f64 / t).max(1.0);
-            2.0 * h * a * d / t + 2.0 * h * g_local * d
-        }
-    }
-}
-
 /// Parameters of one pipeline rank held by one GPU, split into the part sharded over the dense
 /// data-parallel group and the routed experts (sharded over the expert data-parallel group).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,20 +48,26 @@ pub struct StageParams {
     pub largest_layer: f64,
 }
 
-/// Per-GPU parameters of `stage` (§2.3).
+/// A value per layer kind of the model's [`crate::layer::LayerKinds`] (unused entries 0).
+pub type PerKind = [f64; MAX_LAYER_KINDS];
+
+/// Per-GPU parameters of one layer of each kind under `plan`'s TP and EP degrees (§2.3).
+pub fn kind_params(model: &Model, plan: &Plan) -> [LayerParams; MAX_LAYER_KINDS] {
+    let shard = Shard::of(plan);
+    let mut out = [LayerParams::default(); MAX_LAYER_KINDS];
+    for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+        out[k] = params_per_rank(model, spec, &shard);
+    }
+    out
+}
+
+/// Per-GPU parameters of `stage` (§2.3): its layers by kind, the embedding on the first rank,
+/// the LM head and final norm on the last.
 pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
     let t = plan.tp as f64;
-    let attn = attention_params_per_rank(model, plan.tp) + model.norm_params() as f64 / t;
-    let dense_layer = attn + model.dense_ffn_params() as f64 / t;
-    let moe_dense_part = attn + model.moe_dense_part_params() as f64 / t;
-    let experts_per_rank = model
-        .moe
-        .as_ref()
-        .map_or(0.0, |m| m.num_experts as f64 / plan.ep as f64);
-    let experts = experts_per_rank * model.expert_params() as f64 / t;
+    let per_kind = kind_params(model, plan);
     let vocab_shard = model.embedding_params() as f64 / t;
-    let mut dense =
-        stage.dense_layers as f64 * dense_layer + stage.moe_layers as f64 * moe_dense_part;
+    let mut dense = stage.kinds.weighted_sum(&per_kind.map(|p| p.dense));
     if stage.first {
         dense += vocab_shard;
     }
@@ -96,138 +80,68 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
         };
         dense += head + model.hidden as f64;
     }
-    let largest_layer = if stage.moe_layers > 0 {
-        moe_dense_part + experts
-    } else {
-        dense_layer
-    };
+    // The ZeRO-3 gather unit: a layer of the rank's last kind (MoE layers follow the dense ones
+    // and hold the experts), the dense-MLP layer on a rank without layers.
+    let unit = per_kind[stage.kinds.last_present()];
     StageParams {
         dense,
-        expert: stage.moe_layers as f64 * experts,
-        largest_layer,
+        expert: stage.kinds.weighted_sum(&per_kind.map(|p| p.expert)),
+        largest_layer: unit.dense + unit.expert,
     }
 }
 
-/// Model-state bytes per GPU: (weights, gradients, optimizer) for `params` sharded over a
-/// group of `group` ranks at ZeRO stage `zero` (§2.2). ZeRO-3 follows FSDP: the fp32 sharded
-/// parameters are the master weights, so no separate working copy is resident.
+/// Model-state memory of one GPU, by part (bytes or GiB as the function returning it says).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ModelStates {
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer: f64,
+}
+
+impl ModelStates {
+    fn new(weights: f64, gradients: f64, optimizer: f64) -> Self {
+        ModelStates {
+            weights,
+            gradients,
+            optimizer,
+        }
+    }
+
+    /// Weights + gradients + optimizer.
+    pub fn total(&self) -> f64 {
+        self.weights + self.gradients + self.optimizer
+    }
+}
+
+/// Model-state bytes per GPU for `params` sharded over a group of `group` ranks at ZeRO stage
+/// `zero` (§2.2). ZeRO-3 follows FSDP: the fp32 sharded parameters are the master weights, so
+/// no separate working copy is resident.
 pub fn state_bytes(
     params: f64,
     group: u32,
     zero: u8,
     grad_bytes: f64,
     optimizer_bytes: f64,
-) -> (f64, f64, f64) {
+) -> ModelStates {
     let d = group.max(1) as f64;
     match zero {
-        0 => (
+        0 => ModelStates::new(
             WEIGHT_BYTES * params,
             grad_bytes * params,
             optimizer_bytes * params,
         ),
-        1 => (
+        1 => ModelStates::new(
             WEIGHT_BYTES * params,
             grad_bytes * params,
             optimizer_bytes * params / d,
         ),
-        2 => (
+        2 => ModelStates::new(
             WEIGHT_BYTES * params,
             grad_bytes * params / d,
             optimizer_bytes * params / d,
         ),
-        _ => (0.0, grad_bytes * params / d, optimizer_bytes * params / d),
+        _ => ModelStates::new(0.0, grad_bytes * params / d, optimizer_bytes * params / d),
     }
-}
-
-/// Stored activation bytes per token of one layer with no recompute (§2.4.3), per GPU.
-/// `moe`: the layer has routed experts. `linear_input_bytes`: bytes per element of the tensors
-/// kept only as inputs of linear layers — 2 in 16-bit training; FP8/FP4 linears keep their
-/// quantised input for the weight gradient (Transformer Engine), 1 byte.
-pub fn layer_activation_bytes_per_token(
-    model: &Model,
-    plan: &Plan,
-    moe: bool,
-    imbalance: f64,
-    linear_input_bytes: f64,
-) -> f64 {
-    let t = plan.tp as f64;
-    let sp_div = if plan.sequence_parallel { t } else { 1.0 };
-    let h = model.hidden as f64;
-    let a_local = model.heads as f64 / t;
-    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
-    let li = linear_input_bytes;
-    // Two norm inputs (16-bit) and the inputs of the QKV and FFN-in projections.
-    let replicated = (2.0 * ACT_BYTES + 2.0 * li) * h / sp_div;
-    let attention = match &model.mla {
-        Some(m) => {
-            // Latents (replicated) + per-head Q, K, V (16-bit, attention inputs) and the
-            // output (input of the output projection).
-            let latents =
-                li * (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64;
-            latents + a_local * (ACT_BYTES * (2.0 * dqk + dv) + li * dv)
-        }
-        None => {
-            let g_local = (model.kv_heads as f64 / t).max(1.0);
-            ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk) + li * a_local * dqk
-        }
-    };
-    // Per unit of FFN width: the gate/up (SwiGLU) or pre-activation (GeLU) outputs in 16 bits,
-    // and the activation output, the down projection's input.
-    let per_f = match model.activation {
-        Activation::Swiglu => 2.0 * ACT_BYTES + li,
-        Activation::Gelu => ACT_BYTES + li,
-    };
-    let ffn = match (&model.moe, moe) {
-        (Some(m), true) => {
-            let router = FP32_BYTES * m.num_experts as f64 / sp_div;
-            // Each routed copy keeps its expert input and intermediates on the expert rank.
-            let routed =
-                m.top_k as f64 * imbalance * (li * h + per_f * m.expert_ffn_hidden as f64 / t);
-            let shared = per_f * model.shared_ffn_hidden() as f64 / t;
-            router + routed + shared
-        }
-        _ => per_f * model.ffn_hidden as f64 / t,
-    };
-    replicated + attention + ffn
-}
-
-/// Stored bytes per token of one layer under op-level selective checkpointing
-/// ([`Recompute::SelectiveOp`], torchtitan's `_save_list` policy): the layer input, the
-/// attention output (flash attention's saved result) and every other matmul output — half of
-/// the layer's 16-bit linear outputs on average — plus the fp32 router logits of an MoE layer.
-/// Column-parallel outputs are TP-sharded, row-parallel ones sequence-sharded under SP.
-pub fn selective_op_bytes_per_token(model: &Model, plan: &Plan, moe: bool, imbalance: f64) -> f64 {
-    let t = plan.tp as f64;
-    let sp_div = if plan.sequence_parallel { t } else { 1.0 };
-    let h = model.hidden as f64;
-    let a_local = model.heads as f64 / t;
-    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
-    let attention_out = a_local * dv;
-    // Outputs of the attention projections: Q, K, V (MLA: the latents and the per-head
-    // up-projections) and the output projection.
-    let attention_linears = match &model.mla {
-        Some(m) => {
-            (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64
-                + a_local * (2.0 * dqk + dv)
-        }
-        None => a_local * dqk + 2.0 * (model.kv_heads as f64 / t).max(1.0) * dqk,
-    } + h / sp_div;
-    // Outputs of the FFN projections per unit of width (gate and up for SwiGLU), plus the
-    // down projection's output.
-    let in_proj = match model.activation {
-        Activation::Swiglu => 2.0,
-        Activation::Gelu => 1.0,
-    };
-    let (ffn_linears, router) = match (&model.moe, moe) {
-        (Some(m), true) => (
-            m.top_k as f64 * imbalance * (in_proj * m.expert_ffn_hidden as f64 / t + h)
-                + in_proj * model.shared_ffn_hidden() as f64 / t
-                + h / sp_div,
-            FP32_BYTES * m.num_experts as f64 / sp_div,
-        ),
-        _ => (in_proj * model.ffn_hidden as f64 / t + h / sp_div, 0.0),
-    };
-    ACT_BYTES * (h / sp_div + attention_out + 0.5 * (attention_linears + ffn_linears)) + router
 }
 
 /// Everything memory needs about one plan, computed once.
@@ -238,51 +152,64 @@ pub struct MemoryContext {
     pub micro_batches: u32,
 }
 
-/// Model-state GiB of one GPU of a stage holding `params` at ZeRO stage `zero`: (weights,
-/// gradients, optimizer), dense and expert parts together (§2.2–2.3).
-pub fn state_gib(problem: &Problem, zero: u8, groups: &Groups, params: &StageParams) -> [f64; 3] {
+/// Model-state GiB of one GPU of a stage holding `params` at ZeRO stage `zero`, dense and
+/// expert parts together (§2.2–2.3).
+pub fn state_gib(
+    problem: &Problem,
+    zero: u8,
+    groups: &Groups,
+    params: &StageParams,
+) -> ModelStates {
     let grad_bytes = problem.workload.grad_bytes as f64;
     let opt_bytes = problem.workload.optimizer.state_bytes_per_param();
-    let (wd, gd, od) = state_bytes(
-        params.dense,
-        groups.dense_dp.size,
-        zero,
-        grad_bytes,
-        opt_bytes,
-    );
-    let (we, ge, oe) = state_bytes(
-        params.expert,
-        groups.expert_dp.size,
-        zero,
-        grad_bytes,
-        opt_bytes,
-    );
-    // LoRA: frozen 16-bit base weights only (sharded under ZeRO-3), no gradients or optimizer.
-    let ((wd, gd, od), (we, ge, oe)) = if problem.workload.lora {
+    let (dense, expert) = if problem.workload.lora {
+        // LoRA: frozen 16-bit base weights only (sharded under ZeRO-3), no gradients or
+        // optimizer.
         let frozen = |p: f64, group: u32| {
             let d = if zero >= 3 { group.max(1) as f64 } else { 1.0 };
-            (WEIGHT_BYTES * p / d, 0.0, 0.0)
+            ModelStates::new(WEIGHT_BYTES * p / d, 0.0, 0.0)
         };
         (
             frozen(params.dense, groups.dense_dp.size),
             frozen(params.expert, groups.expert_dp.size),
         )
     } else {
-        ((wd, gd, od), (we, ge, oe))
+        (
+            state_bytes(
+                params.dense,
+                groups.dense_dp.size,
+                zero,
+                grad_bytes,
+                opt_bytes,
+            ),
+            state_bytes(
+                params.expert,
+                groups.expert_dp.size,
+                zero,
+                grad_bytes,
+                opt_bytes,
+            ),
+        )
     };
-    [(wd + we) / GIB, (gd + ge) / GIB, (od + oe) / GIB]
+    ModelStates::new(
+        (dense.weights + expert.weights) / GIB,
+        (dense.gradients + expert.gradients) / GIB,
+        (dense.optimizer + expert.optimizer) / GIB,
+    )
 }
 
-/// Stored activation bytes per token of a dense and of an MoE layer of `plan` (no recompute;
+/// Stored activation bytes per token of one layer of each kind under `plan` (no recompute;
 /// depends on the degrees and sequence parallelism only).
-pub fn layer_activations(problem: &Problem, plan: &Plan) -> (f64, f64) {
+pub fn layer_activations(problem: &Problem, plan: &Plan) -> PerKind {
     let model = &problem.model;
     let li = linear_input_bytes(problem.workload.precision);
     let imbalance = problem.cluster.gpu.calibration.moe_imbalance;
-    (
-        layer_activation_bytes_per_token(model, plan, false, 1.0, li),
-        layer_activation_bytes_per_token(model, plan, true, imbalance, li),
-    )
+    let shard = Shard::of(plan);
+    let mut out = [0.0; MAX_LAYER_KINDS];
+    for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+        out[k] = activation_bytes_per_token(model, spec, &shard, imbalance, li);
+    }
+    out
 }
 
 /// Bytes one in-flight micro-batch keeps on `stage`: the layers' stored activations under
@@ -293,12 +220,12 @@ pub fn stored_bytes_per_micro_batch(
     plan: &Plan,
     stage: &Stage,
     tokens: f64,
-    (dense_layer, moe_layer): (f64, f64),
+    layers: &PerKind,
 ) -> f64 {
     let model = &problem.model;
     let t = plan.tp as f64;
     let sp_div = if plan.sequence_parallel { t } else { 1.0 };
-    let full_layers = stage.dense_layers as f64 * dense_layer + stage.moe_layers as f64 * moe_layer;
+    let full_layers = stage.kinds.weighted_sum(layers);
     let stored_per_mb = match plan.recompute {
         // Only each layer's input is kept (sequence-sharded with SP, §9 item 5).
         Recompute::Full => stage.layers() as f64 * ACT_BYTES * model.hidden as f64 / sp_div,
@@ -307,9 +234,12 @@ pub fn stored_bytes_per_micro_batch(
         Recompute::Selective => full_layers,
         Recompute::SelectiveOp => {
             let imbalance = problem.cluster.gpu.calibration.moe_imbalance;
-            stage.dense_layers as f64 * selective_op_bytes_per_token(model, plan, false, 1.0)
-                + stage.moe_layers as f64
-                    * selective_op_bytes_per_token(model, plan, true, imbalance)
+            let shard = Shard::of(plan);
+            let mut per_kind = [0.0; MAX_LAYER_KINDS];
+            for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+                per_kind[k] = selective_op_bytes_per_token(model, spec, &shard, imbalance);
+            }
+            stage.kinds.weighted_sum(&per_kind)
         }
         // Unfused attention also keeps softmax output, its dropout mask and output:
         // 5·a·s²·b bytes per layer, split over TP (KOR22 §4.1), i.e. 5·(a/t)·s per token.
@@ -337,7 +267,7 @@ pub fn transient_bytes(
     stage: &Stage,
     tokens: f64,
     params: &StageParams,
-    (dense_layer, moe_layer): (f64, f64),
+    layers: &PerKind,
 ) -> f64 {
     let model = &problem.model;
     let vocab_local = model.vocab as f64 / plan.tp as f64;
@@ -354,8 +284,16 @@ pub fn transient_bytes(
         transient += per_logit * tokens * vocab_local;
     }
     if plan.recompute == Recompute::Full {
-        // One layer's full activations rebuilt during its backward.
-        transient += tokens * dense_layer.max(if stage.moe_layers > 0 { moe_layer } else { 0.0 });
+        // One layer's full activations rebuilt during its backward: the largest of the rank's
+        // kinds, counted from no less than the model's dense-MLP layer (kind 0).
+        let rebuilt = stage
+            .kinds
+            .iter()
+            .skip(1)
+            .filter(|&(_, n)| n > 0)
+            .map(|(k, _)| layers[k])
+            .fold(layers[0], f64::max);
+        transient += tokens * rebuilt;
     }
     if plan.zero >= 3 {
         // Current and prefetched gathered bf16 units plus one unsharded gradient (§2.6).
@@ -370,7 +308,7 @@ pub fn transient_bytes(
 /// bytes ([`transient_bytes`]); fragmentation and fixed memory are added here (§2.6).
 pub fn assemble(
     problem: &Problem,
-    [weights, gradients, optimizer]: [f64; 3],
+    states: ModelStates,
     flight: f64,
     stored_per_mb: f64,
     transient: f64,
@@ -379,9 +317,9 @@ pub fn assemble(
     let activations = flight * stored_per_mb;
     let fragmentation = cal.fragmentation * (activations + transient);
     MemoryBreakdown {
-        weights,
-        gradients,
-        optimizer,
+        weights: states.weights,
+        gradients: states.gradients,
+        optimizer: states.optimizer,
         activations: activations / GIB,
         transient: (transient + fragmentation) / GIB,
         fixed: cal.fixed_memory_gib,
@@ -399,8 +337,8 @@ pub fn stage_memory(
     let params = stage_params(&problem.model, plan, stage);
     let states = state_gib(problem, plan.zero, groups, &params);
     let layers = layer_activations(problem, plan);
-    let stored = stored_bytes_per_micro_batch(problem, plan, stage, ctx.tokens, layers);
-    let transient = transient_bytes(problem, plan, stage, ctx.tokens, &params, layers);
+    let stored = stored_bytes_per_micro_batch(problem, plan, stage, ctx.tokens, &layers);
+    let transient = transient_bytes(problem, plan, stage, ctx.tokens, &params, &layers);
     let flight = in_flight(plan, ctx.micro_batches, stage.index);
     assemble(problem, states, flight, stored, transient)
 }
@@ -408,7 +346,17 @@ pub fn stage_memory(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Norm;
+    use crate::model::{Activation, Norm};
+
+    /// A dense layer's stored bytes per token, no recompute, 16-bit linear inputs.
+    fn dense_bytes(m: &Model, plan: &Plan) -> f64 {
+        activation_bytes_per_token(m, &m.layer_kinds().specs()[0], &Shard::of(plan), 1.0, 2.0)
+    }
+
+    /// A dense layer's stored bytes per token under op-level selective checkpointing.
+    fn dense_op_bytes(m: &Model, plan: &Plan) -> f64 {
+        selective_op_bytes_per_token(m, &m.layer_kinds().specs()[0], &Shard::of(plan), 1.0)
+    }
 
     fn llama2_7b() -> Model {
         Model {
@@ -450,7 +398,7 @@ mod tests {
         // §2.4.3 / §7(c): 12 + 4·g/a + 6·f/h = 32.1 (× s·b·h, 2-byte elements → ×2 bytes... the
         // coefficient already counts bytes).
         let m = llama2_7b();
-        let per_token = layer_activation_bytes_per_token(&m, &plan(1, false), false, 1.0, 2.0);
+        let per_token = dense_bytes(&m, &plan(1, false));
         let coeff = per_token / m.hidden as f64;
         assert!((coeff - 32.125).abs() < 1e-9, "{coeff}");
     }
@@ -458,12 +406,11 @@ mod tests {
     #[test]
     fn tp8_with_sp_divides_activations_by_8() {
         let m = llama2_7b();
-        let one = layer_activation_bytes_per_token(&m, &plan(1, false), false, 1.0, 2.0);
-        let eight = layer_activation_bytes_per_token(&m, &plan(8, true), false, 1.0, 2.0);
+        let one = dense_bytes(&m, &plan(1, false));
+        let eight = dense_bytes(&m, &plan(8, true));
         assert!((one / eight - 8.0).abs() < 1e-9);
         // Without SP, §7(c): (8 + (8 + 6·f/h)/8)·sbh = 11.0·sbh.
-        let no_sp = layer_activation_bytes_per_token(&m, &plan(8, false), false, 1.0, 2.0)
-            / m.hidden as f64;
+        let no_sp = dense_bytes(&m, &plan(8, false)) / m.hidden as f64;
         assert!(
             (no_sp - (8.0 + (8.0 + 6.0 * 11008.0 / 4096.0) / 8.0)).abs() < 1e-9,
             "{no_sp}"
@@ -476,14 +423,14 @@ mod tests {
         // of Q, K, V, O (4h) and of gate, up (2f) and down (h), in 16 bits.
         let m = llama2_7b();
         let (h, f) = (4096.0, 11008.0);
-        let got = selective_op_bytes_per_token(&m, &plan(1, false), false, 1.0);
+        let got = dense_op_bytes(&m, &plan(1, false));
         assert_eq!(got, 2.0 * (2.0 * h + 0.5 * (4.0 * h + 2.0 * f + h)));
         // Between full recompute (the input only) and no recompute, for every TP/SP split.
         for (tp, sp) in [(1, false), (2, false), (8, true)] {
             let pl = plan(tp, sp);
             let sp_div = if sp { tp as f64 } else { 1.0 };
-            let op = selective_op_bytes_per_token(&m, &pl, false, 1.0);
-            let none = layer_activation_bytes_per_token(&m, &pl, false, 1.0, 2.0);
+            let op = dense_op_bytes(&m, &pl);
+            let none = dense_bytes(&m, &pl);
             assert!(
                 2.0 * h / sp_div < op && op < none,
                 "tp {tp}: {op} vs {none}"
@@ -511,8 +458,8 @@ mod tests {
         let tokens = 4096.0;
         let logits = tokens * 32000.0;
         let total = |p: &Problem| {
-            stored_bytes_per_micro_batch(p, &pl, &stage, tokens, layers)
-                + transient_bytes(p, &pl, &stage, tokens, &params, layers)
+            stored_bytes_per_micro_batch(p, &pl, &stage, tokens, &layers)
+                + transient_bytes(p, &pl, &stage, tokens, &params, &layers)
         };
         let fused = total(&problem);
         problem.workload.fused_cross_entropy = false;
@@ -528,17 +475,13 @@ mod tests {
     fn zero_stages_never_increase_state_memory() {
         let mut prev = f64::INFINITY;
         for z in 0..=3 {
-            let (w, g, o) = state_bytes(1e9, 8, z, 4.0, 12.0);
-            let total = w + g + o;
+            let total = state_bytes(1e9, 8, z, 4.0, 12.0).total();
             assert!(total <= prev, "zero {z}: {total} > {prev}");
             prev = total;
         }
         // Megatron: 18 bytes/param without, 6 + 12/D with the distributed optimizer; FSDP 16/D.
-        let (w, g, o) = state_bytes(1.0, 8, 0, 4.0, 12.0);
-        assert_eq!(w + g + o, 18.0);
-        let (w, g, o) = state_bytes(1.0, 8, 1, 4.0, 12.0);
-        assert_eq!(w + g + o, 6.0 + 12.0 / 8.0);
-        let (w, g, o) = state_bytes(1.0, 8, 3, 4.0, 12.0);
-        assert_eq!(w + g + o, 16.0 / 8.0);
+        assert_eq!(state_bytes(1.0, 8, 0, 4.0, 12.0).total(), 18.0);
+        assert_eq!(state_bytes(1.0, 8, 1, 4.0, 12.0).total(), 6.0 + 12.0 / 8.0);
+        assert_eq!(state_bytes(1.0, 8, 3, 4.0, 12.0).total(), 16.0 / 8.0);
     }
 }

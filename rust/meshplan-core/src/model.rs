@@ -33,7 +33,7 @@ pub enum Norm {
 }
 
 /// Mixture-of-experts block shape.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Moe {
     /// Routed experts `E`.
@@ -53,8 +53,18 @@ pub struct Moe {
     pub first_dense_layers: u32,
 }
 
+impl Moe {
+    /// Summed intermediate size of all shared experts `f_sh`.
+    pub fn shared_ffn_hidden(&self) -> u64 {
+        self.shared_experts as u64
+            * self
+                .shared_expert_ffn_hidden
+                .unwrap_or(self.expert_ffn_hidden) as u64
+    }
+}
+
 /// Multi-head latent attention dimensions (DeepSeek-V2/V3, Kimi-K2).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Mla {
     /// Query low-rank projection; `None` means a full-rank query projection.
@@ -194,10 +204,7 @@ impl Model {
 
     /// Summed intermediate size of all shared experts `f_sh`.
     pub fn shared_ffn_hidden(&self) -> u64 {
-        self.moe.as_ref().map_or(0, |m| {
-            m.shared_experts as u64
-                * m.shared_expert_ffn_hidden.unwrap_or(m.expert_ffn_hidden) as u64
-        })
+        self.moe.as_ref().map_or(0, Moe::shared_ffn_hidden)
     }
 
     /// Attention projection parameters of one layer (Q, K, V, O; MLA down/up projections).
@@ -241,17 +248,16 @@ impl Model {
 
     /// Parameters of one routed expert.
     pub fn expert_params(&self) -> u64 {
-        self.moe.as_ref().map_or(0, |m| {
-            self.activation.ffn_matrices() * self.hidden as u64 * m.expert_ffn_hidden as u64
-        })
+        self.moe
+            .as_ref()
+            .map_or(0, |m| crate::layer::expert_params(self, m))
     }
 
     /// Parameters of the non-routed part of one MoE FFN (shared experts + router).
     pub fn moe_dense_part_params(&self) -> u64 {
-        self.moe.as_ref().map_or(0, |m| {
-            self.activation.ffn_matrices() * self.hidden as u64 * self.shared_ffn_hidden()
-                + self.hidden as u64 * m.num_experts as u64
-        })
+        self.moe
+            .as_ref()
+            .map_or(0, |m| crate::layer::moe_dense_part_params(self, m))
     }
 
     /// Input-embedding parameters `V·h`.
@@ -268,36 +274,29 @@ impl Model {
         }
     }
 
-    /// Every parameter of the model.
+    /// Every parameter of the model: its layers ([`crate::layer::LayerSpec::params`] over
+    /// [`Model::layer_stack`]), embedding, LM head and final norm.
     pub fn total_params(&self) -> u64 {
-        let l = self.layers as u64;
-        let per_layer = self.attention_params() + self.norm_params();
-        let routed = self
-            .moe
-            .as_ref()
-            .map_or(0, |m| m.num_experts as u64 * self.expert_params());
-        l * per_layer
-            + self.dense_layers() as u64 * self.dense_ffn_params()
-            + self.moe_layers() as u64 * (routed + self.moe_dense_part_params())
-            + self.embedding_params()
-            + self.lm_head_params()
-            + self.hidden as u64
+        let kinds = self.layer_kinds();
+        let layers: u64 = self
+            .layer_stack()
+            .iter()
+            .map(|&(k, n)| n as u64 * kinds.specs()[k].params(self))
+            .sum();
+        layers + self.embedding_params() + self.lm_head_params() + self.hidden as u64
     }
 
     /// Matmul parameters touched per token `N_active` (COSTMODEL §1.2): attention, dense FFN,
     /// top-k routed experts, shared experts, LM head; not the input embedding.
     pub fn active_matmul_params(&self) -> u64 {
-        let l = self.layers as u64;
-        let routed_active = self
-            .moe
-            .as_ref()
-            .map_or(0, |m| m.top_k as u64 * self.expert_params());
-        let shared = self.activation.ffn_matrices() * self.hidden as u64 * self.shared_ffn_hidden();
+        let kinds = self.layer_kinds();
+        let layers: u64 = self
+            .layer_stack()
+            .iter()
+            .map(|&(k, n)| n as u64 * kinds.specs()[k].active_matmul_params(self))
+            .sum();
         let head = self.embedding_params(); // the LM head multiplies whether or not it is tied
-        l * self.attention_params()
-            + self.dense_layers() as u64 * self.dense_ffn_params()
-            + self.moe_layers() as u64 * (routed_active + shared)
-            + head
+        layers + head
     }
 }
 

@@ -37,7 +37,7 @@ fn normalize(name: &str) -> String {
 
 /// Parses one preset file; any error (TOML syntax, a bad field, a failed validation) names the
 /// file and the preset.
-fn parse_table<T: DeserializeOwned>(
+pub(crate) fn parse_table<T: DeserializeOwned>(
     text: &str,
     what: &str,
     validate: impl Fn(&T) -> Result<()>,

@@ -25,7 +25,6 @@
 //! - Only the kept plans are evaluated in full (breakdowns, worst stage) at the end.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,19 +33,22 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::evaluate::{
-    memory_capacity_gib, metrics, micro_batches, peak_memory, score, structural_rules, DEGREE_RULES,
+    memory_capacity_gib, metrics, micro_batches, peak_memory, score, structural_rules,
 };
 use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
 use crate::memory::{
     assemble, layer_activations, stage_params, state_gib, stored_bytes_per_micro_batch,
-    transient_bytes, StageParams,
+    transient_bytes, ModelStates, StageParams,
 };
 use crate::plan::{Plan, RankOrder, Recompute, Schedule};
 use crate::report::{Evaluation, MemoryBreakdown, SearchResult, SearchStats};
+use crate::rules::{PruneCounts, Rule, Scope};
 use crate::space::{Degree, SearchSpace};
 use crate::stages::{in_flight, in_flight_of, stages, Stage};
-use crate::time::{breakdown, DpComm, LayerParts, LayerTime, PipelineTimes, TimeContext};
+use crate::time::{
+    breakdown, DpComm, LayerParts, LayerTime, LayerTimes, PipelineTimes, TimeContext,
+};
 use crate::Problem;
 
 /// How a caller steers a long search: a cancel flag polled by the workers, a deadline, and the
@@ -374,7 +376,7 @@ struct Partial {
     faster: u64,
     candidates: u64,
     feasible: u64,
-    pruned: BTreeMap<&'static str, u64>,
+    pruned: PruneCounts,
     /// The rows of the tuple being scored ([`Keep::All`]).
     rows: Rows,
     /// The rows of finished tuples, in tuple order.
@@ -388,17 +390,15 @@ impl Partial {
             faster: 0,
             candidates: 0,
             feasible: 0,
-            pruned: BTreeMap::new(),
+            pruned: PruneCounts::default(),
             rows: Rows::default(),
             chunks: Vec::new(),
         }
     }
 
     /// Counts `n` plans removed by `rule`.
-    fn prune(&mut self, rule: &'static str, n: u64) {
-        if n > 0 {
-            *self.pruned.entry(rule).or_default() += n;
-        }
+    fn prune(&mut self, rule: Rule, n: u64) {
+        self.pruned.add(rule, n);
     }
 
     fn merge(mut self, other: Partial) -> Partial {
@@ -406,9 +406,7 @@ impl Partial {
         self.faster += other.faster;
         self.candidates += other.candidates;
         self.feasible += other.feasible;
-        for (k, v) in other.pruned {
-            *self.pruned.entry(k).or_default() += v;
-        }
+        self.pruned.merge(&other.pruned);
         self.chunks.extend(other.chunks);
         self
     }
@@ -435,10 +433,7 @@ impl Pipeline {
         let shape_of = stages
             .iter()
             .map(|s| {
-                let same = |k: &Stage| {
-                    (k.dense_layers, k.moe_layers, k.first, k.last)
-                        == (s.dense_layers, s.moe_layers, s.first, s.last)
-                };
+                let same = |k: &Stage| (k.kinds, k.first, k.last) == (s.kinds, s.first, s.last);
                 shapes.iter().position(same).unwrap_or_else(|| {
                     shapes.push(*s);
                     shapes.len() - 1
@@ -463,7 +458,7 @@ impl Pipeline {
 struct MemoryParts {
     z: usize,
     /// Model states, GiB, per (shape, ZeRO): fixed for the order.
-    states: Vec<[f64; 3]>,
+    states: Vec<ModelStates>,
     /// Stored bytes per in-flight micro-batch, per shape.
     stored: Vec<f64>,
     /// Transient bytes per (shape, ZeRO).
@@ -526,6 +521,28 @@ impl MemoryParts {
     }
 }
 
+/// The sums of one stage's per-micro-batch time the pipeline terms read.
+#[derive(Debug, Clone, Copy)]
+struct StageTotals {
+    /// Forward plus backward.
+    total: f64,
+    /// Backward.
+    backward: f64,
+    /// Forward plus backward less the weight-gradient GEMMs (what zero-bubble defers).
+    total_less_wgrad: f64,
+}
+
+impl StageTotals {
+    fn of(t: &LayerTime) -> Self {
+        let total = t.total();
+        StageTotals {
+            total,
+            backward: t.bwd.total(),
+            total_less_wgrad: total - t.wgrad,
+        }
+    }
+}
+
 /// Time parts of one (degrees, order, micro-batch, sequence parallel, recompute): everything
 /// but the schedule's terms.
 struct TimeParts {
@@ -546,7 +563,7 @@ struct Searcher<'a> {
 }
 
 impl<'a> Searcher<'a> {
-    fn first_structural(&self, plan: &Plan, groups: &Groups) -> Option<&'static str> {
+    fn first_structural(&self, plan: &Plan, groups: &Groups) -> Option<Rule> {
         let mut first = None;
         structural_rules(self.problem, plan, self.space, groups, &mut |rule, _| {
             first = Some(rule);
@@ -666,7 +683,7 @@ impl<'a> Searcher<'a> {
         // Per (shape, ZeRO), filled on the first plan that fits: DP/ZeRO collectives, optimizer.
         let mut dp_comm: Vec<DpComm> = Vec::new();
         let mut optimizer = [0.0f64; 4];
-        let mut stage_times: Vec<[f64; 3]> = Vec::with_capacity(pipeline.shapes.len());
+        let mut stage_times: Vec<StageTotals> = Vec::with_capacity(pipeline.shapes.len());
         let mut cells: Vec<(Schedule, u32)> = Vec::with_capacity(knobs.schedules.len());
         let mut floor = [0.0f64; 4];
         let mut flights: Vec<f64> = Vec::new();
@@ -688,15 +705,14 @@ impl<'a> Searcher<'a> {
                     ..probe.clone()
                 };
                 match self.first_structural(&plan, &groups) {
-                    // The rules before `batch` depend on the degrees only, and `batch` on the
-                    // micro-batch only: what removes the first cell removes the order's every
-                    // plan, or the micro-batch's.
-                    Some(rule) if i == 0 && j == 0 && DEGREE_RULES.contains(&rule) => {
+                    // A rule's scope says what one verdict removes: a degree rule on the first
+                    // cell removes the order's every plan, a micro-batch rule the micro-batch's.
+                    Some(rule) if i == 0 && j == 0 && rule.scope() == Scope::Degrees => {
                         part.prune(rule, knobs.count());
                         return Ok(());
                     }
-                    Some("batch") if j == 0 => {
-                        part.prune("batch", knobs.schedules.len() as u64 * per_cell);
+                    Some(rule) if j == 0 && rule.scope() == Scope::MicroBatch => {
+                        part.prune(rule, knobs.schedules.len() as u64 * per_cell);
                         break;
                     }
                     Some(rule) => part.prune(rule, per_cell),
@@ -742,8 +758,8 @@ impl<'a> Searcher<'a> {
                     ..probe.clone()
                 };
                 let layer_bytes = layer_activations(problem, &sp_plan);
-                // Layer times before recompute (dense, MoE), shared by the recompute modes.
-                let mut layer_parts: Option<(LayerParts, Option<LayerParts>)> = None;
+                // Layer times before recompute, per layer kind, shared by the recompute modes.
+                let mut layer_parts: Option<Vec<LayerParts>> = None;
                 for &rec in &knobs.recompute {
                     let plan = Plan {
                         recompute: rec,
@@ -755,7 +771,7 @@ impl<'a> Searcher<'a> {
                             &plan,
                             first,
                             tokens,
-                            layer_bytes,
+                            &layer_bytes,
                         );
                         for (zi, &zero) in knobs.zero.iter().enumerate() {
                             memory.transient[k * z + zi] = transient_bytes(
@@ -767,7 +783,7 @@ impl<'a> Searcher<'a> {
                                 first,
                                 tokens,
                                 &pipeline.params[k],
-                                layer_bytes,
+                                &layer_bytes,
                             );
                         }
                     }
@@ -865,15 +881,14 @@ impl<'a> Searcher<'a> {
                                     }
                                     let (mem, worst_stage) =
                                         memory.breakdown(problem, pipeline, zi, &plan, m);
-                                    let (tps, mfu, model_tflops, hardware_tflops) =
-                                        metrics(problem, &plan, step.total());
+                                    let rate = metrics(problem, &plan, step.total());
                                     part.rows.push(
                                         &Row {
                                             plan,
-                                            tokens_per_s_per_gpu: tps,
-                                            mfu,
-                                            model_tflops_per_gpu: model_tflops,
-                                            hardware_tflops_per_gpu: hardware_tflops,
+                                            tokens_per_s_per_gpu: rate.tokens_per_s_per_gpu,
+                                            mfu: rate.mfu,
+                                            model_tflops_per_gpu: rate.model_tflops_per_gpu,
+                                            hardware_tflops_per_gpu: rate.hardware_tflops_per_gpu,
                                             micro_batches: m,
                                             worst_stage,
                                             memory: mem,
@@ -888,7 +903,7 @@ impl<'a> Searcher<'a> {
                 }
             }
         }
-        part.prune("memory", too_big);
+        part.prune(Rule::Memory, too_big);
         Ok(())
     }
 
@@ -905,8 +920,8 @@ impl<'a> Searcher<'a> {
         m: u32,
         dp_comm: &mut Vec<DpComm>,
         optimizer: &mut [f64; 4],
-        stage_times: &mut Vec<[f64; 3]>,
-        layer_parts: &mut Option<(LayerParts, Option<LayerParts>)>,
+        stage_times: &mut Vec<StageTotals>,
+        layer_parts: &mut Option<Vec<LayerParts>>,
     ) -> (TimeContext<'p>, TimeParts)
     where
         'a: 'p,
@@ -932,24 +947,23 @@ impl<'a> Searcher<'a> {
                     .fold(0.0, f64::max);
             }
         }
-        // As `TimeContext::layers`, with the recompute-independent part computed once.
-        let (dense, moe) = layer_parts.get_or_insert_with(|| {
-            let moe = self.problem.model.is_moe().then(|| tc.layer_parts(true));
-            (tc.layer_parts(false), moe)
+        // As `TimeContext::layers`, with the recompute-independent part computed once per kind.
+        let parts = layer_parts.get_or_insert_with(|| {
+            (0..self.problem.model.layer_kinds().len())
+                .map(|k| tc.layer_parts(k))
+                .collect()
         });
-        let dense = dense.with(plan.recompute);
-        let moe = moe.map_or(dense, |m| m.with(plan.recompute));
+        let mut layers = LayerTimes::default();
+        for (time, part) in layers.iter_mut().zip(parts.iter()) {
+            *time = part.with(plan.recompute);
+        }
         let shape_times: Vec<LayerTime> = pipeline
             .shapes
             .iter()
-            .map(|s| tc.stage(s, &dense, &moe))
+            .map(|s| tc.stage(s, &layers))
             .collect();
-        // Per shape: total, backward total, and total less the weight gradient.
         stage_times.clear();
-        stage_times.extend(shape_times.iter().map(|t| {
-            let total = t.total();
-            [total, t.bwd.total(), total - t.wgrad]
-        }));
+        stage_times.extend(shape_times.iter().map(StageTotals::of));
         let totals = &stage_times[..];
         let mut dp = [0.0f64; 4];
         for (zi, d) in dp.iter_mut().enumerate().take(z) {
@@ -963,7 +977,7 @@ impl<'a> Searcher<'a> {
                 .shape_of
                 .iter()
                 .enumerate()
-                .map(|(j, &k)| (exposed[k] - j as f64 * totals[k][1]).max(0.0))
+                .map(|(j, &k)| (exposed[k] - j as f64 * totals[k].backward).max(0.0))
                 .fold(0.0, f64::max);
         }
         // `PipelineTimes::of` over the ranks, from the shapes' sums (same values, same order).
@@ -971,12 +985,16 @@ impl<'a> Searcher<'a> {
             .shape_of
             .iter()
             .copied()
-            .max_by(|&a, &b| totals[a][0].total_cmp(&totals[b][0]))
+            .max_by(|&a, &b| totals[a].total.total_cmp(&totals[b].total))
             .map_or_else(LayerTime::default, |k| shape_times[k]);
         let pipeline_times = PipelineTimes {
             worst,
-            sum: pipeline.shape_of.iter().map(|&k| totals[k][0]).sum(),
-            deferred: pipeline.shape_of.iter().map(|&k| totals[k][2]).sum(),
+            sum: pipeline.shape_of.iter().map(|&k| totals[k].total).sum(),
+            deferred: pipeline
+                .shape_of
+                .iter()
+                .map(|&k| totals[k].total_less_wgrad)
+                .sum(),
         };
         debug_assert_eq!(
             pipeline_times,
@@ -1168,8 +1186,8 @@ fn stats(total: &Partial, started: Instant, threads: usize) -> SearchStats {
         feasible: total.feasible,
         pruned: total
             .pruned
-            .iter()
-            .map(|(k, v)| (k.to_string(), *v))
+            .nonzero()
+            .map(|(rule, n)| (rule.key().to_string(), n))
             .collect(),
         elapsed_s: started.elapsed().as_secs_f64(),
         threads: threads as u32,

@@ -3,9 +3,11 @@
 //!
 //! Uneven splits follow Megatron's `account_for_embedding/loss_in_pipeline_split`: when `L` is not
 //! a multiple of the rank count, the first and last ranks (which also carry the embedding and the
-//! LM head) are the ones given one layer fewer. The dense leading layers of an MoE model
-//! (`first_dense_layers`) sit at the start of the model, hence on the first rank(s).
+//! LM head) are the ones given one layer fewer. The layers are dealt out in model order
+//! ([`Model::layer_stack`]), so the dense leading layers of an MoE model (`first_dense_layers`)
+//! sit on the first rank(s). A rank holds counts per layer kind ([`LayerCounts`]).
 
+use crate::layer::{LayerCounts, MAX_LAYER_KINDS};
 use crate::model::Model;
 use crate::plan::{Plan, Schedule};
 
@@ -14,10 +16,8 @@ use crate::plan::{Plan, Schedule};
 pub struct Stage {
     /// Index of the pipeline rank, 0-based.
     pub index: u32,
-    /// Layers with a dense FFN.
-    pub dense_layers: u32,
-    /// Layers with an MoE FFN.
-    pub moe_layers: u32,
+    /// Layers per kind of the model's [`crate::layer::LayerKinds`].
+    pub kinds: LayerCounts,
     /// Holds the input embedding.
     pub first: bool,
     /// Holds the final norm, LM head and loss.
@@ -27,7 +27,7 @@ pub struct Stage {
 impl Stage {
     /// Transformer layers on this rank.
     pub fn layers(&self) -> u32 {
-        self.dense_layers + self.moe_layers
+        self.kinds.total()
     }
 }
 
@@ -44,20 +44,32 @@ pub fn layer_counts(layers: u32, pp: u32) -> Vec<u32> {
     counts
 }
 
-/// The pipeline ranks of `plan` for `model`, in order.
+/// The pipeline ranks of `plan` for `model`, in order: [`layer_counts`] layers each, taken in
+/// model order from the runs of [`Model::layer_stack`].
 pub fn stages(model: &Model, pp: u32) -> Vec<Stage> {
-    let dense_total = model.dense_layers();
-    let mut start = 0u32;
+    let mut runs = model.layer_stack().into_iter();
+    let mut run = runs.next();
     layer_counts(model.layers, pp)
         .into_iter()
         .enumerate()
         .map(|(j, n)| {
-            let dense = dense_total.saturating_sub(start).min(n);
-            start += n;
+            let mut counts = [0u32; MAX_LAYER_KINDS];
+            let mut need = n;
+            while need > 0 {
+                let Some((kind, left)) = run.as_mut() else {
+                    break;
+                };
+                let take = need.min(*left);
+                counts[*kind] += take;
+                need -= take;
+                *left -= take;
+                if *left == 0 {
+                    run = runs.next();
+                }
+            }
             Stage {
                 index: j as u32,
-                dense_layers: dense,
-                moe_layers: n - dense,
+                kinds: LayerCounts(counts),
                 first: j == 0,
                 last: j as u32 == pp - 1,
             }

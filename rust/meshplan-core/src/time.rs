@@ -5,30 +5,19 @@
 //! communication (§3.6) and the optimizer step (§3.9).
 
 use crate::comm::{Collective, Fabric};
-use crate::gemm::{linear_s, GemmDevice};
-use crate::hardware::Precision;
+use crate::device::Device;
+use crate::gemm::{linear_s, LinearTimes};
+use crate::layer::{layer_ops, LayerOps, OpsContext, Shard, MAX_LAYER_KINDS};
 use crate::layout::Groups;
 use crate::memory::{stage_params, StageParams};
-use crate::model::{Activation, Model};
+use crate::model::Model;
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::TimeBreakdown;
+use crate::stack::Stack;
 use crate::stages::Stage;
-use crate::traffic::{self, WIRE_BYTES};
+use crate::traffic::WIRE_BYTES;
 use crate::Problem;
 
-/// Parameters per data-parallel gradient bucket: Megatron's DDP default
-/// (`bucket_size = max(40_000_000, 1_000_000 · dp)`, megatron/core/distributed), the lower bound.
-const DP_BUCKET_PARAMS: f64 = 40e6;
-/// Bytes moved per element cast from 16 bits to 8 (read 2, write 1).
-const CAST_BYTES: f64 = 3.0;
-/// Bytes moved per element of a transposed FP8 copy (write 1, read 1).
-const TRANSPOSE_BYTES: f64 = 2.0;
-/// Bytes moved per attention-score element by unfused scale-mask-softmax and dropout in the
-/// forward pass: scores written and read (2 + 2), probabilities written and read (2 + 2),
-/// dropout mask (1), dropped probabilities written (2) [KOR22 §4.1 tensors].
-const UNFUSED_SCORE_BYTES: f64 = 11.0;
-/// Flash-attention backward does 2.5× the forward's matmul work (5 GEMMs against 2) [FA2 §3.2].
-const ATTENTION_BACKWARD_RATIO: f64 = 2.5;
 /// Bytes of HBM traffic per parameter of an Adam step on fp32 state: read grad, master, m, v;
 /// write master, m, v and the bf16 copy (§3.9), for `grad_bytes = 4` and 12 bytes of state.
 fn optimizer_bytes_per_param(grad_bytes: f64, state_bytes: f64) -> f64 {
@@ -109,82 +98,57 @@ impl LayerParts {
     }
 }
 
-/// Device and fabric constants of one plan, resolved once.
+/// Layer times per kind of the model's [`crate::layer::LayerKinds`] (unused entries default).
+pub type LayerTimes = [LayerTime; MAX_LAYER_KINDS];
+
+/// Everything the step time of one plan needs, resolved once: the device model (built from the
+/// GPU and precision alone, [`Device`]), the fabric, the stack's behaviour and the plan's groups.
 pub struct TimeContext<'a> {
     problem: &'a Problem,
     plan: &'a Plan,
     groups: Groups,
     fabric: Fabric,
-    gemm: GemmDevice,
-    /// 16-bit GEMMs (unfused attention).
-    gemm16: GemmDevice,
-    /// The linear layers run in FP8/FP4 and cast their inputs.
-    quantized: bool,
-    attention_flops_per_s: f64,
-    memory_bytes_per_s: f64,
+    device: Device,
+    stack: &'static Stack,
     /// Tokens of one micro-batch on one GPU before TP sharding: `b·s/c`.
     tokens: f64,
 }
 
 impl<'a> TimeContext<'a> {
     pub fn new(problem: &'a Problem, plan: &'a Plan, groups: Groups) -> Self {
-        let gpu = &problem.cluster.gpu;
-        let cal = &gpu.calibration;
-        let precision = problem.workload.precision;
-        let memory_bytes_per_s = gpu.memory_bandwidth_gbps * 1e9 * cal.memory_efficiency;
-        let low_precision = matches!(
-            precision,
-            Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4
-        );
-        // Attention runs in 16-bit even when the linear layers run in FP8/FP4 (Transformer Engine default).
-        let attention_precision = if low_precision {
-            Precision::Bf16
-        } else {
-            precision
-        };
-        let attention_peak = gpu
-            .peak_tflops
-            .get(attention_precision)
-            .or(gpu.peak_tflops.get(Precision::Fp16))
-            .unwrap_or(0.0)
-            * 1e12;
-        let gemm = GemmDevice {
-            peak_flops: gpu.peak_tflops.get(precision).unwrap_or(0.0) * 1e12,
-            efficiency: cal
-                .gemm_efficiency
-                .get(precision)
-                .or(cal.gemm_efficiency.get(Precision::Bf16))
-                .unwrap_or(0.5),
-            sm_count: gpu.sm_count,
-            memory_bytes_per_s,
-            element_bytes: match precision {
-                Precision::Fp8 | Precision::Mxfp8 => 1.0,
-                Precision::Nvfp4 => 0.5,
-                Precision::Bf16 | Precision::Fp16 => 2.0,
-            },
-        };
-        let gemm16 = GemmDevice {
-            peak_flops: attention_peak,
-            efficiency: cal
-                .gemm_efficiency
-                .get(attention_precision)
-                .or(cal.gemm_efficiency.get(Precision::Bf16))
-                .unwrap_or(0.5),
-            element_bytes: 2.0,
-            ..gemm
-        };
         TimeContext {
             problem,
             plan,
             groups,
             fabric: Fabric::of(&problem.cluster),
-            gemm,
-            gemm16,
-            quantized: low_precision,
-            attention_flops_per_s: attention_peak * cal.attention_efficiency,
-            memory_bytes_per_s,
+            device: Device::of(&problem.cluster.gpu, problem.workload.precision),
+            stack: Stack::default_stack(),
             tokens: plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64,
         }
+    }
+
+    /// The fabric the plan's collectives run on.
+    pub fn fabric(&self) -> &Fabric {
+        &self.fabric
+    }
+
+    /// The operations of one layer of `kind` for one micro-batch of the plan.
+    pub fn layer_ops(&self, kind: usize) -> LayerOps {
+        let model = self.model();
+        let cal = &self.problem.cluster.gpu.calibration;
+        let ctx = OpsContext {
+            tokens: self.tokens,
+            moe_imbalance: cal.moe_imbalance,
+            elementwise_bytes_per_hidden: cal.elementwise_bytes_per_hidden,
+            routed_copy_bytes_per_hidden: self.stack.routed_copy_bytes_per_hidden,
+            expert_activation_bytes_per_width: self.stack.expert_activation_bytes_per_width,
+        };
+        layer_ops(
+            model,
+            &model.layer_kinds().specs()[kind],
+            &Shard::of(self.plan),
+            &ctx,
+        )
     }
 
     fn model(&self) -> &Model {
@@ -199,21 +163,29 @@ impl<'a> TimeContext<'a> {
         }
     }
 
-    /// Adds a linear layer's (fwd, dgrad, wgrad) to `acc`.
+    /// Adds a linear layer's forward, input-gradient and weight-gradient seconds to `acc`.
     ///
-    /// FP8/FP4 linears first cast their 16-bit inputs (read 2 B, write 1 B per element of the
-    /// activation in forward, of the output gradient in backward) and keep a transposed copy of
-    /// the input for the weight-gradient GEMM (write and read 1 B) [derived: Transformer
-    /// Engine's cast/transpose kernels; memory-bound, §5.3].
-    fn linear(&self, acc: &mut (f64, f64, f64), m: f64, n: f64, k: f64, repeat: f64) {
-        let (mut f, mut d, w) = linear_s(&self.gemm, m, n, k);
-        if self.quantized {
-            f += CAST_BYTES * m * k / self.memory_bytes_per_s;
-            d += (CAST_BYTES * m * n + TRANSPOSE_BYTES * m * k) / self.memory_bytes_per_s;
+    /// FP8/FP4 linears first cast their 16-bit inputs (the stack's `quantized_cast_bytes` per
+    /// element of the activation in forward, of the output gradient in backward) and keep a
+    /// transposed copy of the input for the weight-gradient GEMM (`quantized_transpose_bytes`)
+    /// [derived: Transformer Engine's cast/transpose kernels; memory-bound, §5.3].
+    fn linear(&self, acc: &mut LinearTimes, m: f64, n: f64, k: f64, repeat: f64) {
+        let LinearTimes {
+            fwd: mut f,
+            dgrad: mut d,
+            wgrad: w,
+        } = linear_s(&self.device.gemm, m, n, k);
+        if self.device.quantized {
+            let (cast, transpose) = (
+                self.stack.quantized_cast_bytes,
+                self.stack.quantized_transpose_bytes,
+            );
+            f += cast * m * k / self.device.memory_bytes_per_s;
+            d += (cast * m * n + transpose * m * k) / self.device.memory_bytes_per_s;
         }
-        acc.0 += f * repeat;
-        acc.1 += d * repeat;
-        acc.2 += w * repeat;
+        acc.fwd += f * repeat;
+        acc.dgrad += d * repeat;
+        acc.wgrad += w * repeat;
     }
 
     /// One tensor-parallel "all-reduce point" on `bytes`: an all-reduce, or with sequence
@@ -230,124 +202,70 @@ impl<'a> TimeContext<'a> {
         }
     }
 
-    /// Seconds of one layer (dense or MoE) for one micro-batch.
-    pub fn layer(&self, moe: bool) -> LayerTime {
-        self.layer_parts(moe).with(self.plan.recompute)
+    /// Seconds of one layer of `kind` for one micro-batch.
+    pub fn layer(&self, kind: usize) -> LayerTime {
+        self.layer_parts(kind).with(self.plan.recompute)
     }
 
     /// [`Self::layer`] before recompute, which only adds to the backward pass: the same for
-    /// every recompute mode of the plan.
-    pub fn layer_parts(&self, moe: bool) -> LayerParts {
-        let model = self.model();
+    /// every recompute mode of the plan. Sums the layer's operations ([`crate::layer::layer_ops`]).
+    pub fn layer_parts(&self, kind: usize) -> LayerParts {
         let plan = self.plan;
         let cal = &self.problem.cluster.gpu.calibration;
-        let t = plan.tp as f64;
-        let tok = self.tokens;
-        let h = model.hidden as f64;
-        let a_local = model.heads as f64 / t;
-        let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
-        let mut g = (0.0, 0.0, 0.0);
-
-        // Attention projections (§5.2 table).
-        match &model.mla {
-            Some(m) => {
-                match m.q_lora_rank {
-                    Some(r) => {
-                        self.linear(&mut g, tok, r as f64, h, 1.0);
-                        self.linear(&mut g, tok, a_local * dqk, r as f64, 1.0);
-                    }
-                    None => self.linear(&mut g, tok, a_local * dqk, h, 1.0),
-                }
-                self.linear(
-                    &mut g,
-                    tok,
-                    (m.kv_lora_rank + m.qk_rope_head_dim) as f64,
-                    h,
-                    1.0,
-                );
-                self.linear(
-                    &mut g,
-                    tok,
-                    a_local * (m.qk_nope_head_dim as f64 + dv),
-                    m.kv_lora_rank as f64,
-                    1.0,
-                );
-                self.linear(&mut g, tok, h, a_local * dv, 1.0);
-            }
-            None => {
-                let g_local = (model.kv_heads as f64 / t).max(1.0);
-                self.linear(&mut g, tok, (a_local + 2.0 * g_local) * dqk, h, 1.0);
-                self.linear(&mut g, tok, h, a_local * dqk, 1.0);
-            }
-        }
-        let gate_up = match model.activation {
-            Activation::Swiglu => 2.0,
-            Activation::Gelu => 1.0,
-        };
-        let moe_cfg = model.moe.as_ref().filter(|_| moe);
-        match moe_cfg {
-            Some(m) => {
-                let e = plan.ep as f64;
-                let local_experts = m.num_experts as f64 / e;
-                let copies = tok * m.top_k as f64 * cal.moe_imbalance;
-                let per_expert = copies / local_experts;
-                let fe = m.expert_ffn_hidden as f64;
-                self.linear(&mut g, tok / self.sp_div(), m.num_experts as f64, h, 1.0);
-                self.linear(&mut g, per_expert, gate_up * fe / t, h, local_experts);
-                self.linear(&mut g, per_expert, h, fe / t, local_experts);
-                let fsh = model.shared_ffn_hidden() as f64;
-                if fsh > 0.0 {
-                    self.linear(&mut g, tok, gate_up * fsh / t, h, 1.0);
-                    self.linear(&mut g, tok, h, fsh / t, 1.0);
-                }
-            }
-            None => {
-                let f = model.ffn_hidden as f64;
-                self.linear(&mut g, tok, gate_up * f / t, h, 1.0);
-                self.linear(&mut g, tok, h, f / t, 1.0);
-            }
+        let ops = self.layer_ops(kind);
+        let mem_bw = self.device.memory_bytes_per_s;
+        let mut g = LinearTimes::default();
+        for gemm in ops.gemms() {
+            self.linear(&mut g, gemm.m, gemm.n, gemm.k, gemm.repeat);
         }
 
-        // Core attention: each query sees s/2 keys on average under the causal mask.
         let seq = self.problem.workload.seq_len as f64;
+        let att = ops.attention;
         let (attn_fwd, attn_bwd) = if self.problem.workload.flash_attention {
             // Each query sees s/2 keys on average under the causal mask.
-            let fwd = tok * 2.0 * a_local * (dqk + dv) * (seq / 2.0) / self.attention_flops_per_s;
-            (fwd, ATTENTION_BACKWARD_RATIO * fwd)
+            let fwd =
+                self.tokens * 2.0 * att.heads * (att.qk_head_dim + att.v_head_dim) * (seq / 2.0)
+                    / self.device.attention_flops_per_s;
+            (fwd, self.stack.attention_backward_ratio * fwd)
         } else {
             // Unfused: QKᵀ and P·V as batched 16-bit GEMMs over the full s × s square, plus the
             // memory-bound softmax and dropout over the score tensor (backward ≈ 2× both).
-            let batches = plan.micro_batch as f64 * a_local;
+            let batches = plan.micro_batch as f64 * att.heads;
             let q = seq / plan.cp as f64;
             let gemms = batches
-                * (crate::gemm::gemm_s(&self.gemm16, q, seq, dqk)
-                    + crate::gemm::gemm_s(&self.gemm16, q, dv, seq));
-            let scores = UNFUSED_SCORE_BYTES * batches * q * seq / self.memory_bytes_per_s;
+                * (crate::gemm::gemm_s(&self.device.gemm16, q, seq, att.qk_head_dim)
+                    + crate::gemm::gemm_s(&self.device.gemm16, q, att.v_head_dim, seq));
+            let scores = self.stack.unfused_score_bytes * batches * q * seq / mem_bw;
             (gemms + scores, 2.0 * (gemms + scores))
         };
-        // Element-wise work (norms, activation, RoPE, residuals), sequence-sharded with SP (§5.3).
-        let mut elem_fwd =
-            cal.elementwise_bytes_per_hidden * h * tok / self.sp_div() / self.memory_bytes_per_s;
-        if let Some(m) = moe_cfg {
-            // Routed copies: permute and unpermute move each copy's hidden vector twice
-            // (4 + 4 bytes per element) and the expert activation reads two f_e/t-wide
-            // intermediates and writes one (6 bytes per element) [derived, §5.3].
-            let copies = tok * m.top_k as f64 * cal.moe_imbalance;
-            let per_copy = 8.0 * h + 6.0 * m.expert_ffn_hidden as f64 / t;
-            elem_fwd += copies * per_copy / self.memory_bytes_per_s;
+        // Element-wise work (norms, activation, RoPE, residuals; routed copies), §5.3.
+        let mut elem_fwd = ops.elementwise_bytes / mem_bw;
+        if ops.routed_elementwise_bytes > 0.0 {
+            elem_fwd += ops.routed_elementwise_bytes / mem_bw;
         }
 
-        // Host and launch overhead: an MoE layer runs about twice the kernels of a dense one.
-        let overhead = cal.layer_overhead_us * 1e-6 * if moe_cfg.is_some() { 2.0 } else { 1.0 };
-        let fwd_compute = g.0 + attn_fwd + elem_fwd + overhead;
+        // Host and launch overhead: an MoE layer runs about the stack's factor more kernels.
+        let is_moe = ops.comm.dispatch.is_some();
+        let overhead = cal.layer_overhead_us
+            * 1e-6
+            * if is_moe {
+                self.stack.moe_layer_kernel_factor
+            } else {
+                1.0
+            };
+        let fwd_compute = g.fwd + attn_fwd + elem_fwd + overhead;
         // LoRA freezes the base weights: no weight-gradient GEMMs.
-        let wgrad = if self.problem.workload.lora { 0.0 } else { g.2 };
-        let bwd_compute = g.1 + wgrad + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead;
+        let wgrad = if self.problem.workload.lora {
+            0.0
+        } else {
+            g.wgrad
+        };
+        let bwd_compute = g.dgrad + wgrad + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead;
 
         // Tensor parallel (§3.4).
         let tp_fwd = if plan.tp > 1 {
-            let tp_points = traffic::tp_points_per_layer(moe_cfg) as f64;
-            (1.0 - cal.tp_overlap) * tp_points * self.tp_point(tok * h * WIRE_BYTES)
+            let tp_points = ops.comm.tp_points as f64;
+            (1.0 - cal.tp_overlap) * tp_points * self.tp_point(ops.comm.tp_bytes)
         } else {
             0.0
         };
@@ -355,7 +273,7 @@ impl<'a> TimeContext<'a> {
         // Context parallel ring (§3.8): c−1 K/V blocks, each hidden behind one attention block.
         let (cp_fwd, cp_bwd) = if plan.cp > 1 {
             let c = plan.cp as f64;
-            let kv_bytes = tok * traffic::cp_kv_bytes_per_token(model, plan.tp);
+            let kv_bytes = self.tokens * ops.comm.cp_kv_bytes_per_token;
             let xfer = self.fabric.p2p_s(kv_bytes, self.groups.cp.within_domain());
             let fwd = (c - 1.0) * (xfer - attn_fwd / c).max(0.0);
             let bwd = (c - 1.0) * (2.0 * xfer - attn_bwd / c).max(0.0);
@@ -365,12 +283,11 @@ impl<'a> TimeContext<'a> {
         };
 
         // Expert parallel all-to-all (§3.7): dispatch + combine each way.
-        let ep_fwd = match moe_cfg {
-            Some(m) if plan.ep > 1 => {
-                let tokens = tok / self.sp_div();
+        let ep_fwd = match ops.comm.dispatch {
+            Some(d) if plan.ep > 1 => {
                 let one_way =
                     self.fabric
-                        .dispatch_s(tokens, h * WIRE_BYTES, m.top_k, self.groups.ep);
+                        .dispatch_s(d.tokens, d.bytes_per_copy, d.top_k, self.groups.ep);
                 (1.0 - cal.ep_overlap) * 2.0 * one_way * cal.moe_imbalance
             }
             _ => 0.0,
@@ -407,18 +324,24 @@ impl<'a> TimeContext<'a> {
         } else {
             0.0
         };
+        let mem_bw = self.device.memory_bytes_per_s;
         if stage.first {
             // Vocab-parallel embedding: one all-reduce (reduce-scatter with SP) forward.
             out.fwd.tp += tp;
-            out.fwd.compute += 2.0 * act_bytes / self.memory_bytes_per_s;
+            out.fwd.compute += self.stack.embedding_bytes_per_element * act_bytes / mem_bw;
         }
         if stage.last {
             let v_local = model.vocab as f64 / t;
-            let (f, d, w) = linear_s(&self.gemm, tok, v_local, h);
+            let head = linear_s(&self.device.gemm, tok, v_local, h);
             // Softmax cross-entropy over fp32 logits: a few passes over tok × V/t.
-            let ce = 3.0 * 4.0 * tok * v_local / self.memory_bytes_per_s;
-            out.fwd.compute += f + ce;
-            let w = if self.problem.workload.lora { 0.0 } else { w };
+            let ce = self.stack.cross_entropy_passes * 4.0 * tok * v_local / mem_bw;
+            out.fwd.compute += head.fwd + ce;
+            let w = if self.problem.workload.lora {
+                0.0
+            } else {
+                head.wgrad
+            };
+            let d = head.dgrad;
             out.bwd.compute += d + w + ce;
             out.wgrad += w;
             out.fwd.tp += tp;
@@ -427,11 +350,15 @@ impl<'a> TimeContext<'a> {
         out
     }
 
-    /// Seconds of one micro-batch through every layer of `stage` (forward and backward).
-    pub fn stage(&self, stage: &Stage, dense: &LayerTime, moe: &LayerTime) -> LayerTime {
+    /// Seconds of one micro-batch through every layer of `stage` (forward and backward), from
+    /// the per-kind layer times `layers` ([`Self::layers`]).
+    pub fn stage(&self, stage: &Stage, layers: &LayerTimes) -> LayerTime {
         let mut out = self.ends(stage);
-        out.add_scaled(dense, stage.dense_layers as f64);
-        out.add_scaled(moe, stage.moe_layers as f64);
+        for (kind, count) in stage.kinds.iter() {
+            if count > 0 {
+                out.add_scaled(&layers[kind], count as f64);
+            }
+        }
         out
     }
 
@@ -448,13 +375,14 @@ impl<'a> TimeContext<'a> {
             (params.dense, self.groups.dense_dp),
             (params.expert, self.groups.expert_dp),
         ];
-        // Gradient buckets of at most BUCKET_PARAMS parameters, each its own collective (so
-        // each pays the latency); the bandwidth term is that of the whole buffer.
+        // Gradient buckets of at most the stack's `ddp_bucket_params` parameters, each its own
+        // collective (so each pays the latency); the bandwidth term is that of the whole buffer.
+        let bucket_params = self.stack.ddp_bucket_params;
         let coll = |kind, per_param: f64| -> f64 {
             groups
                 .iter()
                 .map(|(p, g)| {
-                    let buckets = (p / DP_BUCKET_PARAMS).ceil().max(1.0);
+                    let buckets = (p / bucket_params).ceil().max(1.0);
                     buckets * f.collective_s(kind, p / buckets * per_param, *g)
                 })
                 .sum()
@@ -467,9 +395,9 @@ impl<'a> TimeContext<'a> {
                 all_gather: coll(Collective::AllGather, wb),
             },
             _ => {
-                // One FSDP unit per layer, each unit's gather and reduce-scatter a collective of
-                // its own (so the latency is paid per unit).
-                let units = layers.max(1) as f64;
+                // The stack's FSDP units per layer (one in Megatron-FSDP), each unit's gather
+                // and reduce-scatter a collective of its own (so the latency is paid per unit).
+                let units = layers.max(1) as f64 * self.stack.fsdp_units_per_layer;
                 let unit = |kind, per_param: f64| -> f64 {
                     groups
                         .iter()
@@ -543,7 +471,7 @@ impl<'a> TimeContext<'a> {
             + shard(params.expert, self.groups.expert_dp.size);
         let w = &self.problem.workload;
         local * optimizer_bytes_per_param(w.grad_bytes as f64, w.optimizer.state_bytes_per_param())
-            / self.memory_bytes_per_s
+            / self.device.memory_bytes_per_s
     }
 
     /// Optimizer-step seconds of `stage` (§3.9).
@@ -571,20 +499,21 @@ impl<'a> TimeContext<'a> {
 
     /// The step time of the plan over `stages`, by component.
     pub fn step(&self, stages: &[Stage], micro_batches: u32) -> TimeBreakdown {
-        let (dense, moe) = self.layers();
-        self.step_with(stages, micro_batches, &dense, &moe)
+        self.step_with(stages, micro_batches, &self.layers())
     }
 
-    /// Per-micro-batch times of a dense and an MoE layer (equal for dense models). They depend
-    /// on the degrees, micro-batch, sequence parallelism and recompute, not on ZeRO or schedule.
-    pub fn layers(&self) -> (LayerTime, LayerTime) {
-        let dense = self.layer(false);
-        let moe = if self.model().is_moe() {
-            self.layer(true)
-        } else {
-            dense
-        };
-        (dense, moe)
+    /// Per-micro-batch times of one layer of each kind. They depend on the degrees,
+    /// micro-batch, sequence parallelism and recompute, not on ZeRO or schedule.
+    pub fn layers(&self) -> LayerTimes {
+        let mut out = LayerTimes::default();
+        for (kind, time) in out
+            .iter_mut()
+            .enumerate()
+            .take(self.model().layer_kinds().len())
+        {
+            *time = self.layer(kind);
+        }
+        out
     }
 
     /// [`Self::step`] with the layer times already computed by [`Self::layers`].
@@ -592,11 +521,10 @@ impl<'a> TimeContext<'a> {
         &self,
         stages: &[Stage],
         micro_batches: u32,
-        dense: &LayerTime,
-        moe: &LayerTime,
+        layers: &LayerTimes,
     ) -> TimeBreakdown {
         let plan = self.plan;
-        let per_stage: Vec<LayerTime> = stages.iter().map(|s| self.stage(s, dense, moe)).collect();
+        let per_stage: Vec<LayerTime> = stages.iter().map(|s| self.stage(s, layers)).collect();
         let pipeline = PipelineTimes::of(&per_stage);
         let bubble = pipeline.bubble(plan.schedule(), plan.vpp);
         let pp_p2p = self.pp_p2p_s(plan.vpp, self.pp_hop_s());

@@ -1,9 +1,9 @@
 //! Bytes that cross the wire per token for the collectives of one axis (COSTMODEL §3, §7): the
 //! closed forms behind the worked checks and the `explain` output.
 
-use crate::comm::{Collective, Fabric};
+use crate::comm::{Collective, CollectiveModel, Fabric};
 use crate::layout::Group;
-use crate::model::{Model, Moe};
+use crate::model::Model;
 
 /// Bytes per activation element on the wire (bf16), as in the time model.
 pub const WIRE_BYTES: f64 = 2.0;
@@ -24,34 +24,13 @@ pub fn wire_bytes(kind: Collective, bytes: f64, ranks: u32) -> f64 {
     }
 }
 
-/// Tensor-parallel "all-reduce points" of one layer per pass (§3.4): after the attention output
-/// projection, and after the MLP (a dense layer) or around the experts (an MoE layer gathers
-/// `top_k` copies of each token over TP) — the count the time model uses.
-pub fn tp_points_per_layer(moe: Option<&Moe>) -> u32 {
-    1 + moe.map_or(1, |m| m.top_k)
-}
-
-/// Bytes of one context-parallel K/V block per token (§3.8): K and V of the KV heads one TP rank
-/// holds (`max(1, g/t)`), or the per-head latent of MLA — the width the time model sends.
-pub fn cp_kv_bytes_per_token(model: &Model, tp: u32) -> f64 {
-    let t = tp as f64;
-    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
-    let width = match &model.mla {
-        Some(_) => model.heads as f64 / t * (dqk + dv),
-        None => 2.0 * (model.kv_heads as f64 / t).max(1.0) * dqk,
-    };
-    width * WIRE_BYTES
-}
-
-/// The latency and bandwidth terms of one collective (seconds): `Fabric`'s α–β model is a
-/// latency plus a part linear in the bytes, so the latency is its time on a vanishing buffer.
+/// Latency and bandwidth seconds of one collective ([`CollectiveModel::collective`]).
 pub fn collective_terms(fabric: &Fabric, kind: Collective, bytes: f64, group: Group) -> (f64, f64) {
-    let total = fabric.collective_s(kind, bytes, group);
-    let latency = fabric.collective_s(kind, f64::MIN_POSITIVE, group);
-    (latency, total - latency)
+    let cost = fabric.collective(kind, bytes, group);
+    (cost.latency_s, cost.bandwidth_s)
 }
 
-/// [`collective_terms`] of one MoE dispatch (or combine) of `tokens` tokens to `top_k` experts.
+/// Latency and bandwidth seconds of one MoE dispatch ([`CollectiveModel::dispatch`]).
 pub fn dispatch_terms(
     fabric: &Fabric,
     tokens: f64,
@@ -59,16 +38,14 @@ pub fn dispatch_terms(
     top_k: u32,
     group: Group,
 ) -> (f64, f64) {
-    let total = fabric.dispatch_s(tokens, bytes_per_copy, top_k, group);
-    let latency = fabric.dispatch_s(f64::MIN_POSITIVE, bytes_per_copy, top_k, group);
-    (latency, total - latency)
+    let cost = fabric.dispatch(tokens, bytes_per_copy, top_k, group);
+    (cost.latency_s, cost.bandwidth_s)
 }
 
-/// [`collective_terms`] of one point-to-point transfer.
+/// Latency and bandwidth seconds of one point-to-point transfer ([`CollectiveModel::p2p`]).
 pub fn p2p_terms(fabric: &Fabric, bytes: f64, same_domain: bool) -> (f64, f64) {
-    let total = fabric.p2p_s(bytes, same_domain);
-    let latency = fabric.p2p_s(f64::MIN_POSITIVE, same_domain);
-    (latency, total - latency)
+    let cost = fabric.p2p(bytes, same_domain);
+    (cost.latency_s, cost.bandwidth_s)
 }
 
 /// Ring all-reduce bytes each GPU sends per generated token in TP decode: two all-reduces per

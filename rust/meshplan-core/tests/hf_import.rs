@@ -1,16 +1,20 @@
-//! Imports every verbatim Hugging Face `config.json` under `tests/fixtures/hf/` (copied from
-//! shared/hf-configs; provenance in its SOURCES.md) and checks the key dimensions and the
-//! parameter counts against the published model sizes.
+//! Imports every verbatim Hugging Face `config.json` under the repository's `tests/fixtures/hf/`
+//! (copied from shared/hf-configs; provenance in its SOURCES.md; the one copy, shared with the
+//! Python suite) and checks the key dimensions and the parameter counts against the published
+//! model sizes.
 
 use std::path::PathBuf;
 
 use meshplan_core::hf::model_from_hf_config;
 use meshplan_core::{presets, Activation, Error, Model};
 
+/// The repository's `tests/fixtures/hf`, the one copy of the configs (the Python suite reads it too).
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf")
+}
+
 fn fixture(file: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(file);
+    let path = fixture_dir().join(file);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -51,7 +55,7 @@ fn dims(m: &Model) -> (u32, u32, u32, u32, u32, u32) {
 
 #[test]
 fn every_fixture_imports_and_validates() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
+    let dir = fixture_dir();
     let mut n = 0;
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();

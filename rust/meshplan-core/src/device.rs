@@ -1,0 +1,121 @@
+//! The device model of one GPU at one training precision (COSTMODEL §5.2–5.3), built from the
+//! GPU's datasheet and calibration alone, independently of any workload or plan: the GEMM
+//! roofline of the linear layers ([`GemmDevice`]) and of 16-bit attention GEMMs, the flash
+//! attention rate and the achieved HBM bandwidth. Training's time model (`time`) and a serving
+//! model are both built over it.
+
+use std::sync::OnceLock;
+
+use crate::gemm::GemmDevice;
+use crate::hardware::{Gpu, Precision};
+
+const DEVICE_TOML: &str = include_str!("../data/device.toml");
+
+/// Device-model defaults from `data/device.toml`.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeviceDefaults {
+    /// GEMM efficiency of a GPU with none for the precision and none for bf16.
+    fallback_gemm_efficiency: f64,
+}
+
+fn defaults() -> DeviceDefaults {
+    static DEFAULTS: OnceLock<DeviceDefaults> = OnceLock::new();
+    *DEFAULTS.get_or_init(|| {
+        toml::from_str(DEVICE_TOML).expect("data/device.toml holds fallback_gemm_efficiency")
+    })
+}
+
+/// One GPU at one training precision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Device {
+    /// The linear layers' GEMMs at the training precision.
+    pub gemm: GemmDevice,
+    /// 16-bit GEMMs (unfused attention).
+    pub gemm16: GemmDevice,
+    /// The linear layers run in FP8/FP4 and cast their inputs.
+    pub quantized: bool,
+    /// Achieved flash-attention FLOP/s (16-bit).
+    pub attention_flops_per_s: f64,
+    /// Achieved HBM bytes/s of element-wise kernels and the optimizer.
+    pub memory_bytes_per_s: f64,
+}
+
+impl Device {
+    /// The device model of `gpu` training at `precision`.
+    pub fn of(gpu: &Gpu, precision: Precision) -> Self {
+        let cal = &gpu.calibration;
+        let fallback = defaults().fallback_gemm_efficiency;
+        let memory_bytes_per_s = gpu.memory_bandwidth_gbps * 1e9 * cal.memory_efficiency;
+        let quantized = matches!(
+            precision,
+            Precision::Fp8 | Precision::Mxfp8 | Precision::Nvfp4
+        );
+        // Attention runs in 16-bit even when the linear layers run in FP8/FP4 (Transformer
+        // Engine default).
+        let attention_precision = if quantized {
+            Precision::Bf16
+        } else {
+            precision
+        };
+        let attention_peak = gpu
+            .peak_tflops
+            .get(attention_precision)
+            .or(gpu.peak_tflops.get(Precision::Fp16))
+            .unwrap_or(0.0)
+            * 1e12;
+        let gemm = GemmDevice {
+            peak_flops: gpu.peak_tflops.get(precision).unwrap_or(0.0) * 1e12,
+            efficiency: cal
+                .gemm_efficiency
+                .get(precision)
+                .or(cal.gemm_efficiency.get(Precision::Bf16))
+                .unwrap_or(fallback),
+            sm_count: gpu.sm_count,
+            memory_bytes_per_s,
+            element_bytes: match precision {
+                Precision::Fp8 | Precision::Mxfp8 => 1.0,
+                Precision::Nvfp4 => 0.5,
+                Precision::Bf16 | Precision::Fp16 => 2.0,
+            },
+        };
+        let gemm16 = GemmDevice {
+            peak_flops: attention_peak,
+            efficiency: cal
+                .gemm_efficiency
+                .get(attention_precision)
+                .or(cal.gemm_efficiency.get(Precision::Bf16))
+                .unwrap_or(fallback),
+            element_bytes: 2.0,
+            ..gemm
+        };
+        Device {
+            gemm,
+            gemm16,
+            quantized,
+            attention_flops_per_s: attention_peak * cal.attention_efficiency,
+            memory_bytes_per_s,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_linears_keep_16_bit_attention() {
+        let gpu = crate::presets::gpu("h100-sxm").unwrap();
+        let d = Device::of(&gpu, Precision::Fp8);
+        assert!(d.quantized);
+        assert_eq!(d.gemm.element_bytes, 1.0);
+        assert_eq!(d.gemm16.element_bytes, 2.0);
+        assert!(d.gemm.peak_flops > d.gemm16.peak_flops);
+        assert_eq!(Device::of(&gpu, Precision::Bf16).gemm, d.gemm16);
+    }
+
+    #[test]
+    fn the_fallback_efficiency_is_data() {
+        assert_eq!(defaults().fallback_gemm_efficiency, 0.5);
+    }
+}

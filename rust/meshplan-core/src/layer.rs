@@ -1,0 +1,668 @@
+//! One description of a transformer layer and everything it does under a shard (COSTMODEL §1.1,
+//! §2.3–2.4, §3.4–3.8, §5.2–5.3): its GEMMs, its core attention, its element-wise traffic, its
+//! parameters, its saved activations and its communication.
+//!
+//! A model is a sequence of runs `(LayerSpec, count)` ([`Model::layer_stack`]); its distinct
+//! specs form a small kind table ([`LayerKinds`], kind 0 always the model's dense-MLP layer) and
+//! a pipeline stage holds counts per kind ([`LayerCounts`]). Flops (`model`, `flops`), memory,
+//! time and explain all read a layer through [`layer_ops`] (or the part of it they need:
+//! [`params_per_rank`], [`activation_bytes_per_token`], [`selective_op_bytes_per_token`]); a new
+//! layer kind (a new [`Mixer`] or [`Mlp`]) is a new match arm here and nowhere else.
+//!
+//! Every expression keeps the operand order of the formulas it replaced, so the numbers are bit
+//! for bit those of before (`tests/snapshot.rs`).
+
+use crate::model::{Mla, Model, Moe};
+use crate::traffic::WIRE_BYTES;
+
+/// Bytes per element of stored 16-bit activations.
+const ACT_BYTES: f64 = 2.0;
+/// Bytes per fp32 element (router logits).
+const FP32_BYTES: f64 = 4.0;
+
+/// The token mixer of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mixer {
+    /// Multi-head or grouped-query attention with `kv_heads` key/value heads.
+    Attention { kv_heads: u32 },
+    /// Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2).
+    Latent(Mla),
+}
+
+/// The feed-forward block of a layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mlp {
+    /// A dense FFN of intermediate size `ffn_hidden`.
+    Dense { ffn_hidden: u32 },
+    /// Routed experts (with shared experts and a router).
+    Moe(Moe),
+}
+
+/// One layer's structure; the model-wide dimensions (hidden, heads, head dims, activation, norm)
+/// come from the [`Model`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LayerSpec {
+    pub mixer: Mixer,
+    pub mlp: Mlp,
+}
+
+impl LayerSpec {
+    /// The routed-expert block, if the layer has one.
+    pub fn moe(&self) -> Option<&Moe> {
+        match &self.mlp {
+            Mlp::Moe(m) => Some(m),
+            Mlp::Dense { .. } => None,
+        }
+    }
+
+    /// Parameters of one such layer (attention, norms, FFN with every routed expert).
+    pub fn params(&self, model: &Model) -> u64 {
+        let h = model.hidden as u64;
+        let mlp = match &self.mlp {
+            Mlp::Dense { ffn_hidden } => model.activation.ffn_matrices() * h * *ffn_hidden as u64,
+            Mlp::Moe(m) => {
+                m.num_experts as u64 * expert_params(model, m) + moe_dense_part_params(model, m)
+            }
+        };
+        model.attention_params() + model.norm_params() + mlp
+    }
+
+    /// Matmul parameters of one such layer touched per token (top-k routed experts, shared
+    /// experts; not the router), COSTMODEL §1.2.
+    pub fn active_matmul_params(&self, model: &Model) -> u64 {
+        let h = model.hidden as u64;
+        let mlp = match &self.mlp {
+            Mlp::Dense { ffn_hidden } => model.activation.ffn_matrices() * h * *ffn_hidden as u64,
+            Mlp::Moe(m) => {
+                m.top_k as u64 * expert_params(model, m)
+                    + model.activation.ffn_matrices() * h * m.shared_ffn_hidden()
+            }
+        };
+        model.attention_params() + mlp
+    }
+}
+
+/// Parameters of one routed expert of `moe`.
+pub fn expert_params(model: &Model, moe: &Moe) -> u64 {
+    model.activation.ffn_matrices() * model.hidden as u64 * moe.expert_ffn_hidden as u64
+}
+
+/// Parameters of the non-routed part of one MoE FFN (shared experts + router).
+pub fn moe_dense_part_params(model: &Model, moe: &Moe) -> u64 {
+    model.activation.ffn_matrices() * model.hidden as u64 * moe.shared_ffn_hidden()
+        + model.hidden as u64 * moe.num_experts as u64
+}
+
+/// Most distinct layer kinds a model has (today: a dense-MLP and an MoE layer). A kind table
+/// and a stage's counts are fixed-size arrays of this length, so stages stay `Copy`.
+pub const MAX_LAYER_KINDS: usize = 2;
+
+/// Index of a layer kind in its model's [`LayerKinds`].
+pub type LayerKind = usize;
+
+/// The distinct layer specs of a model. Kind 0 is always the model's dense-MLP layer, also when
+/// no layer has one (an MoE model without leading dense layers): the memory model's rebuilt
+/// layer under full recompute and an empty stage's ZeRO-3 unit are counted from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerKinds {
+    specs: [LayerSpec; MAX_LAYER_KINDS],
+    len: usize,
+}
+
+impl LayerKinds {
+    /// The specs, kind 0 first.
+    pub fn specs(&self) -> &[LayerSpec] {
+        &self.specs[..self.len]
+    }
+
+    /// Number of kinds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false (kind 0 exists); for clippy's `len_without_is_empty`.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Model {
+    /// The model's token mixer.
+    pub fn mixer(&self) -> Mixer {
+        match &self.mla {
+            Some(m) => Mixer::Latent(*m),
+            None => Mixer::Attention {
+                kv_heads: self.kv_heads,
+            },
+        }
+    }
+
+    /// The model's layer kinds: the dense-MLP layer, then the MoE layer of an MoE model.
+    pub fn layer_kinds(&self) -> LayerKinds {
+        let mixer = self.mixer();
+        let dense = LayerSpec {
+            mixer,
+            mlp: Mlp::Dense {
+                ffn_hidden: self.ffn_hidden,
+            },
+        };
+        let mut specs = [dense; MAX_LAYER_KINDS];
+        let mut len = 1;
+        if let Some(m) = &self.moe {
+            specs[1] = LayerSpec {
+                mixer,
+                mlp: Mlp::Moe(*m),
+            };
+            len = 2;
+        }
+        LayerKinds { specs, len }
+    }
+
+    /// The model as runs of layers in order, `(kind, count)`, counts ≥ 1: the leading dense
+    /// layers (`first_dense_layers` of an MoE model, all of a dense one), then the MoE layers.
+    pub fn layer_stack(&self) -> Vec<(LayerKind, u32)> {
+        let moe_layers = self
+            .moe
+            .as_ref()
+            .map_or(0, |m| self.layers - m.first_dense_layers);
+        [(0, self.layers - moe_layers), (1, moe_layers)]
+            .into_iter()
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
+}
+
+/// Layers per kind on one pipeline rank (all of its virtual chunks together).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LayerCounts(pub [u32; MAX_LAYER_KINDS]);
+
+impl LayerCounts {
+    /// Layers of every kind.
+    pub fn total(&self) -> u32 {
+        self.0.iter().sum()
+    }
+
+    /// Layers of `kind`.
+    pub fn of(&self, kind: LayerKind) -> u32 {
+        self.0[kind]
+    }
+
+    /// `(kind, count)` for every kind of the table, in kind order (counts may be 0).
+    pub fn iter(&self) -> impl Iterator<Item = (LayerKind, u32)> + '_ {
+        self.0.iter().copied().enumerate()
+    }
+
+    /// The last kind this rank holds a layer of (kind 0 when it holds none).
+    pub fn last_present(&self) -> LayerKind {
+        (0..MAX_LAYER_KINDS)
+            .rev()
+            .find(|&k| self.0[k] > 0)
+            .unwrap_or(0)
+    }
+
+    /// `Σ count·value[kind]` in kind order (the sums of memory and time over a stage).
+    pub fn weighted_sum(&self, values: &[f64]) -> f64 {
+        self.iter()
+            .zip(values)
+            .map(|((_, n), v)| n as f64 * v)
+            .fold(None, |acc: Option<f64>, x| Some(acc.map_or(x, |a| a + x)))
+            .unwrap_or(0.0)
+    }
+}
+
+/// How a layer is split: tensor parallel (with or without sequence parallelism) and expert
+/// parallel degrees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub tp: u32,
+    pub ep: u32,
+    pub sequence_parallel: bool,
+}
+
+impl Shard {
+    /// The shard of `plan`'s layers.
+    pub fn of(plan: &crate::plan::Plan) -> Self {
+        Shard {
+            tp: plan.tp,
+            ep: plan.ep,
+            sequence_parallel: plan.sequence_parallel,
+        }
+    }
+
+    /// The divisor of sequence-sharded tensors: `tp` under sequence parallelism, else 1.
+    pub fn sp_div(&self) -> f64 {
+        if self.sequence_parallel {
+            self.tp as f64
+        } else {
+            1.0
+        }
+    }
+}
+
+/// Per-GPU parameters of one layer: the part sharded over the dense data-parallel group and the
+/// routed experts (sharded over the expert data-parallel group), COSTMODEL §2.3.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LayerParams {
+    pub dense: f64,
+    pub expert: f64,
+}
+
+/// Parameters of one layer's attention held by one TP rank: Q and O split over `t`; K and V
+/// split over `t` but replicated when `t > kv_heads` (§2.4.3 GQA note); MLA's down-projections
+/// are replicated (they are not tensor-parallel in Megatron's MLA).
+pub fn attention_params_per_rank(model: &Model, mixer: &Mixer, tp: u32) -> f64 {
+    let t = tp as f64;
+    let h = model.hidden as f64;
+    let a = model.heads as f64;
+    match mixer {
+        Mixer::Latent(m) => {
+            let (qk, v) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+            let (q_down, q_up) = match m.q_lora_rank {
+                Some(r) => (h * r as f64, r as f64 * a * qk),
+                None => (0.0, h * a * qk),
+            };
+            let kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim) as f64;
+            let kv_up = m.kv_lora_rank as f64 * a * (m.qk_nope_head_dim as f64 + v);
+            q_down + kv_down + (q_up + kv_up + a * v * h) / t
+        }
+        Mixer::Attention { kv_heads } => {
+            let d = model.qk_head_dim() as f64;
+            let g_local = (*kv_heads as f64 / t).max(1.0);
+            2.0 * h * a * d / t + 2.0 * h * g_local * d
+        }
+    }
+}
+
+/// Per-GPU parameters of one layer of `spec` under `shard` (§2.3).
+pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerParams {
+    let t = shard.tp as f64;
+    let attn =
+        attention_params_per_rank(model, &spec.mixer, shard.tp) + model.norm_params() as f64 / t;
+    match &spec.mlp {
+        Mlp::Dense { ffn_hidden } => LayerParams {
+            dense: attn
+                + (model.activation.ffn_matrices() * model.hidden as u64 * *ffn_hidden as u64)
+                    as f64
+                    / t,
+            expert: 0.0,
+        },
+        Mlp::Moe(m) => {
+            let experts_per_rank = m.num_experts as f64 / shard.ep as f64;
+            LayerParams {
+                dense: attn + moe_dense_part_params(model, m) as f64 / t,
+                expert: experts_per_rank * expert_params(model, m) as f64 / t,
+            }
+        }
+    }
+}
+
+/// Saved bytes per element of each of the FFN's width: the gate/up (SwiGLU) or pre-activation
+/// (GeLU) outputs in 16 bits and the activation output, the down projection's input (`li`
+/// bytes).
+fn per_ffn_width_bytes(model: &Model, li: f64) -> f64 {
+    match model.activation {
+        crate::model::Activation::Swiglu => 2.0 * ACT_BYTES + li,
+        crate::model::Activation::Gelu => ACT_BYTES + li,
+    }
+}
+
+/// Stored activation bytes per token of one layer with no recompute (§2.4.3), per GPU.
+/// `imbalance`: the busiest expert rank's routed load over the mean. `linear_input_bytes`:
+/// bytes per element of the tensors kept only as inputs of linear layers — 2 in 16-bit training;
+/// FP8/FP4 linears keep their quantised input for the weight gradient (Transformer Engine), 1.
+pub fn activation_bytes_per_token(
+    model: &Model,
+    spec: &LayerSpec,
+    shard: &Shard,
+    imbalance: f64,
+    linear_input_bytes: f64,
+) -> f64 {
+    let t = shard.tp as f64;
+    let sp_div = shard.sp_div();
+    let h = model.hidden as f64;
+    let a_local = model.heads as f64 / t;
+    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+    let li = linear_input_bytes;
+    // Two norm inputs (16-bit) and the inputs of the QKV and FFN-in projections.
+    let replicated = (2.0 * ACT_BYTES + 2.0 * li) * h / sp_div;
+    let attention = match &spec.mixer {
+        Mixer::Latent(m) => {
+            // Latents (replicated) + per-head Q, K, V (16-bit, attention inputs) and the
+            // output (input of the output projection).
+            let latents =
+                li * (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64;
+            latents + a_local * (ACT_BYTES * (2.0 * dqk + dv) + li * dv)
+        }
+        Mixer::Attention { kv_heads } => {
+            let g_local = (*kv_heads as f64 / t).max(1.0);
+            ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk) + li * a_local * dqk
+        }
+    };
+    let per_f = per_ffn_width_bytes(model, li);
+    let ffn = match &spec.mlp {
+        Mlp::Moe(m) => {
+            let router = FP32_BYTES * m.num_experts as f64 / sp_div;
+            // Each routed copy keeps its expert input and intermediates on the expert rank.
+            let routed =
+                m.top_k as f64 * imbalance * (li * h + per_f * m.expert_ffn_hidden as f64 / t);
+            let shared = per_f * m.shared_ffn_hidden() as f64 / t;
+            router + routed + shared
+        }
+        Mlp::Dense { ffn_hidden } => per_f * *ffn_hidden as f64 / t,
+    };
+    replicated + attention + ffn
+}
+
+/// Stored bytes per token of one layer under op-level selective checkpointing
+/// (`Recompute::SelectiveOp`, torchtitan's `_save_list` policy): the layer input, the attention
+/// output (flash attention's saved result) and every other matmul output — half of the layer's
+/// 16-bit linear outputs on average — plus the fp32 router logits of an MoE layer.
+/// Column-parallel outputs are TP-sharded, row-parallel ones sequence-sharded under SP.
+pub fn selective_op_bytes_per_token(
+    model: &Model,
+    spec: &LayerSpec,
+    shard: &Shard,
+    imbalance: f64,
+) -> f64 {
+    let t = shard.tp as f64;
+    let sp_div = shard.sp_div();
+    let h = model.hidden as f64;
+    let a_local = model.heads as f64 / t;
+    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+    let attention_out = a_local * dv;
+    // Outputs of the attention projections: Q, K, V (MLA: the latents and the per-head
+    // up-projections) and the output projection.
+    let attention_linears = match &spec.mixer {
+        Mixer::Latent(m) => {
+            (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64
+                + a_local * (2.0 * dqk + dv)
+        }
+        Mixer::Attention { kv_heads } => {
+            a_local * dqk + 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk
+        }
+    } + h / sp_div;
+    // Outputs of the FFN projections per unit of width (gate and up for SwiGLU), plus the
+    // down projection's output.
+    let in_proj = gate_up_matrices(model);
+    let (ffn_linears, router) = match &spec.mlp {
+        Mlp::Moe(m) => (
+            m.top_k as f64 * imbalance * (in_proj * m.expert_ffn_hidden as f64 / t + h)
+                + in_proj * m.shared_ffn_hidden() as f64 / t
+                + h / sp_div,
+            FP32_BYTES * m.num_experts as f64 / sp_div,
+        ),
+        Mlp::Dense { ffn_hidden } => (in_proj * *ffn_hidden as f64 / t + h / sp_div, 0.0),
+    };
+    ACT_BYTES * (h / sp_div + attention_out + 0.5 * (attention_linears + ffn_linears)) + router
+}
+
+/// Input projections of one FFN (gate and up for SwiGLU, one for GeLU).
+fn gate_up_matrices(model: &Model) -> f64 {
+    match model.activation {
+        crate::model::Activation::Swiglu => 2.0,
+        crate::model::Activation::Gelu => 1.0,
+    }
+}
+
+/// One linear layer: `m` tokens (rows), `n` outputs, `k` inputs, run `repeat` times (once per
+/// local expert for the routed experts).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Gemm {
+    pub m: f64,
+    pub n: f64,
+    pub k: f64,
+    pub repeat: f64,
+}
+
+/// Most linear layers one layer has (MLA with a query LoRA: 5; an MoE FFN with shared experts:
+/// router, 2 routed, 2 shared).
+pub const MAX_GEMMS: usize = 10;
+
+/// The core attention of one layer on one GPU: `heads` local heads of the given head dims.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CoreAttention {
+    pub heads: f64,
+    pub qk_head_dim: f64,
+    pub v_head_dim: f64,
+}
+
+/// MoE token dispatch of one layer (each way, forward): `tokens` tokens, each copied to `top_k`
+/// experts, `bytes_per_copy` each (COSTMODEL §3.7).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dispatch {
+    pub tokens: f64,
+    pub bytes_per_copy: f64,
+    pub top_k: u32,
+}
+
+/// What the layer-level collectives move per micro-batch: the TP "all-reduce points", the MoE
+/// dispatch, and the CP ring's K/V per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerComm {
+    /// Tensor-parallel all-reduce points per pass (each an all-reduce, or a reduce-scatter +
+    /// all-gather pair under SP), each on [`LayerComm::tp_bytes`].
+    pub tp_points: u32,
+    /// Bytes of one TP point: the micro-batch's hidden states.
+    pub tp_bytes: f64,
+    /// The routed tokens' dispatch (and, the same again, combine), MoE layers only.
+    pub dispatch: Option<Dispatch>,
+    /// Bytes of K and V one rank passes around the CP ring per local token.
+    pub cp_kv_bytes_per_token: f64,
+}
+
+/// One layer's operations on one GPU for one micro-batch of `tokens` tokens (`b·s/c`, before
+/// TP): what time and explain sum over.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerOps {
+    gemms: [Gemm; MAX_GEMMS],
+    gemm_count: usize,
+    pub attention: CoreAttention,
+    /// Element-wise bytes of the forward pass (norms, activation, RoPE, residuals), §5.3.
+    pub elementwise_bytes: f64,
+    /// Element-wise bytes of the forward pass spent on routed copies (permute, unpermute,
+    /// expert activation); 0 for a dense MLP.
+    pub routed_elementwise_bytes: f64,
+    pub comm: LayerComm,
+    pub params: LayerParams,
+}
+
+impl LayerOps {
+    /// The linear layers in the order they run.
+    pub fn gemms(&self) -> &[Gemm] {
+        &self.gemms[..self.gemm_count]
+    }
+
+    fn push(&mut self, m: f64, n: f64, k: f64, repeat: f64) {
+        self.gemms[self.gemm_count] = Gemm { m, n, k, repeat };
+        self.gemm_count += 1;
+    }
+}
+
+/// Device-independent constants a layer's operations depend on.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OpsContext {
+    /// Tokens of one micro-batch on one GPU before TP sharding: `b·s/c`.
+    pub tokens: f64,
+    /// Busiest expert rank's routed load over the mean (λ, §1.2).
+    pub moe_imbalance: f64,
+    /// Element-wise bytes per token and per `h` of one layer's forward pass (§5.3).
+    pub elementwise_bytes_per_hidden: f64,
+    /// Bytes the permute and unpermute move per element of a routed copy's hidden vector
+    /// (the stack's [`crate::stack::Stack::routed_copy_bytes_per_hidden`]).
+    pub routed_copy_bytes_per_hidden: f64,
+    /// Bytes the expert activation moves per element of a routed copy's `f_e/t` width
+    /// ([`crate::stack::Stack::expert_activation_bytes_per_width`]).
+    pub expert_activation_bytes_per_width: f64,
+}
+
+/// The operations of one `spec` layer under `shard` (the one function flops, memory, time and
+/// explain read a layer through).
+pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContext) -> LayerOps {
+    let t = shard.tp as f64;
+    let tok = ctx.tokens;
+    let h = model.hidden as f64;
+    let a_local = model.heads as f64 / t;
+    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+    let mut ops = LayerOps {
+        gemms: [Gemm::default(); MAX_GEMMS],
+        gemm_count: 0,
+        attention: CoreAttention {
+            heads: a_local,
+            qk_head_dim: dqk,
+            v_head_dim: dv,
+        },
+        elementwise_bytes: 0.0,
+        routed_elementwise_bytes: 0.0,
+        comm: LayerComm {
+            tp_points: 0,
+            tp_bytes: tok * h * WIRE_BYTES,
+            dispatch: None,
+            cp_kv_bytes_per_token: cp_kv_bytes_per_token(model, &spec.mixer, shard.tp),
+        },
+        params: params_per_rank(model, spec, shard),
+    };
+
+    // Attention projections (§5.2 table).
+    match &spec.mixer {
+        Mixer::Latent(m) => {
+            match m.q_lora_rank {
+                Some(r) => {
+                    ops.push(tok, r as f64, h, 1.0);
+                    ops.push(tok, a_local * dqk, r as f64, 1.0);
+                }
+                None => ops.push(tok, a_local * dqk, h, 1.0),
+            }
+            ops.push(tok, (m.kv_lora_rank + m.qk_rope_head_dim) as f64, h, 1.0);
+            ops.push(
+                tok,
+                a_local * (m.qk_nope_head_dim as f64 + dv),
+                m.kv_lora_rank as f64,
+                1.0,
+            );
+            ops.push(tok, h, a_local * dv, 1.0);
+        }
+        Mixer::Attention { kv_heads } => {
+            let g_local = (*kv_heads as f64 / t).max(1.0);
+            ops.push(tok, (a_local + 2.0 * g_local) * dqk, h, 1.0);
+            ops.push(tok, h, a_local * dqk, 1.0);
+        }
+    }
+    let gate_up = gate_up_matrices(model);
+    // Element-wise work (norms, activation, RoPE, residuals), sequence-sharded with SP (§5.3).
+    ops.elementwise_bytes = ctx.elementwise_bytes_per_hidden * h * tok / shard.sp_div();
+    match &spec.mlp {
+        Mlp::Moe(m) => {
+            let e = shard.ep as f64;
+            let local_experts = m.num_experts as f64 / e;
+            let copies = tok * m.top_k as f64 * ctx.moe_imbalance;
+            let per_expert = copies / local_experts;
+            let fe = m.expert_ffn_hidden as f64;
+            ops.push(tok / shard.sp_div(), m.num_experts as f64, h, 1.0);
+            ops.push(per_expert, gate_up * fe / t, h, local_experts);
+            ops.push(per_expert, h, fe / t, local_experts);
+            let fsh = m.shared_ffn_hidden() as f64;
+            if fsh > 0.0 {
+                ops.push(tok, gate_up * fsh / t, h, 1.0);
+                ops.push(tok, h, fsh / t, 1.0);
+            }
+            // Routed copies: permute and unpermute move each copy's hidden vector, the expert
+            // activation its intermediates (§5.3, values in data/stacks.toml).
+            let copies = tok * m.top_k as f64 * ctx.moe_imbalance;
+            let per_copy = ctx.routed_copy_bytes_per_hidden * h
+                + ctx.expert_activation_bytes_per_width * m.expert_ffn_hidden as f64 / t;
+            ops.routed_elementwise_bytes = copies * per_copy;
+            // One point after attention and one per routed copy gathered over TP (§3.4).
+            ops.comm.tp_points = 1 + m.top_k;
+            ops.comm.dispatch = Some(Dispatch {
+                tokens: tok / shard.sp_div(),
+                bytes_per_copy: h * WIRE_BYTES,
+                top_k: m.top_k,
+            });
+        }
+        Mlp::Dense { ffn_hidden } => {
+            let f = *ffn_hidden as f64;
+            ops.push(tok, gate_up * f / t, h, 1.0);
+            ops.push(tok, h, f / t, 1.0);
+            // One point after attention and one after the MLP (§3.4).
+            ops.comm.tp_points = 2;
+        }
+    }
+    ops
+}
+
+/// Bytes of K and V one rank passes around the CP ring per local token (§3.8): GQA sends its
+/// `2·g/t` K/V heads; MLA's ring exchanges the per-head K (nope + rope) and V after
+/// up-projection (Megatron's MLA CP), `a/t·(d_qk + d_v)` values.
+pub fn cp_kv_bytes_per_token(model: &Model, mixer: &Mixer, tp: u32) -> f64 {
+    let t = tp as f64;
+    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+    let width = match mixer {
+        Mixer::Latent(_) => model.heads as f64 / t * (dqk + dv),
+        Mixer::Attention { kv_heads } => 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk,
+    };
+    width * WIRE_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dense_model_has_one_kind_and_one_run() {
+        let m = crate::presets::model("llama3-70b").unwrap();
+        assert_eq!(m.layer_kinds().len(), 1);
+        assert_eq!(m.layer_stack(), vec![(0, 80)]);
+    }
+
+    #[test]
+    fn deepseek_v3_runs_three_dense_layers_then_58_moe() {
+        let m = crate::presets::model("deepseek-v3").unwrap();
+        let kinds = m.layer_kinds();
+        assert_eq!(kinds.len(), 2);
+        assert!(kinds.specs()[0].moe().is_none() && kinds.specs()[1].moe().is_some());
+        assert!(matches!(kinds.specs()[1].mixer, Mixer::Latent(_)));
+        assert_eq!(m.layer_stack(), vec![(0, 3), (1, 58)]);
+    }
+
+    #[test]
+    fn weighted_sums_add_in_kind_order() {
+        let c = LayerCounts([3, 0]);
+        assert_eq!(c.weighted_sum(&[1.5, 7.0]), 4.5);
+        assert_eq!(LayerCounts([0, 0]).weighted_sum(&[1.0, 2.0]), 0.0);
+        assert_eq!(c.last_present(), 0);
+        assert_eq!(LayerCounts([3, 2]).last_present(), 1);
+        assert_eq!(LayerCounts([0, 0]).last_present(), 0);
+    }
+
+    #[test]
+    fn an_moe_layer_has_a_point_per_routed_copy_and_a_dispatch() {
+        let m = crate::presets::model("mixtral-8x7b").unwrap();
+        let kinds = m.layer_kinds();
+        let shard = Shard {
+            tp: 2,
+            ep: 4,
+            sequence_parallel: true,
+        };
+        let ctx = OpsContext {
+            tokens: 4096.0,
+            moe_imbalance: 1.0,
+            elementwise_bytes_per_hidden: 40.0,
+            routed_copy_bytes_per_hidden: 8.0,
+            expert_activation_bytes_per_width: 6.0,
+        };
+        let dense = layer_ops(&m, &kinds.specs()[0], &shard, &ctx);
+        let moe = layer_ops(&m, &kinds.specs()[1], &shard, &ctx);
+        assert_eq!(dense.comm.tp_points, 2);
+        assert_eq!(moe.comm.tp_points, 3);
+        assert!(dense.comm.dispatch.is_none());
+        let d = moe.comm.dispatch.unwrap();
+        assert_eq!((d.tokens, d.top_k), (2048.0, 2));
+        // Router, gate/up, down: three linears; GQA: two.
+        assert_eq!(moe.gemms().len(), 5);
+        assert_eq!(dense.gemms().len(), 4);
+        assert_eq!(
+            moe.params.expert,
+            2.0 * expert_params(&m, kinds.specs()[1].moe().unwrap()) as f64 / 2.0
+        );
+    }
+}

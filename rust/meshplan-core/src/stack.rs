@@ -1,0 +1,157 @@
+//! Training-stack behaviour: how a framework runs a plan, apart from the GPU it runs on (issue 16;
+//! COSTMODEL §2.5, §3.6, §5.3). Device calibration (per GPU and precision) is in
+//! [`crate::hardware::Calibration`] and [`crate::device`]; what a framework does — its DDP
+//! buckets, FSDP units, kernel counts, casts, loss kernel, layer split — is a [`Stack`], read from
+//! `data/stacks.toml` (each value with its source there). [`Stack::default_stack`] is
+//! `megatron-core`, whose values reproduce the cost model's numbers exactly; a new stack is a new
+//! table in that file.
+
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The default stack's name.
+pub const DEFAULT_STACK: &str = "megatron-core";
+
+const STACKS_TOML: &str = include_str!("../data/stacks.toml");
+
+/// How pipeline ranks split the layers (§2.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayerSplit {
+    /// Megatron's `account_for_embedding/loss_in_pipeline_split`: when `L` is not a multiple
+    /// of the rank count, the first and last ranks take one layer fewer
+    /// ([`crate::stages::layer_counts`]).
+    MegatronEmbeddingLoss,
+}
+
+/// A training stack's behaviour; the field docs say where each value enters the cost model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stack {
+    pub name: String,
+    /// Parameters per data-parallel gradient bucket, each bucket a collective of its own (§3.6).
+    pub ddp_bucket_params: f64,
+    /// FSDP units per transformer layer under ZeRO-3, each gathered and reduce-scattered as a
+    /// collective of its own (§3.6).
+    pub fsdp_units_per_layer: f64,
+    /// Host and launch time of an MoE layer over that of a dense one (§5.3).
+    pub moe_layer_kernel_factor: f64,
+    /// Bytes moved per element cast from 16 bits to 8 by FP8/FP4 linears (§5.3).
+    pub quantized_cast_bytes: f64,
+    /// Bytes moved per element of the transposed FP8 copy of a linear's input (§5.3).
+    pub quantized_transpose_bytes: f64,
+    /// Bytes moved per attention-score element by unfused softmax and dropout, forward (§5.3).
+    pub unfused_score_bytes: f64,
+    /// Flash-attention backward over forward matmul work (§5.2).
+    pub attention_backward_ratio: f64,
+    /// Passes over the fp32 logits by the softmax cross-entropy, 4 bytes per logit each (§5.3).
+    pub cross_entropy_passes: f64,
+    /// Bytes per hidden element the embedding lookup moves per token (§5.3).
+    pub embedding_bytes_per_element: f64,
+    /// Bytes per element of a routed copy's hidden vector moved by permute and unpermute (§5.3).
+    pub routed_copy_bytes_per_hidden: f64,
+    /// Bytes per element of a routed copy's `f_e/t` width moved by the expert activation (§5.3).
+    pub expert_activation_bytes_per_width: f64,
+    /// How pipeline ranks split the layers (§2.5).
+    pub layer_split: LayerSplit,
+}
+
+impl Stack {
+    /// Checks every value is finite and positive; the error names the stack and the field.
+    pub fn validate(&self) -> Result<()> {
+        for (field, v) in [
+            ("ddp_bucket_params", self.ddp_bucket_params),
+            ("fsdp_units_per_layer", self.fsdp_units_per_layer),
+            ("moe_layer_kernel_factor", self.moe_layer_kernel_factor),
+            ("quantized_cast_bytes", self.quantized_cast_bytes),
+            ("quantized_transpose_bytes", self.quantized_transpose_bytes),
+            ("unfused_score_bytes", self.unfused_score_bytes),
+            ("attention_backward_ratio", self.attention_backward_ratio),
+            ("cross_entropy_passes", self.cross_entropy_passes),
+            (
+                "embedding_bytes_per_element",
+                self.embedding_bytes_per_element,
+            ),
+            (
+                "routed_copy_bytes_per_hidden",
+                self.routed_copy_bytes_per_hidden,
+            ),
+            (
+                "expert_activation_bytes_per_width",
+                self.expert_activation_bytes_per_width,
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(Error::invalid(
+                    format!("stack.{}.{field}", self.name),
+                    v,
+                    "a finite number > 0",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The stack called `name` in `data/stacks.toml` (case-insensitive, `_` for `-`).
+    pub fn named(name: &str) -> Result<&'static Stack> {
+        let table = stacks().as_ref().map_err(Clone::clone)?;
+        let key = name.trim().to_lowercase().replace('_', "-");
+        table.get(&key).ok_or_else(|| {
+            Error::invalid(
+                "stack",
+                name,
+                format!(
+                    "one of {}",
+                    table.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })
+    }
+
+    /// The default stack, `megatron-core` (its values reproduce the cost model of COSTMODEL.md).
+    pub fn default_stack() -> &'static Stack {
+        Stack::named(DEFAULT_STACK).expect("data/stacks.toml has a valid megatron-core table")
+    }
+}
+
+type Table = std::result::Result<std::collections::BTreeMap<String, Stack>, Error>;
+
+fn stacks() -> &'static Table {
+    static STACKS: OnceLock<Table> = OnceLock::new();
+    STACKS.get_or_init(|| {
+        crate::presets::parse_table(STACKS_TOML, "data/stacks.toml", Stack::validate)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn megatron_core_is_the_default_and_holds_the_cost_model_values() {
+        let s = Stack::default_stack();
+        assert_eq!(s.name, "megatron-core");
+        assert_eq!(s.ddp_bucket_params, 40e6);
+        assert_eq!(s.fsdp_units_per_layer, 1.0);
+        assert_eq!(s.moe_layer_kernel_factor, 2.0);
+        assert_eq!(s.attention_backward_ratio, 2.5);
+        assert_eq!(s.layer_split, LayerSplit::MegatronEmbeddingLoss);
+    }
+
+    #[test]
+    fn an_unknown_stack_names_the_known_ones() {
+        let e = Stack::named("deepspeed-0.1").unwrap_err().to_string();
+        assert!(e.contains("megatron-core"), "{e}");
+    }
+
+    #[test]
+    fn a_non_positive_value_is_rejected_with_its_field() {
+        let mut s = Stack::default_stack().clone();
+        s.cross_entropy_passes = 0.0;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("cross_entropy_passes"), "{e}");
+    }
+}
