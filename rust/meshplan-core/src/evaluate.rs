@@ -6,12 +6,11 @@ use std::fmt;
 use crate::error::Result;
 use crate::flops::{train_flops_per_token, AttentionCounting};
 use crate::layout::Groups;
-use crate::memory::{stage_memory, MemoryContext};
+use crate::levels::evaluate_levels;
 use crate::plan::{Plan, Schedule};
-use crate::report::{Evaluation, MemoryBreakdown, TimeBreakdown, Violation};
+use crate::report::{Evaluation, Violation};
 use crate::rules::Rule;
 use crate::space::SearchSpace;
-use crate::stages::{stages, Stage};
 use crate::Problem;
 
 /// Micro-batches per pipeline per step, `m = B / (b·dp·ep)`, rounded up when not exact.
@@ -152,25 +151,6 @@ pub fn memory_capacity_gib(problem: &Problem, space: &SearchSpace) -> f64 {
     problem.cluster.gpu.memory_gib - space.memory_headroom_gib
 }
 
-/// Peak memory over the ranks of `plan`: (breakdown of the worst rank, its index).
-pub fn peak_memory(
-    problem: &Problem,
-    plan: &Plan,
-    groups: &Groups,
-    stages: &[Stage],
-    m: u32,
-) -> (MemoryBreakdown, u32) {
-    let ctx = MemoryContext {
-        tokens: plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64,
-        micro_batches: m,
-    };
-    stages
-        .iter()
-        .map(|s| (stage_memory(problem, plan, groups, s, ctx), s.index))
-        .max_by(|a, b| a.0.total().total_cmp(&b.0.total()))
-        .unwrap_or_default()
-}
-
 /// Headline metrics from a step time: (tokens/s per GPU, MFU, model and hardware TFLOP/s per
 /// GPU).
 /// The rates of one plan per GPU derived from its step time.
@@ -234,48 +214,37 @@ pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Resul
         });
         true
     });
-    let stages = stages(&problem.model, plan.pp);
-    let m = micro_batches(problem, &plan);
-    let (memory, worst_stage) = peak_memory(problem, &plan, &groups, &stages, m);
-    let capacity = memory_capacity_gib(problem, space);
-    if memory.total() > capacity {
-        reasons.push(Violation {
-            rule: "memory".into(),
-            message: format!(
-                "peak memory {:.1} GiB on pipeline rank {} exceeds {:.1} GiB usable ({:.1} GiB HBM − {:.1} GiB headroom)",
-                memory.total(),
-                worst_stage,
-                capacity,
-                problem.cluster.gpu.memory_gib,
-                space.memory_headroom_gib
-            ),
-        });
-    }
-    Ok(score(
-        problem,
-        plan,
-        groups,
-        &stages,
-        m,
-        memory,
-        worst_stage,
-        reasons,
-    ))
+    Ok(assess(problem, plan, groups, reasons, Some(space)))
 }
 
-/// Times a plan whose memory is known and builds its [`Evaluation`].
-#[allow(clippy::too_many_arguments)]
-pub fn score(
+/// Memory and time of a plan through the three evaluation levels (`levels`), each run once,
+/// and its [`Evaluation`]; with `space`, a peak above its usable memory adds the `memory`
+/// reason.
+fn assess(
     problem: &Problem,
     plan: Plan,
     groups: Groups,
-    stages: &[Stage],
-    m: u32,
-    memory: MemoryBreakdown,
-    worst_stage: u32,
-    reasons: Vec<Violation>,
+    mut reasons: Vec<Violation>,
+    space: Option<&SearchSpace>,
 ) -> Evaluation {
-    let time: TimeBreakdown = crate::time::TimeContext::new(problem, &plan, groups).step(stages, m);
+    let m = micro_batches(problem, &plan);
+    let ((memory, worst_stage), time) = evaluate_levels(problem, &plan, groups, m);
+    if let Some(space) = space {
+        let capacity = memory_capacity_gib(problem, space);
+        if memory.total() > capacity {
+            reasons.push(Violation {
+                rule: Rule::Memory.key().into(),
+                message: format!(
+                    "peak memory {:.1} GiB on pipeline rank {} exceeds {:.1} GiB usable ({:.1} GiB HBM − {:.1} GiB headroom)",
+                    memory.total(),
+                    worst_stage,
+                    capacity,
+                    problem.cluster.gpu.memory_gib,
+                    space.memory_headroom_gib
+                ),
+            });
+        }
+    }
     let step_time_s = time.total();
     let Rates {
         tokens_per_s_per_gpu,
@@ -299,4 +268,10 @@ pub fn score(
         worst_stage,
         plan,
     }
+}
+
+/// The [`Evaluation`] of a plan the search kept (feasible: no reasons, no memory check), the
+/// same levels as [`evaluate_in`].
+pub fn score(problem: &Problem, plan: Plan, groups: Groups, reasons: Vec<Violation>) -> Evaluation {
+    assess(problem, plan, groups, reasons, None)
 }

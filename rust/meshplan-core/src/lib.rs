@@ -15,6 +15,7 @@ pub mod gemm;
 pub mod hardware;
 pub mod layer;
 pub mod layout;
+mod levels;
 pub mod memory;
 pub mod mesh;
 pub mod model;

@@ -17,7 +17,7 @@ use crate::layout::Groups;
 use crate::model::Model;
 use crate::plan::{Plan, Recompute};
 use crate::report::MemoryBreakdown;
-use crate::stages::{in_flight, Stage};
+use crate::stages::Stage;
 use crate::Problem;
 
 /// Bytes per GiB.
@@ -142,14 +142,6 @@ pub fn state_bytes(
         ),
         _ => ModelStates::new(0.0, grad_bytes * params / d, optimizer_bytes * params / d),
     }
-}
-
-/// Everything memory needs about one plan, computed once.
-#[derive(Debug, Clone, Copy)]
-pub struct MemoryContext {
-    /// Tokens of one micro-batch on one GPU before TP: `b·s/c`.
-    pub tokens: f64,
-    pub micro_batches: u32,
 }
 
 /// Model-state GiB of one GPU of a stage holding `params` at ZeRO stage `zero`, dense and
@@ -324,23 +316,6 @@ pub fn assemble(
         transient: (transient + fragmentation) / GIB,
         fixed: cal.fixed_memory_gib,
     }
-}
-
-/// Peak memory of `stage`, GiB, by component.
-pub fn stage_memory(
-    problem: &Problem,
-    plan: &Plan,
-    groups: &Groups,
-    stage: &Stage,
-    ctx: MemoryContext,
-) -> MemoryBreakdown {
-    let params = stage_params(&problem.model, plan, stage);
-    let states = state_gib(problem, plan.zero, groups, &params);
-    let layers = layer_activations(problem, plan);
-    let stored = stored_bytes_per_micro_batch(problem, plan, stage, ctx.tokens, &layers);
-    let transient = transient_bytes(problem, plan, stage, ctx.tokens, &params, &layers);
-    let flight = in_flight(plan, ctx.micro_batches, stage.index);
-    assemble(problem, states, flight, stored, transient)
 }
 
 #[cfg(test)]

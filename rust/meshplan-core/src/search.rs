@@ -32,23 +32,17 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::evaluate::{
-    memory_capacity_gib, metrics, micro_batches, peak_memory, score, structural_rules,
-};
+use crate::evaluate::{memory_capacity_gib, metrics, micro_batches, score, structural_rules};
 use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
-use crate::memory::{
-    assemble, layer_activations, stage_params, state_gib, stored_bytes_per_micro_batch,
-    transient_bytes, ModelStates, StageParams,
-};
+use crate::levels::{DegreeLevel, KnobLevel, KnobTimes, Pipeline};
+use crate::memory::layer_activations;
 use crate::plan::{Plan, RankOrder, Recompute, Schedule};
-use crate::report::{Evaluation, MemoryBreakdown, SearchResult, SearchStats};
+use crate::report::{Evaluation, SearchResult, SearchStats};
 use crate::rules::{PruneCounts, Rule, Scope};
 use crate::space::{Degree, SearchSpace};
-use crate::stages::{in_flight, in_flight_of, stages, Stage};
-use crate::time::{
-    breakdown, DpComm, LayerParts, LayerTime, LayerTimes, PipelineTimes, TimeContext,
-};
+use crate::stages::in_flight_of;
+use crate::time::{LayerParts, TimeContext};
 use crate::Problem;
 
 /// How a caller steers a long search: a cancel flag polled by the workers, a deadline, and the
@@ -123,6 +117,11 @@ struct Knobs {
 }
 
 impl Knobs {
+    /// Plans of one (micro-batch, schedule) cell: ZeRO × recompute × sequence parallel.
+    fn per_cell(&self) -> u64 {
+        (self.zero.len() * self.recompute.len() * self.sequence_parallel.len()) as u64
+    }
+
     fn count(&self) -> u64 {
         (self.micro_batches.len()
             * self.schedules.len()
@@ -136,7 +135,18 @@ fn degree_values(d: &Degree, upper: u32) -> Vec<u32> {
     (1..=upper).filter(|v| d.allows(*v)).collect()
 }
 
-fn knobs(problem: &Problem, space: &SearchSpace, [dp, tp, pp, ep, cp]: [u32; 5]) -> Knobs {
+/// The degrees of an outer tuple, `dp·tp·pp·ep·cp = N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Degrees {
+    dp: u32,
+    tp: u32,
+    pp: u32,
+    ep: u32,
+    cp: u32,
+}
+
+fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
+    let Degrees { dp, tp, pp, ep, cp } = degrees;
     let mb_upper = space
         .micro_batch
         .fixed
@@ -191,7 +201,7 @@ fn knobs(problem: &Problem, space: &SearchSpace, [dp, tp, pp, ep, cp]: [u32; 5])
 }
 
 /// Outer tuples `(dp, tp, pp, ep, cp)` with product `N` allowed by the space, in a fixed order.
-fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<[u32; 5]> {
+fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
     let n = problem.cluster.num_gpus;
     let divs = divisors(n);
     let is_moe = problem.model.is_moe();
@@ -216,7 +226,7 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<[u32; 5]> {
                     }
                     let dp = rest / ep;
                     if space.dp.allows(dp) {
-                        out.push([dp, tp, pp, ep, cp]);
+                        out.push(Degrees { dp, tp, pp, ep, cp });
                     }
                 }
             }
@@ -296,8 +306,8 @@ fn distinct_orders(
     out
 }
 
-/// The plan with degrees `[dp, tp, pp, ep, cp]` and every knob at its first value.
-fn base_plan([dp, tp, pp, ep, cp]: [u32; 5]) -> Plan {
+/// The plan with `degrees` and every knob at its first value.
+fn base_plan(Degrees { dp, tp, pp, ep, cp }: Degrees) -> Plan {
     Plan {
         dp,
         tp,
@@ -412,146 +422,6 @@ impl Partial {
     }
 }
 
-/// The pipeline ranks of one degree tuple, grouped by shape. Ranks of one shape (layers, first,
-/// last) differ only in their index, which only sets how many micro-batches they hold in flight;
-/// that count never grows with the index (`stages::in_flight_of`), and every memory term grows
-/// with it, so the first rank of each shape has the shape's peak memory.
-struct Pipeline {
-    stages: Vec<Stage>,
-    /// Shape of each rank (an index into `shapes`).
-    shape_of: Vec<usize>,
-    /// The first rank of each shape.
-    shapes: Vec<Stage>,
-    /// Parameters per GPU of each shape.
-    params: Vec<StageParams>,
-}
-
-impl Pipeline {
-    fn new(problem: &Problem, base: &Plan) -> Self {
-        let stages = stages(&problem.model, base.pp);
-        let mut shapes: Vec<Stage> = Vec::new();
-        let shape_of = stages
-            .iter()
-            .map(|s| {
-                let same = |k: &Stage| (k.kinds, k.first, k.last) == (s.kinds, s.first, s.last);
-                shapes.iter().position(same).unwrap_or_else(|| {
-                    shapes.push(*s);
-                    shapes.len() - 1
-                })
-            })
-            .collect();
-        let params = shapes
-            .iter()
-            .map(|s| stage_params(&problem.model, base, s))
-            .collect();
-        Pipeline {
-            stages,
-            shape_of,
-            shapes,
-            params,
-        }
-    }
-}
-
-/// Memory parts of one (degrees, order, micro-batch, sequence parallel, recompute), per shape
-/// and ZeRO stage (`z` of them): everything but the in-flight count.
-struct MemoryParts {
-    z: usize,
-    /// Model states, GiB, per (shape, ZeRO): fixed for the order.
-    states: Vec<ModelStates>,
-    /// Stored bytes per in-flight micro-batch, per shape.
-    stored: Vec<f64>,
-    /// Transient bytes per (shape, ZeRO).
-    transient: Vec<f64>,
-}
-
-impl MemoryParts {
-    /// Peak memory total over the ranks at ZeRO index `zi` when the first rank of shape `k`
-    /// holds `flights[k]` micro-batches in flight (with the schedule's counts, the exact value of
-    /// `peak_memory(..).0.total()`; every term grows with the counts, so larger counts bound it
-    /// from above).
-    fn peak(&self, problem: &Problem, zi: usize, flights: &[f64]) -> f64 {
-        let mut peak = f64::NEG_INFINITY;
-        for (k, &flight) in flights.iter().enumerate() {
-            let i = k * self.z + zi;
-            let total = assemble(
-                problem,
-                self.states[i],
-                flight,
-                self.stored[k],
-                self.transient[i],
-            )
-            .total();
-            if total.total_cmp(&peak) != Ordering::Less {
-                peak = total;
-            }
-        }
-        peak
-    }
-
-    /// The worst rank's breakdown and index, over every rank (as `evaluate::peak_memory`).
-    fn breakdown(
-        &self,
-        problem: &Problem,
-        pipeline: &Pipeline,
-        zi: usize,
-        plan: &Plan,
-        m: u32,
-    ) -> (MemoryBreakdown, u32) {
-        pipeline
-            .stages
-            .iter()
-            .map(|s| {
-                let k = pipeline.shape_of[s.index as usize];
-                let i = k * self.z + zi;
-                let flight = in_flight(plan, m, s.index);
-                (
-                    assemble(
-                        problem,
-                        self.states[i],
-                        flight,
-                        self.stored[k],
-                        self.transient[i],
-                    ),
-                    s.index,
-                )
-            })
-            .max_by(|a, b| a.0.total().total_cmp(&b.0.total()))
-            .unwrap_or_default()
-    }
-}
-
-/// The sums of one stage's per-micro-batch time the pipeline terms read.
-#[derive(Debug, Clone, Copy)]
-struct StageTotals {
-    /// Forward plus backward.
-    total: f64,
-    /// Backward.
-    backward: f64,
-    /// Forward plus backward less the weight-gradient GEMMs (what zero-bubble defers).
-    total_less_wgrad: f64,
-}
-
-impl StageTotals {
-    fn of(t: &LayerTime) -> Self {
-        let total = t.total();
-        StageTotals {
-            total,
-            backward: t.bwd.total(),
-            total_less_wgrad: total - t.wgrad,
-        }
-    }
-}
-
-/// Time parts of one (degrees, order, micro-batch, sequence parallel, recompute): everything
-/// but the schedule's terms.
-struct TimeParts {
-    pipeline: PipelineTimes,
-    hop: f64,
-    /// Exposed DP/ZeRO seconds per ZeRO index.
-    dp: [f64; 4],
-}
-
 struct Searcher<'a> {
     problem: &'a Problem,
     space: &'a SearchSpace,
@@ -593,38 +463,40 @@ impl<'a> Searcher<'a> {
     /// micro-batch, sequence parallel when allowed, 1F1B, and the least over the allowed ZeRO
     /// stages and recompute modes — neither is monotone on its own (with about one layer per
     /// stage, ZeRO-3's gathered layers or full recompute's rebuilt layer can cost more than they
-    /// save).
-    fn memory_lower_bound(
-        &self,
-        base: &Plan,
-        knobs: &Knobs,
-        groups: &Groups,
-        stages: &[Stage],
-    ) -> f64 {
+    /// save). Levels 2 and 3 of memory for those plans, exactly their peak.
+    fn memory_lower_bound(&self, base: &Plan, knobs: &Knobs, degree: &DegreeLevel) -> f64 {
+        let problem = self.problem;
+        let probe = Plan {
+            micro_batch: knobs.micro_batches[0],
+            sequence_parallel: knobs.sequence_parallel.contains(&true),
+            vpp: 1,
+            schedule: Some(Schedule::OneFOneB),
+            ..base.clone()
+        };
+        let m = micro_batches(problem, &probe);
+        let layer_bytes = layer_activations(problem, &probe);
+        let least_flights: Vec<f64> = degree
+            .pipeline
+            .shapes
+            .iter()
+            .map(|s| in_flight_of(Schedule::OneFOneB, base.pp, 1, m, s.index))
+            .collect();
         let mut least = f64::INFINITY;
-        for &zero in &knobs.zero {
-            for &recompute in &knobs.recompute {
-                let plan = Plan {
-                    micro_batch: knobs.micro_batches[0],
-                    zero,
-                    recompute,
-                    sequence_parallel: knobs.sequence_parallel.contains(&true),
-                    vpp: 1,
-                    schedule: Some(Schedule::OneFOneB),
-                    ..base.clone()
-                };
-                let m = micro_batches(self.problem, &plan);
-                least = least.min(
-                    peak_memory(self.problem, &plan, groups, stages, m)
-                        .0
-                        .total(),
-                );
+        let mut knob = KnobLevel::new(degree, &probe, &layer_bytes);
+        for &recompute in &knobs.recompute {
+            let plan = Plan {
+                recompute,
+                ..probe.clone()
+            };
+            knob.fill(degree, &plan, &layer_bytes);
+            for zi in 0..knobs.zero.len() {
+                least = least.min(knob.peak(degree, zi, &least_flights));
             }
         }
         least
     }
 
-    fn tuple(&self, degrees: [u32; 5]) -> Result<Partial> {
+    fn tuple(&self, degrees: Degrees) -> Result<Partial> {
         self.control.check(self.started)?;
         let mut part = Partial::new(self.space.top_k as usize);
         let knobs = knobs(self.problem, self.space, degrees);
@@ -639,7 +511,8 @@ impl<'a> Searcher<'a> {
                 order,
                 ..base.clone()
             };
-            self.score_knobs(&mut part, &base, &knobs, &groups, &pipeline)?;
+            let mut degree = DegreeLevel::new(self.problem, groups, &pipeline, &knobs.zero);
+            self.score_knobs(&mut part, &base, &knobs, &mut degree)?;
         }
         if part.rows.len() > 0 {
             let rows = std::mem::take(&mut part.rows);
@@ -648,46 +521,61 @@ impl<'a> Searcher<'a> {
         Ok(part)
     }
 
-    /// Accounts for every knob combination of `base` (one degree tuple, one rank order) in
-    /// `part`. The structural rules depend on the micro-batch and the schedule, not on ZeRO,
-    /// recompute or sequence parallelism, so each (micro-batch, schedule) cell is checked once
-    /// and its plans counted together; so are the plans that no memory can hold.
+    /// The (schedule, vpp) cells of micro-batch `probe` (index `i`) that no structural rule
+    /// removes; the removed plans are counted in `part` at their rule's [`Scope`].
+    fn check_cells(
+        &self,
+        part: &mut Partial,
+        probe: &Plan,
+        knobs: &Knobs,
+        i: usize,
+        groups: &Groups,
+    ) -> Cells {
+        let per_cell = knobs.per_cell();
+        let mut cells = Vec::with_capacity(knobs.schedules.len());
+        for (j, &(schedule, vpp)) in knobs.schedules.iter().enumerate() {
+            let plan = Plan {
+                schedule: Some(schedule),
+                vpp,
+                ..probe.clone()
+            };
+            match self.first_structural(&plan, groups) {
+                // A rule's scope says what one verdict removes: a degree rule on the first
+                // cell removes the order's every plan, a micro-batch rule the micro-batch's.
+                Some(rule) if i == 0 && j == 0 && rule.scope() == Scope::Degrees => {
+                    part.prune(rule, knobs.count());
+                    return Cells::NoneForTheOrder;
+                }
+                Some(rule) if j == 0 && rule.scope() == Scope::MicroBatch => {
+                    part.prune(rule, knobs.schedules.len() as u64 * per_cell);
+                    return Cells::Open(Vec::new());
+                }
+                Some(rule) => part.prune(rule, per_cell),
+                None => cells.push((schedule, vpp)),
+            }
+        }
+        Cells::Open(cells)
+    }
+
+    /// Accounts for every knob combination of `base` (one degree tuple, one rank order: level 1
+    /// in `degree`) in `part`. The structural rules depend on the micro-batch and the schedule,
+    /// not on ZeRO, recompute or sequence parallelism, so each (micro-batch, schedule) cell is
+    /// checked once and its plans counted together; so are the plans that no memory can hold.
     fn score_knobs(
         &self,
         part: &mut Partial,
         base: &Plan,
         knobs: &Knobs,
-        groups: &Groups,
-        pipeline: &Pipeline,
+        degree: &mut DegreeLevel,
     ) -> Result<()> {
         let problem = self.problem;
-        let groups = *groups;
         let hopeless = base.pp <= problem.model.layers + 2
-            && self.memory_lower_bound(base, knobs, &groups, &pipeline.stages) > self.capacity_gib;
-        let z = knobs.zero.len();
-        let per_cell = (z * knobs.recompute.len() * knobs.sequence_parallel.len()) as u64;
-        let shapes = pipeline.shapes.len();
-        let mut memory = MemoryParts {
-            z,
-            states: Vec::with_capacity(shapes * z),
-            stored: vec![0.0; shapes],
-            transient: vec![0.0; shapes * z],
+            && self.memory_lower_bound(base, knobs, degree) > self.capacity_gib;
+        let per_cell = knobs.per_cell();
+        let mut knob = KnobLevel {
+            stored: Vec::new(),
+            transient: Vec::new(),
         };
-        for params in &pipeline.params {
-            for &zero in &knobs.zero {
-                memory
-                    .states
-                    .push(state_gib(problem, zero, &groups, params));
-            }
-        }
-        // Per (shape, ZeRO), filled on the first plan that fits: DP/ZeRO collectives, optimizer.
-        let mut dp_comm: Vec<DpComm> = Vec::new();
-        let mut optimizer = [0.0f64; 4];
-        let mut stage_times: Vec<StageTotals> = Vec::with_capacity(pipeline.shapes.len());
-        let mut cells: Vec<(Schedule, u32)> = Vec::with_capacity(knobs.schedules.len());
-        let mut floor = [0.0f64; 4];
-        let mut flights: Vec<f64> = Vec::new();
-
         // Plans no memory can hold, counted once at the end.
         let mut too_big = 0u64;
         let mut slower_than = self.slower_than(&part.top);
@@ -697,28 +585,10 @@ impl<'a> Searcher<'a> {
                 micro_batch: b,
                 ..base.clone()
             };
-            cells.clear();
-            for (j, &(schedule, vpp)) in knobs.schedules.iter().enumerate() {
-                let plan = Plan {
-                    schedule: Some(schedule),
-                    vpp,
-                    ..probe.clone()
-                };
-                match self.first_structural(&plan, &groups) {
-                    // A rule's scope says what one verdict removes: a degree rule on the first
-                    // cell removes the order's every plan, a micro-batch rule the micro-batch's.
-                    Some(rule) if i == 0 && j == 0 && rule.scope() == Scope::Degrees => {
-                        part.prune(rule, knobs.count());
-                        return Ok(());
-                    }
-                    Some(rule) if j == 0 && rule.scope() == Scope::MicroBatch => {
-                        part.prune(rule, knobs.schedules.len() as u64 * per_cell);
-                        break;
-                    }
-                    Some(rule) => part.prune(rule, per_cell),
-                    None => cells.push((schedule, vpp)),
-                }
-            }
+            let cells = match self.check_cells(part, &probe, knobs, i, &degree.groups) {
+                Cells::NoneForTheOrder => return Ok(()),
+                Cells::Open(cells) => cells,
+            };
             if cells.is_empty() {
                 continue;
             }
@@ -727,31 +597,7 @@ impl<'a> Searcher<'a> {
                 continue;
             }
             let m = micro_batches(problem, &probe);
-            // In-flight micro-batches of each shape's first rank: per cell, under 1F1B (the
-            // least of any schedule on every rank), and the most of any interleaved cell.
-            let shapes = pipeline.shapes.len();
-            let flight = |schedule, vpp, k: usize| {
-                in_flight_of(schedule, base.pp, vpp, m, pipeline.shapes[k].index)
-            };
-            flights.clear();
-            for &(schedule, vpp) in &cells {
-                flights.extend((0..shapes).map(|k| flight(schedule, vpp, k)));
-            }
-            let least: Vec<f64> = (0..shapes)
-                .map(|k| flight(Schedule::OneFOneB, 1, k))
-                .collect();
-            let interleaved = cells.iter().any(|c| c.0 == Schedule::Interleaved);
-            let most: Vec<f64> = (0..shapes)
-                .map(|k| {
-                    cells
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, c)| c.0 == Schedule::Interleaved)
-                        .map(|(c, _)| flights[c * shapes + k])
-                        .fold(f64::NEG_INFINITY, f64::max)
-                })
-                .collect();
-            let tokens = b as f64 * problem.workload.seq_len as f64 / base.cp as f64;
+            let flights = Flights::of(degree.pipeline, &cells, base.pp, m);
             for &sp in &knobs.sequence_parallel {
                 let sp_plan = Plan {
                     sequence_parallel: sp,
@@ -765,141 +611,17 @@ impl<'a> Searcher<'a> {
                         recompute: rec,
                         ..sp_plan.clone()
                     };
-                    for (k, first) in pipeline.shapes.iter().enumerate() {
-                        memory.stored[k] = stored_bytes_per_micro_batch(
-                            problem,
-                            &plan,
-                            first,
-                            tokens,
-                            &layer_bytes,
-                        );
-                        for (zi, &zero) in knobs.zero.iter().enumerate() {
-                            memory.transient[k * z + zi] = transient_bytes(
-                                problem,
-                                &Plan {
-                                    zero,
-                                    ..plan.clone()
-                                },
-                                first,
-                                tokens,
-                                &pipeline.params[k],
-                                &layer_bytes,
-                            );
-                        }
-                    }
-                    // 1F1B's in-flight counts are the least of any schedule on every rank, so
-                    // its memory bounds every schedule's from below (and is ZB-H1's exactly).
-                    let mut any = false;
-                    for (zi, f) in floor.iter_mut().enumerate().take(z) {
-                        *f = memory.peak(problem, zi, &least);
-                        any |= (*f).partial_cmp(&self.capacity_gib) != Some(Ordering::Greater);
-                    }
-                    if !any {
-                        too_big += (cells.len() * z) as u64;
-                        continue;
-                    }
-                    // Where the most any interleaved cell holds fits, every one does.
-                    let mut roomy = [false; 4];
-                    if interleaved {
-                        for (zi, r) in roomy.iter_mut().enumerate().take(z) {
-                            *r = memory.peak(problem, zi, &most) <= self.capacity_gib;
-                        }
-                    }
-                    let mut time: Option<(TimeContext, TimeParts)> = None;
-                    for (c, &(schedule, vpp)) in cells.iter().enumerate() {
-                        for (zi, &zero) in knobs.zero.iter().enumerate() {
-                            // The plan's peak memory, or a bound that decides as well.
-                            let peak = match schedule {
-                                _ if floor[zi] > self.capacity_gib => floor[zi],
-                                Schedule::Interleaved if roomy[zi] => floor[zi],
-                                Schedule::Interleaved => {
-                                    memory.peak(problem, zi, &flights[c * shapes..(c + 1) * shapes])
-                                }
-                                Schedule::OneFOneB | Schedule::ZeroBubbleH1 => floor[zi],
-                            };
-                            if peak > self.capacity_gib {
-                                too_big += 1;
-                                continue;
-                            }
-                            part.feasible += 1;
-                            let (tc, parts) = time.get_or_insert_with(|| {
-                                self.time_parts(
-                                    &plan,
-                                    groups,
-                                    pipeline,
-                                    knobs,
-                                    m,
-                                    &mut dp_comm,
-                                    &mut optimizer,
-                                    &mut stage_times,
-                                    &mut layer_parts,
-                                )
-                            });
-                            let bubble = parts.pipeline.bubble(schedule, vpp);
-                            let pp_p2p = tc.pp_p2p_s(vpp, parts.hop);
-                            let step = breakdown(
-                                m,
-                                &parts.pipeline.worst,
-                                pp_p2p,
-                                bubble,
-                                parts.dp[zi],
-                                optimizer[zi],
-                            );
-                            let gpu_s = step.total() * problem.cluster.num_gpus as f64;
-                            if gpu_s > slower_than {
-                                continue; // surely below the worst kept plan
-                            }
-                            let tokens_per_s = problem.workload.tokens_per_step() / gpu_s;
-                            if self.faster_than.is_some_and(|t| tokens_per_s > t) {
-                                part.faster += 1;
-                            }
-                            let full = |part: &Partial| {
-                                matches!(self.keep, Keep::All { .. })
-                                    || part.top.would_accept(tokens_per_s)
-                            };
-                            if !full(part) {
-                                continue;
-                            }
-                            let plan = Plan {
-                                schedule: Some(schedule),
-                                vpp,
-                                zero,
-                                ..plan.clone()
-                            };
-                            match self.keep {
-                                Keep::Top => {
-                                    part.top.push(Ranked { tokens_per_s, plan });
-                                    slower_than = self.slower_than(&part.top);
-                                }
-                                Keep::All {
-                                    max_plans,
-                                    kept,
-                                    codes,
-                                } => {
-                                    if kept.fetch_add(1, AtomicOrdering::Relaxed) >= max_plans {
-                                        return Err(Error::TooManyPlans { limit: max_plans });
-                                    }
-                                    let (mem, worst_stage) =
-                                        memory.breakdown(problem, pipeline, zi, &plan, m);
-                                    let rate = metrics(problem, &plan, step.total());
-                                    part.rows.push(
-                                        &Row {
-                                            plan,
-                                            tokens_per_s_per_gpu: rate.tokens_per_s_per_gpu,
-                                            mfu: rate.mfu,
-                                            model_tflops_per_gpu: rate.model_tflops_per_gpu,
-                                            hardware_tflops_per_gpu: rate.hardware_tflops_per_gpu,
-                                            micro_batches: m,
-                                            worst_stage,
-                                            memory: mem,
-                                            time: step,
-                                        },
-                                        codes,
-                                    );
-                                }
-                            }
-                        }
-                    }
+                    knob.fill(degree, &plan, &layer_bytes);
+                    let mut cell = CellScore {
+                        plan: &plan,
+                        m,
+                        cells: &cells,
+                        flights: &flights,
+                        layer_parts: &mut layer_parts,
+                        too_big: &mut too_big,
+                        slower_than: &mut slower_than,
+                    };
+                    self.score_cells(part, degree, &knob, &mut cell)?;
                 }
             }
         }
@@ -907,130 +629,189 @@ impl<'a> Searcher<'a> {
         Ok(())
     }
 
-    /// The schedule-independent time parts of `plan` (one micro-batch, sequence-parallel and
-    /// recompute setting), filling the order's DP/ZeRO collectives and optimizer times on first
-    /// use.
-    #[allow(clippy::too_many_arguments)]
-    fn time_parts<'p>(
+    /// Scores the cells × ZeRO stages of one (micro-batch, sequence parallel, recompute): the
+    /// memory decision from level 2's parts and the in-flight counts, then (for the plans that
+    /// fit) level 2 of time on first use and level 3 per plan.
+    fn score_cells(
         &self,
-        plan: &'p Plan,
-        groups: Groups,
-        pipeline: &Pipeline,
-        knobs: &Knobs,
-        m: u32,
-        dp_comm: &mut Vec<DpComm>,
-        optimizer: &mut [f64; 4],
-        stage_times: &mut Vec<StageTotals>,
-        layer_parts: &mut Option<Vec<LayerParts>>,
-    ) -> (TimeContext<'p>, TimeParts)
-    where
-        'a: 'p,
-    {
-        let tc = TimeContext::new(self.problem, plan, groups);
-        let z = knobs.zero.len();
-        if dp_comm.is_empty() {
-            for (params, first) in pipeline.params.iter().zip(&pipeline.shapes) {
-                for &zero in &knobs.zero {
-                    dp_comm.push(tc.dp_comm(zero, params, first.layers()));
+        part: &mut Partial,
+        degree: &mut DegreeLevel,
+        knob: &KnobLevel,
+        cell: &mut CellScore,
+    ) -> Result<()> {
+        let problem = self.problem;
+        let z = degree.zero.len();
+        let shapes = degree.pipeline.shapes.len();
+        let flights = cell.flights;
+        // 1F1B's in-flight counts are the least of any schedule on every rank, so its memory
+        // bounds every schedule's from below (and is ZB-H1's exactly).
+        let floor: Vec<f64> = (0..z)
+            .map(|zi| knob.peak(degree, zi, &flights.least))
+            .collect();
+        if !floor
+            .iter()
+            .any(|f| f.partial_cmp(&self.capacity_gib) != Some(Ordering::Greater))
+        {
+            *cell.too_big += (cell.cells.len() * z) as u64;
+            return Ok(());
+        }
+        // Where the most any interleaved cell holds fits, every one does.
+        let roomy: Vec<bool> = (0..z)
+            .map(|zi| {
+                flights.interleaved && knob.peak(degree, zi, &flights.most) <= self.capacity_gib
+            })
+            .collect();
+        let mut time: Option<(TimeContext, KnobTimes)> = None;
+        for (c, &(schedule, vpp)) in cell.cells.iter().enumerate() {
+            for (zi, &zero) in degree.zero.iter().enumerate() {
+                // The plan's peak memory, or a bound that decides as well.
+                let peak = match schedule {
+                    _ if floor[zi] > self.capacity_gib => floor[zi],
+                    Schedule::Interleaved if roomy[zi] => floor[zi],
+                    Schedule::Interleaved => {
+                        knob.peak(degree, zi, &flights.per_cell[c * shapes..(c + 1) * shapes])
+                    }
+                    Schedule::OneFOneB | Schedule::ZeroBubbleH1 => floor[zi],
+                };
+                if peak > self.capacity_gib {
+                    *cell.too_big += 1;
+                    continue;
+                }
+                part.feasible += 1;
+                let (tc, times) = time.get_or_insert_with(|| {
+                    let tc = TimeContext::new(problem, cell.plan, degree.groups);
+                    let parts = cell
+                        .layer_parts
+                        .get_or_insert_with(|| KnobTimes::layer_parts(&tc, problem));
+                    let times = KnobTimes::new(degree, &tc, cell.plan.recompute, cell.m, parts);
+                    (tc, times)
+                });
+                let optimizer = degree.dp_parts(tc).optimizer[zi];
+                let step = times.step(tc, schedule, vpp, zi, optimizer, cell.m);
+                let gpu_s = step.total() * problem.cluster.num_gpus as f64;
+                if gpu_s > *cell.slower_than {
+                    continue; // surely below the worst kept plan
+                }
+                let tokens_per_s = problem.workload.tokens_per_step() / gpu_s;
+                if self.faster_than.is_some_and(|t| tokens_per_s > t) {
+                    part.faster += 1;
+                }
+                if !(matches!(self.keep, Keep::All { .. }) || part.top.would_accept(tokens_per_s)) {
+                    continue;
+                }
+                let plan = Plan {
+                    schedule: Some(schedule),
+                    vpp,
+                    zero,
+                    ..cell.plan.clone()
+                };
+                match self.keep {
+                    Keep::Top => {
+                        part.top.push(Ranked { tokens_per_s, plan });
+                        *cell.slower_than = self.slower_than(&part.top);
+                    }
+                    Keep::All {
+                        max_plans,
+                        kept,
+                        codes,
+                    } => {
+                        if kept.fetch_add(1, AtomicOrdering::Relaxed) >= max_plans {
+                            return Err(Error::TooManyPlans { limit: max_plans });
+                        }
+                        let (mem, worst_stage) = knob.breakdown(degree, zi, &plan, cell.m);
+                        let rate = metrics(problem, &plan, step.total());
+                        part.rows.push(
+                            &Row {
+                                plan,
+                                tokens_per_s_per_gpu: rate.tokens_per_s_per_gpu,
+                                mfu: rate.mfu,
+                                model_tflops_per_gpu: rate.model_tflops_per_gpu,
+                                hardware_tflops_per_gpu: rate.hardware_tflops_per_gpu,
+                                micro_batches: cell.m,
+                                worst_stage,
+                                memory: mem,
+                                time: step,
+                            },
+                            codes,
+                        );
+                    }
                 }
             }
-            for (zi, &zero) in knobs.zero.iter().enumerate() {
-                let per_shape: Vec<f64> = pipeline
-                    .params
-                    .iter()
-                    .map(|p| tc.optimizer_with(zero, p))
-                    .collect();
-                optimizer[zi] = pipeline
-                    .shape_of
-                    .iter()
-                    .map(|&k| per_shape[k])
-                    .fold(0.0, f64::max);
-            }
         }
-        // As `TimeContext::layers`, with the recompute-independent part computed once per kind.
-        let parts = layer_parts.get_or_insert_with(|| {
-            (0..self.problem.model.layer_kinds().len())
-                .map(|k| tc.layer_parts(k))
-                .collect()
-        });
-        let mut layers = LayerTimes::default();
-        for (time, part) in layers.iter_mut().zip(parts.iter()) {
-            *time = part.with(plan.recompute);
-        }
-        let shape_times: Vec<LayerTime> = pipeline
-            .shapes
-            .iter()
-            .map(|s| tc.stage(s, &layers))
-            .collect();
-        stage_times.clear();
-        stage_times.extend(shape_times.iter().map(StageTotals::of));
-        let totals = &stage_times[..];
-        let mut dp = [0.0f64; 4];
-        for (zi, d) in dp.iter_mut().enumerate().take(z) {
-            let exposed: Vec<f64> = shape_times
-                .iter()
-                .enumerate()
-                .map(|(k, st)| tc.dp_hidden(&dp_comm[k * z + zi], st, m))
-                .collect();
-            // Stage j finishes its last backward about j backward passes before stage 0.
-            *d = pipeline
-                .shape_of
-                .iter()
-                .enumerate()
-                .map(|(j, &k)| (exposed[k] - j as f64 * totals[k].backward).max(0.0))
-                .fold(0.0, f64::max);
-        }
-        // `PipelineTimes::of` over the ranks, from the shapes' sums (same values, same order).
-        let worst = pipeline
-            .shape_of
-            .iter()
-            .copied()
-            .max_by(|&a, &b| totals[a].total.total_cmp(&totals[b].total))
-            .map_or_else(LayerTime::default, |k| shape_times[k]);
-        let pipeline_times = PipelineTimes {
-            worst,
-            sum: pipeline.shape_of.iter().map(|&k| totals[k].total).sum(),
-            deferred: pipeline
-                .shape_of
-                .iter()
-                .map(|&k| totals[k].total_less_wgrad)
-                .sum(),
-        };
-        debug_assert_eq!(
-            pipeline_times,
-            PipelineTimes::of(
-                &pipeline
-                    .shape_of
-                    .iter()
-                    .map(|&k| shape_times[k])
-                    .collect::<Vec<_>>()
-            )
-        );
-        let parts = TimeParts {
-            pipeline: pipeline_times,
-            hop: tc.pp_hop_s(),
-            dp,
-        };
-        (tc, parts)
+        Ok(())
     }
+}
+
+/// What [`Searcher::check_cells`] leaves of a micro-batch.
+enum Cells {
+    /// A degree rule removed every plan of the order.
+    NoneForTheOrder,
+    /// The open (schedule, vpp) cells (none when the micro-batch is removed).
+    Open(Vec<(Schedule, u32)>),
+}
+
+/// In-flight micro-batches of each shape's first rank for one micro-batch's open cells: per
+/// cell, under 1F1B (the least of any schedule on every rank), and the most of any interleaved
+/// cell.
+struct Flights {
+    /// Per (cell, shape).
+    per_cell: Vec<f64>,
+    /// Per shape, under 1F1B.
+    least: Vec<f64>,
+    /// Per shape, the most of the interleaved cells (−∞ when there is none).
+    most: Vec<f64>,
+    /// Some cell is interleaved.
+    interleaved: bool,
+}
+
+impl Flights {
+    fn of(pipeline: &Pipeline, cells: &[(Schedule, u32)], pp: u32, m: u32) -> Self {
+        let shapes = pipeline.shapes.len();
+        let flight =
+            |schedule, vpp, k: usize| in_flight_of(schedule, pp, vpp, m, pipeline.shapes[k].index);
+        let mut per_cell = Vec::with_capacity(cells.len() * shapes);
+        for &(schedule, vpp) in cells {
+            per_cell.extend((0..shapes).map(|k| flight(schedule, vpp, k)));
+        }
+        let least = (0..shapes)
+            .map(|k| flight(Schedule::OneFOneB, 1, k))
+            .collect();
+        let most = (0..shapes)
+            .map(|k| {
+                cells
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.0 == Schedule::Interleaved)
+                    .map(|(c, _)| per_cell[c * shapes + k])
+                    .fold(f64::NEG_INFINITY, f64::max)
+            })
+            .collect();
+        Flights {
+            per_cell,
+            least,
+            most,
+            interleaved: cells.iter().any(|c| c.0 == Schedule::Interleaved),
+        }
+    }
+}
+
+/// One (micro-batch, sequence parallel, recompute) being scored, with the search state it
+/// updates.
+struct CellScore<'c> {
+    plan: &'c Plan,
+    m: u32,
+    cells: &'c [(Schedule, u32)],
+    flights: &'c Flights,
+    /// Level-2 layer parts of the (micro-batch, sequence parallel), per layer kind.
+    layer_parts: &'c mut Option<Vec<LayerParts>>,
+    too_big: &'c mut u64,
+    slower_than: &'c mut f64,
 }
 
 /// The full evaluation of a plan the search kept, exactly as `evaluate` scores it.
 fn full_evaluation(problem: &Problem, plan: Plan) -> Evaluation {
     let groups = Groups::of(&plan, problem.cluster.nvlink_domain());
-    let stage_list = stages(&problem.model, plan.pp);
-    let m = micro_batches(problem, &plan);
-    let (memory, worst) = peak_memory(problem, &plan, &groups, &stage_list, m);
-    score(
-        problem,
-        plan,
-        groups,
-        &stage_list,
-        m,
-        memory,
-        worst,
-        Vec::new(),
-    )
+    score(problem, plan, groups, Vec::new())
 }
 
 /// Searches `space` for the best plans of `problem`.

@@ -9,7 +9,7 @@ use crate::device::Device;
 use crate::gemm::{linear_s, LinearTimes};
 use crate::layer::{layer_ops, LayerOps, OpsContext, Shard, MAX_LAYER_KINDS};
 use crate::layout::Groups;
-use crate::memory::{stage_params, StageParams};
+use crate::memory::StageParams;
 use crate::model::Model;
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::TimeBreakdown;
@@ -447,13 +447,6 @@ impl<'a> TimeContext<'a> {
         }
     }
 
-    /// Exposed DP/ZeRO communication of `stage` per step (§3.6), given its per-micro-batch time.
-    fn dp_exposed(&self, stage: &Stage, st: &LayerTime, micro_batches: u32) -> f64 {
-        let params = stage_params(self.model(), self.plan, stage);
-        let comm = self.dp_comm(self.plan.zero, &params, stage.layers());
-        self.dp_hidden(&comm, st, micro_batches)
-    }
-
     /// Optimizer-step seconds of a stage holding `params` at ZeRO stage `zero` (§3.9):
     /// memory-bound over the local optimizer shard.
     pub fn optimizer_with(&self, zero: u8, params: &StageParams) -> f64 {
@@ -474,14 +467,6 @@ impl<'a> TimeContext<'a> {
             / self.device.memory_bytes_per_s
     }
 
-    /// Optimizer-step seconds of `stage` (§3.9).
-    fn optimizer_s(&self, stage: &Stage) -> f64 {
-        self.optimizer_with(
-            self.plan.zero,
-            &stage_params(self.model(), self.plan, stage),
-        )
-    }
-
     /// Seconds of one pipeline hop: a micro-batch's activations to the next stage (§3.5).
     pub fn pp_hop_s(&self) -> f64 {
         let bytes = self.tokens * self.model().hidden as f64 * WIRE_BYTES / self.sp_div();
@@ -497,11 +482,6 @@ impl<'a> TimeContext<'a> {
         }
     }
 
-    /// The step time of the plan over `stages`, by component.
-    pub fn step(&self, stages: &[Stage], micro_batches: u32) -> TimeBreakdown {
-        self.step_with(stages, micro_batches, &self.layers())
-    }
-
     /// Per-micro-batch times of one layer of each kind. They depend on the degrees,
     /// micro-batch, sequence parallelism and recompute, not on ZeRO or schedule.
     pub fn layers(&self) -> LayerTimes {
@@ -514,40 +494,6 @@ impl<'a> TimeContext<'a> {
             *time = self.layer(kind);
         }
         out
-    }
-
-    /// [`Self::step`] with the layer times already computed by [`Self::layers`].
-    pub fn step_with(
-        &self,
-        stages: &[Stage],
-        micro_batches: u32,
-        layers: &LayerTimes,
-    ) -> TimeBreakdown {
-        let plan = self.plan;
-        let per_stage: Vec<LayerTime> = stages.iter().map(|s| self.stage(s, layers)).collect();
-        let pipeline = PipelineTimes::of(&per_stage);
-        let bubble = pipeline.bubble(plan.schedule(), plan.vpp);
-        let pp_p2p = self.pp_p2p_s(plan.vpp, self.pp_hop_s());
-        // Stage j finishes its last backward about j backward passes before stage 0.
-        let dp = stages
-            .iter()
-            .zip(&per_stage)
-            .map(|(s, st)| {
-                (self.dp_exposed(s, st, micro_batches) - s.index as f64 * st.bwd.total()).max(0.0)
-            })
-            .fold(0.0, f64::max);
-        let optimizer = stages
-            .iter()
-            .map(|s| self.optimizer_s(s))
-            .fold(0.0, f64::max);
-        breakdown(
-            micro_batches,
-            &pipeline.worst,
-            pp_p2p,
-            bubble,
-            dp,
-            optimizer,
-        )
     }
 }
 
