@@ -1,0 +1,55 @@
+//! The context-parallel axis of `explain` (COSTMODEL §3.8): the ring exchange of K/V blocks.
+
+use super::*;
+
+impl Ctx<'_> {
+    pub(super) fn cp(&self) -> AxisExplanation {
+        let plan = self.plan;
+        let g = self.groups.cp;
+        let c = plan.cp;
+        let seq = self.problem.workload.seq_len;
+        let state = format!(
+            "The sequence: each GPU holds {} of the {seq} tokens of every sequence (2·{c} chunks, paired for the causal mask), so all activations are split {c} ways; weights are replicated (the CP ranks join the gradient reduction).",
+            seq / c
+        );
+        let mut a = self.axis("cp", c, state, g);
+        // One mixer for every layer kind: kind 0's K/V width is every layer's.
+        let kv = self.tokens * self.ops[0].comm.cp_kv_bytes_per_token;
+        let terms = p2p_terms(&self.fabric, kv, g.within_domain());
+        let layers = self.worst.layers() as u64;
+        let steps = (c - 1) as u64;
+        for pass in self.passes() {
+            // Backward sends the K/V blocks again and their gradients.
+            let per_layer = if pass == "backward" { 2 * steps } else { steps };
+            let what = if pass == "backward" {
+                "K/V blocks and their gradients"
+            } else {
+                "K/V blocks"
+            };
+            a.collectives.push(self.info(
+                "send-recv",
+                format!("per layer per micro-batch, {pass} ({what} around the ring)"),
+                self.m * layers * per_layer,
+                kv,
+                kv,
+                terms,
+                1.0,
+            ));
+        }
+        a.notes.push(format!(
+            "ring attention: {} ring step{} per layer, each passing this GPU's K/V block ({} B) to the next rank while attending to the one received; only the part of a transfer longer than its attention block is exposed",
+            c - 1,
+            if c == 2 { "" } else { "s" },
+            commas(kv)
+        ));
+        if !g.within_domain() {
+            a.notes.push(
+                "the ring leaves the scale-up domain, so each step is costed at network speed"
+                    .into(),
+            );
+        }
+        a.notes.extend(self.stage_note());
+        let exposed = self.evaluation.time_s.cp;
+        self.finish(a, exposed, exposed)
+    }
+}

@@ -1,0 +1,187 @@
+//! The data-parallel axis and ZeRO of `explain` (COSTMODEL §2.2–2.3, §3.6): the gradient
+//! reduction (all-reduce, or reduce-scatter + all-gather), its buckets, FSDP units, and how much
+//! of it the backward pass hides.
+
+use super::*;
+
+impl Ctx<'_> {
+    pub(super) fn dp(&self) -> AxisExplanation {
+        let plan = self.plan;
+        let w = &self.problem.workload;
+        let g = self.groups.dense_dp;
+        let replicas = plan.dense_dp();
+        let replicated = match plan.zero {
+            0 => "weights, gradients and optimizer states are replicated",
+            1 => "weights and gradients are replicated (optimizer states are sharded: see zero)",
+            2 => "weights are replicated (gradients and optimizer states are sharded: see zero)",
+            _ => "nothing is replicated for long: ZeRO-3 shards weights, gradients and optimizer states (see zero)",
+        };
+        let state = format!(
+            "The batch: each of the {replicas} data-parallel replicas (dp·ep = {}·{}) takes {} of the {} sequences per step ({} micro-batches of {}); {replicated} over the {} ranks of the data-parallel group (dp·ep·cp).",
+            plan.dp,
+            plan.ep,
+            w.global_batch / replicas.max(1),
+            w.global_batch,
+            self.m,
+            plan.micro_batch,
+            g.size,
+        );
+        let mut a = self.axis("dp", plan.dp, state, g);
+        if plan.dp == 1 {
+            a.notes.push(format!(
+                "dp = 1, but the {} ranks of ep·cp hold replicas of the dense weights, so their gradients are still reduced",
+                g.size
+            ));
+        }
+        if w.lora {
+            a.notes.push("LoRA: the base weights are frozen, so there is no gradient reduction (the adapters are negligible)".into());
+            return self.finish(a, 0.0, 0.0);
+        }
+        if plan.zero > 0 {
+            a.notes.push(format!(
+                "with ZeRO-{} the gradient reduction is a reduce-scatter: listed and timed under zero",
+                plan.zero
+            ));
+            return self.finish(a, 0.0, 0.0);
+        }
+        a.collectives = self.reduction(
+            Collective::AllReduce,
+            "once per step, after the last micro-batch's backward",
+            1,
+            w.grad_bytes as f64,
+            1,
+        );
+        self.reduction_notes(&mut a);
+        let exposed = self.evaluation.time_s.dp;
+        self.finish(a, exposed, exposed)
+    }
+
+    /// One collective per parameter group (dense over dp·ep·cp, experts over dp·cp) of stage 0,
+    /// `bytes_per_param` each, the parameters split into `units` calls.
+    fn reduction(
+        &self,
+        kind: Collective,
+        when: &str,
+        count: u64,
+        bytes_per_param: f64,
+        units: u32,
+    ) -> Vec<CollectiveInfo> {
+        let params = stage_params(self.model(), self.plan, &self.stages[0]);
+        [
+            ("dense parameters", params.dense, self.groups.dense_dp),
+            ("expert parameters", params.expert, self.groups.expert_dp),
+        ]
+        .into_iter()
+        .filter(|(_, p, g)| *p > 0.0 && g.size > 1)
+        .map(|(label, p, g)| {
+            let when = format!("{when}, {label} over {} ranks", g.size);
+            self.collective(kind, when, count, p / units as f64 * bytes_per_param, g)
+        })
+        .collect()
+    }
+
+    fn reduction_notes(&self, a: &mut AxisExplanation) {
+        let cal = &self.problem.cluster.gpu.calibration;
+        a.notes.push(format!(
+            "bytes are for pipeline stage 0 (the last to finish its backward); {:.0}% of a reduction can hide behind the last micro-batch's backward (calibration dp_overlap)",
+            100.0 * cal.dp_overlap
+        ));
+        if self.model().is_moe() && self.plan.ep > 1 {
+            let e = self.groups.expert_dp;
+            a.notes.push(format!(
+                "expert parameters are reduced over dp·cp = {} ranks ({}, {} per domain)",
+                e.size,
+                fabric_name(e),
+                e.per_domain
+            ));
+        }
+    }
+
+    pub(super) fn zero(&self) -> AxisExplanation {
+        let plan = self.plan;
+        let w = &self.problem.workload;
+        let g = self.groups.dense_dp;
+        let d = g.size;
+        let state = match plan.zero {
+            1 => format!("Optimizer states (fp32 master weights and Adam moments) sharded over the {d} data-parallel ranks (Megatron's distributed optimizer); weights and gradients replicated."),
+            2 => format!("Optimizer states and gradients sharded over the {d} data-parallel ranks; weights replicated."),
+            _ => format!("Weights, gradients and optimizer states all sharded over the {d} data-parallel ranks (FSDP full shard); each layer's weights are gathered just before use and freed after."),
+        };
+        let mut a = self.axis("zero", plan.zero as u32, state, g);
+        if w.lora {
+            a.notes.push("LoRA: the base weights are frozen, so nothing is reduced or gathered (the adapters are negligible)".into());
+            return self.finish(a, 0.0, 0.0);
+        }
+        let (gb, wb, m) = (w.grad_bytes as f64, WIRE_BYTES, self.m);
+        a.collectives = match plan.zero {
+            1 => [
+                self.reduction(
+                    Collective::ReduceScatter,
+                    "once per step, after the last micro-batch's backward (gradients)",
+                    1,
+                    gb,
+                    1,
+                ),
+                self.reduction(
+                    Collective::AllGather,
+                    "once per step, after the optimizer step (updated weights)",
+                    1,
+                    wb,
+                    1,
+                ),
+            ]
+            .concat(),
+            2 => [
+                self.reduction(
+                    Collective::ReduceScatter,
+                    "every micro-batch, during its backward (gradients)",
+                    m,
+                    gb,
+                    1,
+                ),
+                self.reduction(
+                    Collective::AllGather,
+                    "once per step, after the optimizer step (updated weights)",
+                    1,
+                    wb,
+                    1,
+                ),
+            ]
+            .concat(),
+            _ => {
+                let units = self.stages[0].layers().max(1);
+                let layers = units as u64;
+                [
+                    self.reduction(
+                        Collective::AllGather,
+                        "per layer per micro-batch, forward (the layer's weights)",
+                        m * layers,
+                        wb,
+                        units,
+                    ),
+                    self.reduction(
+                        Collective::AllGather,
+                        "per layer per micro-batch, backward (the weights again)",
+                        m * layers,
+                        wb,
+                        units,
+                    ),
+                    self.reduction(
+                        Collective::ReduceScatter,
+                        "per layer per micro-batch, backward (the layer's gradients)",
+                        m * layers,
+                        gb,
+                        units,
+                    ),
+                ]
+                .concat()
+            }
+        };
+        self.reduction_notes(&mut a);
+        if plan.zero >= 3 {
+            a.notes.push("prefetching hides each layer's gathers behind the previous layer's compute; the first gather and the last reduce-scatter stay exposed".into());
+        }
+        let exposed = self.evaluation.time_s.dp;
+        self.finish(a, exposed, exposed)
+    }
+}

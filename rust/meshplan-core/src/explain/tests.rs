@@ -1,0 +1,399 @@
+//! Tests of `explain`: the axes add up to the step, bytes match the worked examples of
+//! COSTMODEL §7, the mesh follows the rank order.
+
+use super::*;
+use crate::model::{Activation, Moe, Norm};
+use crate::presets;
+use crate::workload::Workload;
+
+fn cluster(gpu: &str, n: u32) -> Cluster {
+    Cluster {
+        gpu: presets::gpu(gpu).unwrap(),
+        num_gpus: n,
+        gpus_per_node: None,
+        nvlink_domain: None,
+    }
+}
+
+fn problem(model: Model, gpu: &str, n: u32, global_batch: u32, seq_len: u32) -> Problem {
+    Problem::new(model, cluster(gpu, n), Workload::new(global_batch, seq_len)).unwrap()
+}
+
+fn plan(text: &str) -> Plan {
+    // "dp=2,tp=4,..." → a plan through serde, the way every front end builds one.
+    let mut map = serde_json::Map::new();
+    for kv in text.split(',') {
+        let (k, v) = kv.split_once('=').unwrap();
+        let value = v
+            .parse::<u64>()
+            .map(serde_json::Value::from)
+            .or_else(|_| v.parse::<bool>().map(serde_json::Value::from))
+            .unwrap_or_else(|_| serde_json::Value::from(v));
+        map.insert(k.to_string(), value);
+    }
+    serde_json::from_value(serde_json::Value::Object(map)).unwrap()
+}
+
+/// A 400B-class MoE with the §7(b) shape: h = 8192, 64 routed experts, top-2.
+fn moe_400b() -> Model {
+    Model {
+        name: "moe-400b".into(),
+        layers: 40,
+        hidden: 8192,
+        heads: 64,
+        kv_heads: 8,
+        head_dim: None,
+        ffn_hidden: 28672,
+        vocab: 128256,
+        activation: Activation::Swiglu,
+        norm: Norm::Rmsnorm,
+        tied_embeddings: false,
+        moe: Some(Moe {
+            num_experts: 64,
+            top_k: 2,
+            expert_ffn_hidden: 6144,
+            shared_experts: 0,
+            shared_expert_ffn_hidden: None,
+            first_dense_layers: 0,
+        }),
+        mla: None,
+    }
+}
+
+fn axis<'e>(x: &'e Explanation, name: &str) -> &'e AxisExplanation {
+    x.axes
+        .iter()
+        .find(|a| a.axis == name)
+        .unwrap_or_else(|| panic!("no {name} axis"))
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1e-12)
+}
+
+#[test]
+fn commas_group_thousands() {
+    assert_eq!(commas(57_344.0), "57,344");
+    assert_eq!(commas(3_932_160.0), "3,932,160");
+    assert_eq!(commas(999.4), "999");
+    assert_eq!(commas(-1234.0), "-1,234");
+}
+
+#[test]
+fn costmodel_7a_decode_all_reduce_traffic() {
+    let m = presets::model("llama3-70b").unwrap();
+    let d = decode_traffic(&m, &cluster("h100-sxm", 4), 4, 50.0).unwrap();
+    assert_eq!(d.all_reduces_per_token, 160);
+    assert_eq!(d.message_bytes, 16_384.0);
+    assert_eq!(d.bytes_per_token_per_gpu, 3_932_160.0);
+    assert!(close(d.gb_per_s_per_gpu, 0.196_608));
+    assert_eq!(d.link_gb_per_s, 450.0);
+    assert!(close(d.fraction_of_link, 0.196_608 / 450.0));
+    assert!(d.latency_bound && d.latency_s_per_token > d.bandwidth_s_per_token);
+    assert_eq!(d.fabric, "nvlink");
+    assert!(decode_traffic(&m, &cluster("h100-sxm", 4), 0, 50.0).is_err());
+    assert!(decode_traffic(&m, &cluster("h100-sxm", 4), 4, f64::NAN).is_err());
+}
+
+#[test]
+fn costmodel_7b_all_to_all_bytes_per_token_per_moe_layer() {
+    let p = problem(moe_400b(), "h100-sxm", 64, 64, 4096);
+    let x = explain(&p, &plan("dp=8,tp=1,pp=1,ep=8,zero=1")).unwrap();
+    let ep = axis(&x, "ep");
+    let fwd = &ep.collectives[0];
+    assert!(fwd.when.contains("forward"), "{}", fwd.when);
+    assert_eq!(fwd.op, "all-to-all");
+    // Dispatch + combine per token per MoE layer, the share leaving the rank: 57,344 B.
+    assert_eq!(fwd.bytes_per_token_per_gpu / 40.0, 57_344.0);
+    let bwd = &ep.collectives[1];
+    assert_eq!(bwd.bytes_per_token_per_gpu / 40.0, 57_344.0);
+    assert!(
+        ep.notes[0].contains("65,536 B") && ep.notes[0].contains("57,344 B"),
+        "{}",
+        ep.notes[0]
+    );
+    assert_eq!(
+        (ep.group_size, ep.members_per_domain, ep.fabric.as_str()),
+        (8, 8, "nvlink")
+    );
+}
+
+/// Plans covering every axis, ZeRO stage, SP, recompute and schedule.
+fn cases() -> Vec<(Problem, Plan)> {
+    let llama70 = || presets::model("llama3-70b").unwrap();
+    let mixtral = || presets::model("mixtral-8x7b").unwrap();
+    vec![
+        (
+            problem(llama70(), "h100-sxm", 64, 128, 8192),
+            plan("dp=2,tp=4,pp=4,cp=2,vpp=5,zero=1,sequence_parallel=true"),
+        ),
+        (
+            problem(llama70(), "h100-sxm", 64, 128, 8192),
+            plan("dp=4,tp=8,pp=2,zero=0,recompute=full"),
+        ),
+        (
+            problem(llama70(), "h100-sxm", 64, 128, 8192),
+            plan("dp=8,tp=8,pp=1,zero=3,micro_batch=2"),
+        ),
+        (
+            problem(llama70(), "h100-sxm", 64, 128, 8192),
+            plan("dp=4,tp=4,pp=4,zero=2,schedule=zb-h1,recompute=selective"),
+        ),
+        (
+            problem(mixtral(), "h100-sxm", 64, 128, 4096),
+            plan("dp=2,tp=2,pp=2,ep=8,zero=1,sequence_parallel=true"),
+        ),
+        (
+            problem(mixtral(), "h100-sxm", 64, 128, 4096),
+            plan("dp=1,tp=1,pp=4,ep=8,cp=2,zero=0,recompute=full"),
+        ),
+        (
+            problem(moe_400b(), "gb200-nvl72", 128, 256, 4096),
+            plan("dp=2,tp=4,pp=2,ep=8,zero=3"),
+        ),
+    ]
+}
+
+#[test]
+fn exposed_times_add_up_to_the_step() {
+    for (p, pl) in cases() {
+        let x = explain(&p, &pl).unwrap();
+        let t = &x.evaluation.time_s;
+        let sum: f64 = x.axes.iter().map(|a| a.exposed_s).sum::<f64>() + t.compute + t.optimizer;
+        assert!(
+            close(sum, x.evaluation.step_time_s),
+            "{pl}: {sum} vs {}",
+            x.evaluation.step_time_s
+        );
+        for a in &x.axes {
+            assert!(
+                a.exposed_s >= 0.0 && a.overlapped_s >= 0.0,
+                "{pl} {}",
+                a.axis
+            );
+            assert!(!a.state_sharded.is_empty());
+        }
+    }
+}
+
+#[test]
+fn tp_and_ep_seconds_are_the_time_models_before_overlap() {
+    for (p, pl) in cases() {
+        let x = explain(&p, &pl).unwrap();
+        let cal = &p.cluster.gpu.calibration;
+        if x.plan.tp > 1 {
+            let tp = axis(&x, "tp");
+            let (layers, ends): (Vec<_>, Vec<_>) = tp
+                .collectives
+                .iter()
+                .partition(|c| c.when.starts_with("per layer"));
+            let layer_s: f64 = layers.iter().map(|c| c.seconds_per_step).sum();
+            let end_s: f64 = ends.iter().map(|c| c.seconds_per_step).sum();
+            let want = (1.0 - cal.tp_overlap) * layer_s + end_s;
+            assert!(
+                close(want, x.evaluation.time_s.tp),
+                "{pl}: {want} vs {}",
+                x.evaluation.time_s.tp
+            );
+        }
+        if x.plan.ep > 1 {
+            let ep = axis(&x, "ep");
+            let raw: f64 = ep.collectives.iter().map(|c| c.seconds_per_step).sum();
+            assert!(
+                close((1.0 - cal.ep_overlap) * raw, x.evaluation.time_s.ep),
+                "{pl}"
+            );
+        }
+        if x.plan.pp > 1 {
+            let pp = axis(&x, "pp");
+            let hop = pp.collectives[0].seconds_per_step / pp.collectives[0].count_per_step as f64;
+            let want = 2.0 * (x.plan.pp - 1) as f64 * x.plan.vpp as f64 * hop;
+            assert!(close(want, x.evaluation.time_s.pp_p2p), "{pl}");
+            let t = &x.evaluation.time_s;
+            assert!(close(pp.exposed_s, t.bubble + t.pp_p2p));
+        }
+        if x.plan.cp > 1 {
+            let cp = axis(&x, "cp");
+            let raw: f64 = cp.collectives.iter().map(|c| c.seconds_per_step).sum();
+            assert!(x.evaluation.time_s.cp <= raw * (1.0 + 1e-12), "{pl}");
+        }
+    }
+}
+
+#[test]
+fn dp_reduction_uses_the_stage_parameters_and_zero_takes_it_over() {
+    let p = problem(
+        presets::model("llama3-70b").unwrap(),
+        "h100-sxm",
+        64,
+        128,
+        8192,
+    );
+    let x = explain(&p, &plan("dp=4,tp=8,pp=2,zero=0")).unwrap();
+    let dp = axis(&x, "dp");
+    assert!(x.axes.iter().all(|a| a.axis != "zero"));
+    let stage0 = stages(&p.model, 2)[0];
+    let params = stage_params(&p.model, &x.plan, &stage0);
+    let ar = &dp.collectives[0];
+    assert_eq!(ar.op, "all-reduce");
+    assert_eq!(ar.count_per_step, 1);
+    assert_eq!(ar.message_bytes, params.dense * 4.0);
+    assert!(close(
+        ar.bytes_per_step_per_gpu,
+        2.0 * 3.0 / 4.0 * params.dense * 4.0
+    ));
+    // dp = 4 over the 8-GPU nodes with TP = 8 inside: one member per node.
+    assert_eq!(
+        (dp.group_size, dp.members_per_domain, dp.fabric.as_str()),
+        (4, 1, "network")
+    );
+    assert!(close(dp.exposed_s, x.evaluation.time_s.dp));
+
+    for zero in 1..=3u8 {
+        let pl = Plan {
+            zero,
+            ..x.plan.clone()
+        };
+        let z = explain(&p, &pl).unwrap();
+        assert!(axis(&z, "dp").collectives.is_empty());
+        let za = axis(&z, "zero");
+        assert_eq!(za.degree, zero as u32);
+        assert!(close(za.exposed_s, z.evaluation.time_s.dp));
+        let ops: Vec<&str> = za.collectives.iter().map(|c| c.op.as_str()).collect();
+        assert!(
+            ops.contains(&"reduce-scatter") && ops.contains(&"all-gather"),
+            "{ops:?}"
+        );
+    }
+    // ZeRO-3 gathers every layer twice per micro-batch.
+    let z3 = explain(
+        &p,
+        &Plan {
+            zero: 3,
+            ..x.plan.clone()
+        },
+    )
+    .unwrap();
+    let m = z3.evaluation.micro_batches as u64;
+    assert_eq!(axis(&z3, "zero").collectives[0].count_per_step, m * 40);
+}
+
+#[test]
+fn tp_decode_style_messages_are_latency_bound_and_big_ones_are_not() {
+    let p = problem(
+        presets::model("llama2-7b").unwrap(),
+        "a100-sxm-40g",
+        8,
+        8,
+        4096,
+    );
+    let x = explain(&p, &plan("dp=1,tp=8,pp=1")).unwrap();
+    let tp = axis(&x, "tp");
+    assert_eq!(tp.fabric, "nvlink");
+    // 4096 tokens × 4096 × 2 B = 33.5 MB per all-reduce: bandwidth-bound (§7(c)).
+    assert_eq!(tp.collectives[0].message_bytes, 4096.0 * 4096.0 * 2.0);
+    assert!(!tp.collectives[0].latency_bound);
+    // 4 all-reduces per layer per sequence (2 forward, 2 backward), 32 layers, 8 sequences.
+    let count: u64 = tp
+        .collectives
+        .iter()
+        .filter(|c| c.when.starts_with("per layer"))
+        .map(|c| c.count_per_step)
+        .sum();
+    assert_eq!(count, 4 * 32 * 8);
+}
+
+#[test]
+fn the_mesh_follows_the_order() {
+    let p = problem(
+        presets::model("llama3-8b").unwrap(),
+        "h100-sxm",
+        16,
+        64,
+        4096,
+    );
+    let x = explain(&p, &plan("dp=8,tp=2,pp=1")).unwrap();
+    assert_eq!(x.mesh.order, RankOrder::DEFAULT);
+    assert_eq!(x.mesh.domain_size, 8);
+    let names: Vec<(&str, u32, u64)> = x
+        .mesh
+        .axes
+        .iter()
+        .map(|a| (a.axis.as_str(), a.size, a.stride))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("tp", 2, 1),
+            ("cp", 1, 2),
+            ("ep", 1, 2),
+            ("dp", 8, 2),
+            ("pp", 1, 16)
+        ]
+    );
+    let tp = &x.mesh.groups[0];
+    assert_eq!(
+        (
+            tp.axis.as_str(),
+            tp.crosses_domain,
+            tp.example_ranks.clone()
+        ),
+        ("tp", false, vec![0, 1])
+    );
+    let dp = &x.mesh.groups[1];
+    assert_eq!(dp.example_ranks, vec![0, 2, 4, 6, 8, 10, 12, 14]);
+    assert!(dp.crosses_domain && dp.members_per_domain == 4 && dp.domains == 2);
+    assert_eq!(axis(&x, "dp").fabric, "nvlink+network");
+
+    let y = explain(&p, &plan("dp=8,tp=2,pp=1,order=dp-tp-cp-ep-pp")).unwrap();
+    assert_eq!(y.plan.order.to_string(), "dp-tp-cp-ep-pp");
+    assert_eq!(axis(&y, "tp").fabric, "network");
+    assert_eq!(axis(&y, "dp").fabric, "nvlink");
+    assert_eq!(y.mesh.groups[0].axis, "dp");
+    assert_eq!(y.mesh.groups[0].example_ranks, (0..8).collect::<Vec<u32>>());
+}
+
+#[test]
+fn pipeline_times_are_the_stage_times() {
+    let p = problem(
+        presets::model("llama3-70b").unwrap(),
+        "h100-sxm",
+        64,
+        128,
+        8192,
+    );
+    let x = explain(&p, &plan("dp=2,tp=8,pp=4")).unwrap();
+    let pt = &x.pipeline;
+    assert_eq!(
+        (pt.stages.len(), pt.vpp, pt.micro_batches),
+        (4, 1, x.evaluation.micro_batches)
+    );
+    assert_eq!(pt.schedule, Schedule::OneFOneB);
+    // 1F1B: bubble = (sum over stages − the slowest) of fwd + bwd (§4).
+    let totals: Vec<f64> = pt.stages.iter().map(|s| s.fwd_s + s.bwd_s).collect();
+    let worst = totals.iter().cloned().fold(0.0, f64::max);
+    let bubble = totals.iter().sum::<f64>() - worst;
+    assert!(close(bubble, x.evaluation.time_s.bubble));
+    assert!(pt
+        .stages
+        .iter()
+        .all(|s| s.wgrad_s > 0.0 && s.wgrad_s < s.bwd_s));
+}
+
+#[test]
+fn only_present_axes_are_explained_and_infeasible_plans_still_are() {
+    let p = problem(
+        presets::model("llama2-7b").unwrap(),
+        "a100-sxm-40g",
+        8,
+        8,
+        4096,
+    );
+    let x = explain(&p, &plan("dp=8,tp=1,pp=1,zero=0,micro_batch=1")).unwrap();
+    let names: Vec<&str> = x.axes.iter().map(|a| a.axis.as_str()).collect();
+    assert_eq!(names, vec!["dp"]);
+    let y = explain(&p, &plan("dp=1,tp=1,pp=8,micro_batch=8")).unwrap();
+    let names: Vec<&str> = y.axes.iter().map(|a| a.axis.as_str()).collect();
+    assert_eq!(names, vec!["pp"]);
+    assert!(explain(&p, &plan("dp=4,tp=1,pp=1")).is_err());
+}

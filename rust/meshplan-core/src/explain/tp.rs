@@ -1,0 +1,109 @@
+//! The tensor-parallel axis of `explain` (COSTMODEL §3.4): the all-reduce points (or SP's
+//! reduce-scatter + all-gather pairs) of each layer kind, the embedding and the LM head.
+
+use super::*;
+
+impl Ctx<'_> {
+    pub(super) fn tp(&self) -> AxisExplanation {
+        let plan = self.plan;
+        let model = self.model();
+        let g = self.groups.tp;
+        let t = plan.tp;
+        let mlp = if model.dense_layers() > 0 {
+            format!(
+                " and {} of the {} MLP columns",
+                model.ffn_hidden / t,
+                model.ffn_hidden
+            )
+        } else {
+            String::new()
+        };
+        let state = format!(
+            "Every weight matrix split {t} ways: {} of the {} attention heads{mlp} per GPU{}; activations inside attention and the MLP split too; {}.",
+            model.heads / t,
+            model.heads,
+            model.moe.as_ref().map_or(String::new(), |m| format!(", each routed expert's {} columns split the same way", m.expert_ffn_hidden)),
+            if plan.sequence_parallel {
+                "with sequence parallelism the rest (norms, residuals) is split along the sequence"
+            } else {
+                "the rest (norms, residuals, layer inputs) is replicated (no sequence parallelism)"
+            },
+        );
+        let mut a = self.axis("tp", t, state, g);
+        let kinds: &[Collective] = if plan.sequence_parallel {
+            &[Collective::AllGather, Collective::ReduceScatter]
+        } else {
+            &[Collective::AllReduce]
+        };
+        let bytes = self.tokens * model.hidden as f64 * WIRE_BYTES;
+        let dense_points = self.ops[0].comm.tp_points as u64;
+        let per_pass: u64 = self
+            .worst
+            .kinds
+            .iter()
+            .zip(&self.ops)
+            .map(|((_, n), ops)| n as u64 * ops.comm.tp_points as u64)
+            .sum();
+        for pass in self.passes() {
+            for &kind in kinds {
+                a.collectives.push(self.collective(
+                    kind,
+                    format!("per layer per micro-batch, {pass}"),
+                    self.m * per_pass,
+                    bytes,
+                    g,
+                ));
+            }
+        }
+        for (when, calls, on) in [
+            (
+                "per micro-batch, input embedding (forward)",
+                1,
+                self.worst.first,
+            ),
+            (
+                "per micro-batch, LM head (forward and backward)",
+                2,
+                self.worst.last,
+            ),
+        ] {
+            if on {
+                for &kind in kinds {
+                    a.collectives.push(self.collective(
+                        kind,
+                        when.into(),
+                        self.m * calls,
+                        bytes,
+                        g,
+                    ));
+                }
+            }
+        }
+        let point = if plan.sequence_parallel {
+            "reduce-scatter + all-gather pair"
+        } else {
+            "all-reduce"
+        };
+        a.notes.push(match &model.moe {
+            Some(m) if self.worst_moe_layers() > 0 => format!(
+                "one {point} after attention and {} around the experts (top-{} copies of each token gathered over TP) per MoE layer, {} per dense layer, of the micro-batch's hidden states ({} B)",
+                m.top_k,
+                m.top_k,
+                dense_points,
+                commas(bytes)
+            ),
+            _ => format!(
+                "one {point} after attention and one after the MLP, each on the micro-batch's hidden states ({} B)",
+                commas(bytes)
+            ),
+        });
+        let omega = self.problem.cluster.gpu.calibration.tp_overlap;
+        a.notes.push(format!(
+            "{:.0}% of the layers' TP time hides behind the neighbouring GEMMs (calibration tp_overlap); the embedding and LM-head ones are exposed",
+            100.0 * omega
+        ));
+        a.notes.extend(self.stage_note());
+        let exposed = self.evaluation.time_s.tp;
+        self.finish(a, exposed, exposed)
+    }
+}
