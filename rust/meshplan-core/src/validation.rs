@@ -284,7 +284,7 @@ pub struct ValidationReport {
 #[derive(Debug, Clone)]
 pub enum Entry {
     Case(Box<Case>),
-    Unrepresentable(CaseRow),
+    Unrepresentable(Box<CaseRow>),
 }
 
 fn text_at<'a>(v: &'a serde_json::Value, path: &[&str]) -> Option<&'a str> {
@@ -312,7 +312,7 @@ pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
                 );
                 row.status = "unrepresentable".into();
                 row.reason = Some(text(&["unrepresentable_reason"], "not representable"));
-                return Ok(Entry::Unrepresentable(row));
+                return Ok(Entry::Unrepresentable(Box::new(row)));
             }
             serde_path_to_error::deserialize::<_, Case>(v)
                 .map(|c| Entry::Case(Box::new(c)))
@@ -427,7 +427,7 @@ fn problem_of(
         },
         tied_embeddings: gpt_style,
         moe,
-        mla: m.mla.clone(),
+        mla: m.mla,
     };
     let mut gpu = presets::gpu(&case.cluster.gpu)?;
     if let Some(o) = overrides {
@@ -824,7 +824,7 @@ pub fn validate(json_text: &str, options: &ValidateOptions) -> Result<Validation
         .iter()
         .map(|entry| match entry {
             Entry::Case(c) => validate_case(c, options),
-            Entry::Unrepresentable(row) => row.clone(),
+            Entry::Unrepresentable(row) => (**row).clone(),
         })
         .collect();
     let summary = summarise(&rows, options.search);
