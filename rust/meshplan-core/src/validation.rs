@@ -34,6 +34,9 @@
 //! Runs from Narayanan et al. 2021 and Korthikanti et al. 2022 predate fused attention in
 //! Megatron; they are evaluated with `flash_attention = false` (what those papers describe).
 //!
+//! These framework facts of the sources are data, `data/sources.toml` (matched by the start of
+//! the `source` string, or a substring), not code.
+//!
 //! Norm and embeddings follow the family: GeLU models are GPT-style (LayerNorm, tied
 //! embeddings), SwiGLU models Llama-style (RMSNorm, untied).
 //!
@@ -325,43 +328,116 @@ pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
         .collect()
 }
 
-/// Bytes per gradient element in reduction and main-grad buffers by source: NVIDIA's NeMo,
-/// Megatron-Bridge and DGX Cloud performance recipes reduce gradients in bf16
-/// (NeMo-Framework-Launcher `optim.grad_sync_dtype=bf16`); Megatron-LM's default for bf16/fp16
-/// training, torchtitan (FSDP2 `reduce_dtype=float32`) and the rest keep fp32.
-fn source_grad_bytes(source: &str) -> u32 {
-    let nvidia_recipe = ["NVIDIA NeMo", "NVIDIA Megatron-Bridge", "NVIDIA DGX Cloud"];
-    if nvidia_recipe.iter().any(|s| source.starts_with(s)) {
-        2
-    } else {
-        4
+const SOURCES_TOML: &str = include_str!("../data/sources.toml");
+
+/// One `[[source]]` of `data/sources.toml`: the framework facts of the published runs whose
+/// source string starts with `prefix` (or contains `contains`); unset fields keep the defaults.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourceEntry {
+    prefix: Option<String>,
+    contains: Option<String>,
+    /// The stack of `data/stacks.toml` the runs used.
+    stack: Option<String>,
+    /// Bytes per gradient element in the reduction and main-grad buffers.
+    grad_bytes: Option<u32>,
+    /// Fused (flash) attention; `false` materialises the `a·s²` scores.
+    flash_attention: Option<bool>,
+    /// A fused (bf16) loss; `false` is an eager fp32 cross-entropy.
+    fused_cross_entropy: Option<bool>,
+    /// The source's "selective" recompute is op-level selective checkpointing.
+    selective_is_op_level: Option<bool>,
+    /// Without a stated micro-batch, each data rank's batch is split into one micro-batch per
+    /// pipeline stage (else micro-batch 1).
+    micro_batches_per_stage: Option<bool>,
+    /// FSDP (ZeRO-3) under pipeline parallelism keeps parameters unsharded: ZeRO-1.
+    fsdp_under_pp_is_zero1: Option<bool>,
+    /// ZeRO-2 as stated accumulates gradients and reduce-scatters once per step: ZeRO-1.
+    zero2_reduces_once: Option<bool>,
+    /// Reported FLOPs count causal attention at `s/2` (else the full square).
+    causal_flops: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SourcesFile {
+    source: Vec<SourceEntry>,
+}
+
+/// The framework facts of one source, after every matching entry of `data/sources.toml`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SourceFacts {
+    grad_bytes: u32,
+    flash_attention: bool,
+    fused_cross_entropy: bool,
+    selective_is_op_level: bool,
+    micro_batches_per_stage: bool,
+    fsdp_under_pp_is_zero1: bool,
+    zero2_reduces_once: bool,
+    counting: AttentionCounting,
+}
+
+impl SourceFacts {
+    /// Megatron-LM's defaults: fp32 gradients, flash attention, a fused loss, Megatron's
+    /// recompute and ZeRO, micro-batch 1, FLOPs over the full square.
+    const DEFAULT: SourceFacts = SourceFacts {
+        grad_bytes: 4,
+        flash_attention: true,
+        fused_cross_entropy: true,
+        selective_is_op_level: false,
+        micro_batches_per_stage: false,
+        fsdp_under_pp_is_zero1: false,
+        zero2_reduces_once: false,
+        counting: AttentionCounting::Full,
+    };
+
+    /// The facts of `source`.
+    fn of(source: &str) -> SourceFacts {
+        let mut f = SourceFacts::DEFAULT;
+        for e in source_entries() {
+            let matches = e.prefix.as_deref().is_some_and(|p| source.starts_with(p))
+                || e.contains.as_deref().is_some_and(|c| source.contains(c));
+            if !matches {
+                continue;
+            }
+            f.grad_bytes = e.grad_bytes.unwrap_or(f.grad_bytes);
+            f.flash_attention = e.flash_attention.unwrap_or(f.flash_attention);
+            f.fused_cross_entropy = e.fused_cross_entropy.unwrap_or(f.fused_cross_entropy);
+            f.selective_is_op_level = e.selective_is_op_level.unwrap_or(f.selective_is_op_level);
+            f.micro_batches_per_stage = e
+                .micro_batches_per_stage
+                .unwrap_or(f.micro_batches_per_stage);
+            f.fsdp_under_pp_is_zero1 = e.fsdp_under_pp_is_zero1.unwrap_or(f.fsdp_under_pp_is_zero1);
+            f.zero2_reduces_once = e.zero2_reduces_once.unwrap_or(f.zero2_reduces_once);
+            if let Some(causal) = e.causal_flops {
+                f.counting = if causal {
+                    AttentionCounting::Causal
+                } else {
+                    AttentionCounting::Full
+                };
+            }
+        }
+        f
+    }
+
+    /// The source's recompute mode in meshplan's terms (torchtitan's "selective" is op-level).
+    fn recompute(&self, recompute: Recompute) -> Recompute {
+        if recompute == Recompute::Selective && self.selective_is_op_level {
+            Recompute::SelectiveOp
+        } else {
+            recompute
+        }
     }
 }
 
-/// A source's recompute mode in meshplan's terms: torchtitan's "selective" is op-level
-/// selective checkpointing (`selective_ac_option = "op"` in its Llama configurations, Dec 2024),
-/// not Megatron's core-attention recompute.
-fn source_recompute(source: &str, recompute: Recompute) -> Recompute {
-    if recompute == Recompute::Selective && source.starts_with("torchtitan") {
-        Recompute::SelectiveOp
-    } else {
-        recompute
-    }
-}
-
-/// Sources whose runs predate fused (flash) attention in Megatron: Narayanan et al. 2021 and
-/// Korthikanti et al. 2022 materialise the `a·s²` scores (KOR22 §4.1).
-fn unfused_attention_source(source: &str) -> bool {
-    source.starts_with("Narayanan") || source.starts_with("Korthikanti")
-}
-
-/// The FLOP-counting basis of a source (see the module docs).
-fn source_counting(source: &str) -> AttentionCounting {
-    if source.contains("Megatron-Bridge") {
-        AttentionCounting::Causal
-    } else {
-        AttentionCounting::Full
-    }
+/// The entries of `data/sources.toml` (embedded; checked by this module's tests).
+fn source_entries() -> &'static [SourceEntry] {
+    static ENTRIES: std::sync::OnceLock<Vec<SourceEntry>> = std::sync::OnceLock::new();
+    ENTRIES.get_or_init(|| {
+        toml::from_str::<SourcesFile>(SOURCES_TOML)
+            .map(|f| f.source)
+            .expect("data/sources.toml is a list of [[source]] tables")
+    })
 }
 
 /// The case's model, cluster and workload, with the defaults it needed.
@@ -452,20 +528,21 @@ fn problem_of(
     let mut workload = Workload::new(global_batch, case.training.seq_len);
     workload.precision = precision;
     workload.lora = case.task.as_deref() == Some("lora");
-    workload.grad_bytes = source_grad_bytes(&case.source);
-    workload.flash_attention = !unfused_attention_source(&case.source);
-    // torchtitan (Dec 2024) computes the loss as `F.cross_entropy(pred.float(), labels)`.
-    workload.fused_cross_entropy = !case.source.starts_with("torchtitan");
+    let facts = SourceFacts::of(&case.source);
+    workload.grad_bytes = facts.grad_bytes;
+    workload.flash_attention = facts.flash_attention;
+    workload.fused_cross_entropy = facts.fused_cross_entropy;
     Problem::new(model, cluster, workload)
 }
 
-/// The micro-batch of a case that does not state it: torchtitan (Dec 2024) splits each data
-/// rank's batch into as many pipeline micro-batches as there are stages
-/// (`pipeline_parallel_microbatches` defaults to the stage count); everything else uses 1.
+/// The micro-batch of a case that does not state it: sources with `micro_batches_per_stage`
+/// (torchtitan, Dec 2024: `pipeline_parallel_microbatches` defaults to the stage count) split
+/// each data rank's batch into as many pipeline micro-batches as there are stages; everything
+/// else uses 1.
 fn default_micro_batch(problem: &Problem, case: &Case) -> u32 {
     let p = &case.plan;
     let replicas = p.dp * p.ep.unwrap_or(1);
-    if case.source.starts_with("torchtitan") && p.pp > 1 {
+    if SourceFacts::of(&case.source).micro_batches_per_stage && p.pp > 1 {
         (problem.workload.global_batch / replicas.max(1) / p.pp).max(1)
     } else {
         1
@@ -494,7 +571,7 @@ fn published_plan(
             // torchtitan does not reshard FSDP parameters after forward when pipelining
             // (`fsdp_reshard_after_forward = "default"`): parameters and gradients stay
             // unsharded through the step and only the optimizer state is sharded — ZeRO-1.
-            Some(3) if p.pp > 1 && case.source.starts_with("torchtitan") => {
+            Some(3) if p.pp > 1 && SourceFacts::of(&case.source).fsdp_under_pp_is_zero1 => {
                 defaults.push(
                     "plan.zero=1 (torchtitan FSDP under PP keeps parameters unsharded)".into(),
                 );
@@ -506,7 +583,7 @@ fn published_plan(
             // across data parallel workers in FSDP", arXiv:2407.21783 §3.3.4): the gradient
             // buffer is whole through the step and reduced once — ZeRO-1, not a per-micro-batch
             // ZeRO-2 reduction.
-            Some(2) if case.source.starts_with("Llama Team") => {
+            Some(2) if SourceFacts::of(&case.source).zero2_reduces_once => {
                 defaults.push(
                     "plan.zero=1 (Llama 3 accumulates fp32 gradients, reduce-scatters once per step)"
                         .into(),
@@ -540,7 +617,7 @@ fn published_plan(
         }
     };
     let recomputes: Vec<Recompute> = match p.recompute {
-        Some(r) => vec![source_recompute(&case.source, r)],
+        Some(r) => vec![SourceFacts::of(&case.source).recompute(r)],
         None => {
             defaults.push("plan.recompute".into());
             Recompute::DEFAULT.to_vec()
@@ -578,7 +655,7 @@ fn measured_tokens(case: &Case, problem: &Problem, plan: &Plan) -> Option<(Strin
     let m = &case.measured;
     let w = &problem.workload;
     let n = problem.cluster.num_gpus as f64;
-    let counting = source_counting(&case.source);
+    let counting = SourceFacts::of(&case.source).counting;
     let flops_per_token = train_flops_per_token(&problem.model, w, counting);
     if let Some(t) = m.tokens_per_s_per_gpu {
         return Some(("tokens_per_s_per_gpu".into(), t));
@@ -687,7 +764,7 @@ fn fill_row(case: &Case, options: &ValidateOptions, row: &mut CaseRow) -> Result
             if let Some(r) = case
                 .plan
                 .recompute
-                .map(|r| source_recompute(&case.source, r))
+                .map(|r| SourceFacts::of(&case.source).recompute(r))
             {
                 if !modes.contains(&r) {
                     modes.push(r);
@@ -837,6 +914,35 @@ pub fn validate(json_text: &str, options: &ValidateOptions) -> Result<Validation
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn source_entries_match_one_way_and_name_known_stacks() {
+        for e in source_entries() {
+            assert!(
+                e.prefix.is_some() != e.contains.is_some(),
+                "a [[source]] needs exactly one of prefix and contains"
+            );
+            if let Some(stack) = &e.stack {
+                crate::stack::Stack::named(stack).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn source_facts_merge_every_matching_entry() {
+        let bridge = SourceFacts::of("NVIDIA Megatron-Bridge (NeMo Framework) 25.09");
+        assert_eq!(bridge.grad_bytes, 2);
+        assert_eq!(bridge.counting, AttentionCounting::Causal);
+        let titan = SourceFacts::of("torchtitan team (PyTorch), Dec-2024");
+        assert!(titan.selective_is_op_level && !titan.fused_cross_entropy);
+        assert_eq!(
+            titan.recompute(Recompute::Selective),
+            Recompute::SelectiveOp
+        );
+        assert!(!SourceFacts::of("Narayanan et al. 2021").flash_attention);
+        assert!(SourceFacts::of("Llama Team, AI @ Meta 2024").zero2_reduces_once);
+        assert_eq!(SourceFacts::of("someone else"), SourceFacts::DEFAULT);
+    }
 
     #[test]
     fn percentile_interpolates_like_numpy() {
