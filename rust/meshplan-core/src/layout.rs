@@ -3,7 +3,8 @@
 //! many of its members share one NVLink domain (`P1`) and how many domains it spans
 //! (`P2 = P / P1`): that decides which fabric each collective is costed on (§3.2). The dense
 //! data-parallel group is the dp, ep and cp axes together, the expert data-parallel group dp and
-//! cp (§2.3).
+//! cp (§2.3). The groups are rows of [`crate::mesh::GROUP_AXES`] placed on a
+//! [`crate::mesh::Mesh`] value.
 
 use crate::mesh::{group_axes, GroupRole, Mesh};
 use crate::plan::Plan;

@@ -4,6 +4,11 @@
 //! of the GPU count into `dp·tp·pp·ep·cp` with the knobs that go with them, prunes what cannot
 //! run, scores the rest with the cost model of `COSTMODEL.md` and returns ranked plans;
 //! [`evaluate`] scores one given plan. Pure Rust: no Python, no I/O beyond the embedded presets.
+//!
+//! The modules and the flow of one query are drawn in `docs/architecture.md`: shared building
+//! blocks (`layer`, `mesh`, `layout`, `device`, `comm`, `stack`, `traffic`, `flops`) under the
+//! training planner (`stages`, `memory`, `time`, `rules`, `levels`, `evaluate`, `search`,
+//! `explain`).
 
 pub mod calibration;
 pub mod comm;

@@ -6,7 +6,10 @@
 //! 2-byte activations): per token and layer the layer keeps its norm inputs and the inputs of the
 //! column-parallel linears (`8h`, replicated over TP unless sequence parallel), Q/K/V and the
 //! attention output, and the FFN intermediates (`6f` SwiGLU, `4f` GeLU), split over TP. For GPT
-//! shapes this is Korthikanti's `34·sbh` less the dropout masks.
+//! shapes this is Korthikanti's `34·sbh` less the dropout masks. A layer's parameters and saved
+//! bytes are the layer module's ([`crate::layer`]); a stage sums them over its layer kinds, and
+//! `levels` composes a plan's peak from [`state_gib`], [`stored_bytes_per_micro_batch`],
+//! [`transient_bytes`] and [`assemble`].
 
 use crate::hardware::Precision;
 use crate::layer::{
@@ -30,7 +33,7 @@ const WEIGHT_BYTES: f64 = 2.0;
 const FP32_BYTES: f64 = 4.0;
 
 /// Bytes per element of a linear layer's saved input at `precision` (see
-/// [`layer_activation_bytes_per_token`]).
+/// [`crate::layer::activation_bytes_per_token`]).
 pub fn linear_input_bytes(precision: Precision) -> f64 {
     match precision {
         Precision::Bf16 | Precision::Fp16 => ACT_BYTES,

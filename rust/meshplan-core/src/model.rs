@@ -1,5 +1,7 @@
 //! The model descriptor: a decoder-only transformer (dense or MoE, GQA, optional MLA), its
-//! validation, and parameter counts (COSTMODEL §2.1).
+//! validation, and parameter counts (COSTMODEL §2.1). Its layers are described once, as runs of
+//! layer kinds ([`crate::layer`]: `Model::layer_kinds`, `Model::layer_stack`); the totals sum over
+//! them.
 
 use serde::{Deserialize, Serialize};
 

@@ -6,9 +6,11 @@
 //! deterministically: the ranking is by tokens/s per GPU, ties broken by the plan's fields, so the
 //! result does not depend on the thread count.
 //!
-//! Work is skipped or shared, never changed: every number is computed by the same functions of
-//! `memory` and `time` as `evaluate` uses, on the same inputs, so a plan's memory and step time
-//! are bit for bit those of `evaluate` (`tests/snapshot.rs`, `tests/feasible.rs`).
+//! Work is skipped or shared, never changed: every number is computed by the same evaluation
+//! levels (`levels`: degrees → micro-batch/SP/recompute → schedule) that `evaluate` runs once,
+//! here built once per key and reused, so a plan's memory and step time are bit for bit those of
+//! `evaluate` (`tests/snapshot.rs`, `tests/feasible.rs`). Pruning counts each rule's verdict at
+//! its [`crate::rules::Scope`].
 //! - The structural rules depend on the degrees, rank order, micro-batch and schedule only, so
 //!   they run once per (micro-batch, schedule) cell and count the cell's ZeRO × recompute ×
 //!   sequence-parallel plans together.

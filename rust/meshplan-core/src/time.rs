@@ -3,6 +3,11 @@
 //! (§3.8) and EP all-to-all (§3.7) on the fabric each group lands on (§3.2–3.3); the pipeline
 //! schedule's steady state and bubble (§4) with fill/drain p2p (§3.5); exposed DP/ZeRO
 //! communication (§3.6) and the optimizer step (§3.9).
+//!
+//! A layer's time is the sum of its operations ([`crate::layer::layer_ops`]) on the
+//! [`Device`] (built from the GPU and precision alone) and the [`Fabric`]; the framework's
+//! behaviour (buckets, FSDP units, kernel facts) is the [`Stack`]. A stage sums its layer kinds
+//! by count. `levels` composes these into a plan's step.
 
 use crate::comm::{Collective, Fabric};
 use crate::device::Device;
