@@ -13,6 +13,7 @@ pub mod flops;
 pub mod gemm;
 pub mod hardware;
 pub mod layout;
+pub mod limits;
 pub mod memory;
 pub mod model;
 pub mod plan;

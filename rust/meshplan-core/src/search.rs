@@ -76,16 +76,15 @@ impl Control {
     }
 
     fn thread_count(&self) -> Result<usize> {
+        let limit = crate::limits::get("threads");
         if let Some(n) = self.threads {
-            if n == 0 {
-                return Err(Error::invalid("threads", 0, "an integer >= 1"));
-            }
+            limit.check("threads", n as u64)?;
             return Ok(n);
         }
         if let Ok(v) = std::env::var("MESHPLAN_THREADS") {
             return match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => Ok(n),
-                _ => Err(Error::invalid("MESHPLAN_THREADS", v, "an integer >= 1")),
+                Ok(n) if limit.contains(n as u64) => Ok(n),
+                _ => Err(Error::invalid("MESHPLAN_THREADS", v, limit.allowed())),
             };
         }
         Ok(std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -1042,9 +1041,7 @@ pub fn feasible_space(
 ) -> Result<FeasibleSpace> {
     let started = Instant::now();
     space.validate()?;
-    if max_plans == 0 {
-        return Err(Error::invalid("max_plans", 0, "an integer >= 1"));
-    }
+    crate::limits::check("max_plans", max_plans)?;
     let threads = control.thread_count()?;
     let kept = AtomicU64::new(0);
     let codes = Codes::new(&space.orders);
