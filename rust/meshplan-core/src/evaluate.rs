@@ -2,6 +2,7 @@
 //! COSTMODEL §8.2), per-rank memory (§2) and step time (§3–§5), and the headline metrics.
 
 use std::fmt;
+use std::time::Instant;
 
 use crate::error::Result;
 use crate::flops::{train_flops_per_token, AttentionCounting};
@@ -10,8 +11,8 @@ use crate::memory::{stage_memory, MemoryContext};
 use crate::plan::{Plan, Schedule};
 use crate::report::{Evaluation, MemoryBreakdown, TimeBreakdown, Violation};
 use crate::space::SearchSpace;
-use crate::stages::{stages, Stage};
-use crate::Problem;
+use crate::stages::{last_of_equal_max, stage_runs, StageRun};
+use crate::{Control, Problem};
 
 /// Micro-batches per pipeline per step, `m = B / (b·dp·ep)`, rounded up when not exact.
 pub fn micro_batches(problem: &Problem, plan: &Plan) -> u32 {
@@ -96,12 +97,14 @@ pub fn structural_rules(
             plan.ep
         );
     }
+    // In u64: `2·cp` wraps to 0 in u32 for cp = 2^31 (issue 9: a division by zero).
+    let two_cp = 2 * plan.cp as u64;
     rule!(
-        plan.cp > 1 && w.seq_len % (2 * plan.cp) != 0,
+        plan.cp > 1 && w.seq_len as u64 % two_cp != 0,
         "cp_seq_len",
         "seq_len = {} is not a multiple of 2·cp = {} (causal load-balanced chunks)",
         w.seq_len,
-        2 * plan.cp
+        two_cp
     );
     let per_step = plan.micro_batch as u64 * plan.dense_dp() as u64;
     rule!(
@@ -113,11 +116,13 @@ pub fn structural_rules(
     );
     // The embedding and the loss may each fill a pipeline chunk of their own (Megatron's
     // account_for_embedding/loss_in_pipeline_split), so L + 2 chunks is the most.
+    // In u64: pp·vpp passes u32 within the limits (2^20 · 2^16).
+    let chunks = plan.pp as u64 * plan.vpp as u64;
     rule!(
-        plan.pp * plan.vpp > model.layers + 2,
+        chunks > model.layers as u64 + 2,
         "pp_layers",
         "pp·vpp = {} model chunks exceed the {} layers plus the embedding and loss chunks",
-        plan.pp * plan.vpp,
+        chunks,
         model.layers
     );
     rule!(
@@ -162,23 +167,35 @@ pub fn memory_capacity_gib(problem: &Problem, space: &SearchSpace) -> f64 {
     problem.cluster.gpu.memory_gib - space.memory_headroom_gib
 }
 
-/// Peak memory over the ranks of `plan`: (breakdown of the worst rank, its index).
+/// Peak memory over the ranks of `plan`: (breakdown of the worst rank, its index) — the last of
+/// equal maxima, as `max_by` over the ranks one by one would pick. Within a run of one shape the
+/// memory never grows with the index (`stages::in_flight_of`), so each run costs a bisection.
 pub fn peak_memory(
     problem: &Problem,
     plan: &Plan,
     groups: &Groups,
-    stages: &[Stage],
+    runs: &[StageRun],
     m: u32,
 ) -> (MemoryBreakdown, u32) {
     let ctx = MemoryContext {
         tokens: plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64,
         micro_batches: m,
     };
-    stages
-        .iter()
-        .map(|s| (stage_memory(problem, plan, groups, s, ctx), s.index))
-        .max_by(|a, b| a.0.total().total_cmp(&b.0.total()))
-        .unwrap_or_default()
+    let mut worst: Option<(MemoryBreakdown, u32)> = None;
+    for run in runs {
+        let (index, memory) = last_of_equal_max(
+            run,
+            |j| stage_memory(problem, plan, groups, &run.at(j), ctx),
+            MemoryBreakdown::total,
+        );
+        if worst
+            .as_ref()
+            .is_none_or(|(w, _)| memory.total().total_cmp(&w.total()).is_ge())
+        {
+            worst = Some((memory, index));
+        }
+    }
+    worst.unwrap_or_default()
 }
 
 /// Headline metrics from a step time: (tokens/s per GPU, MFU, model and hardware TFLOP/s per
@@ -219,6 +236,20 @@ pub fn evaluate(problem: &Problem, plan: &Plan) -> Result<Evaluation> {
 
 /// Scores `plan` under the rules of `space` (memory headroom, which groups must stay in a domain).
 pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Result<Evaluation> {
+    evaluate_with(problem, plan, space, &Control::default())
+}
+
+/// [`evaluate_in`] under `control`: the cancel flag and the deadline are checked before the
+/// evaluation starts and between its phases (rules, memory, time). Its work is bounded by the
+/// plan's structure (a handful of stage runs), so a call stops well within 100 ms of either.
+pub fn evaluate_with(
+    problem: &Problem,
+    plan: &Plan,
+    space: &SearchSpace,
+    control: &Control,
+) -> Result<Evaluation> {
+    let started = Instant::now();
+    control.check(started)?;
     plan.validate(problem.cluster.num_gpus)?;
     space.validate()?;
     let mut plan = plan.clone();
@@ -235,9 +266,11 @@ pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Resul
         });
         true
     });
-    let stages = stages(&problem.model, plan.pp);
+    control.check(started)?;
+    let runs = stage_runs(&problem.model, plan.pp);
     let m = micro_batches(problem, &plan);
-    let (memory, worst_stage) = peak_memory(problem, &plan, &groups, &stages, m);
+    let (memory, worst_stage) = peak_memory(problem, &plan, &groups, &runs, m);
+    control.check(started)?;
     let capacity = memory_capacity_gib(problem, space);
     if memory.total() > capacity {
         reasons.push(Violation {
@@ -252,16 +285,18 @@ pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Resul
             ),
         });
     }
-    Ok(score(
+    let evaluation = score(
         problem,
         plan,
         groups,
-        &stages,
+        &runs,
         m,
         memory,
         worst_stage,
         reasons,
-    ))
+    );
+    control.check(started)?;
+    Ok(evaluation)
 }
 
 /// Times a plan whose memory is known and builds its [`Evaluation`].
@@ -270,13 +305,13 @@ pub fn score(
     problem: &Problem,
     plan: Plan,
     groups: Groups,
-    stages: &[Stage],
+    runs: &[StageRun],
     m: u32,
     memory: MemoryBreakdown,
     worst_stage: u32,
     reasons: Vec<Violation>,
 ) -> Evaluation {
-    let time: TimeBreakdown = crate::time::TimeContext::new(problem, &plan, groups).step(stages, m);
+    let time: TimeBreakdown = crate::time::TimeContext::new(problem, &plan, groups).step(runs, m);
     let step_time_s = time.total();
     let (tokens_per_s_per_gpu, mfu, model_tflops_per_gpu, hardware_tflops_per_gpu) =
         metrics(problem, &plan, step_time_s);

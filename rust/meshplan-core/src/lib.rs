@@ -65,7 +65,7 @@ pub mod evaluate;
 pub mod explain;
 mod search;
 
-pub use evaluate::{evaluate, evaluate_in};
-pub use explain::{decode_traffic, explain, Explanation};
+pub use evaluate::{evaluate, evaluate_in, evaluate_with};
+pub use explain::{decode_traffic, explain, explain_with, Explanation};
 pub use feasible::{Column, FeasibleSpace, DEFAULT_MAX_PLANS};
 pub use search::{feasible_space, search, search_counting_faster, search_many, Control, Query};

@@ -45,7 +45,9 @@ use crate::memory::{
 use crate::plan::{Plan, RankOrder, Recompute, Schedule};
 use crate::report::{Evaluation, MemoryBreakdown, SearchResult, SearchStats};
 use crate::space::{Degree, SearchSpace};
-use crate::stages::{in_flight, in_flight_of, stages, Stage};
+use crate::stages::{
+    add_repeated, in_flight, in_flight_of, last_of_equal_max, stage_runs, Stage, StageRun,
+};
 use crate::time::{breakdown, DpComm, LayerParts, LayerTime, PipelineTimes, TimeContext};
 use crate::Problem;
 
@@ -59,7 +61,9 @@ pub struct Control {
 }
 
 impl Control {
-    fn check(&self, started: Instant) -> Result<()> {
+    /// `Err(Cancelled)` once the cancel flag is raised, `Err(DeadlineExceeded)` once the
+    /// deadline has passed (`started`: when the call began, for the elapsed time it reports).
+    pub fn check(&self, started: Instant) -> Result<()> {
         if self
             .cancel
             .as_ref()
@@ -416,10 +420,11 @@ impl Partial {
 /// The pipeline ranks of one degree tuple, grouped by shape. Ranks of one shape (layers, first,
 /// last) differ only in their index, which only sets how many micro-batches they hold in flight;
 /// that count never grows with the index (`stages::in_flight_of`), and every memory term grows
-/// with it, so the first rank of each shape has the shape's peak memory.
+/// with it, so the first rank of each shape has the shape's peak memory. The ranks themselves
+/// are runs of one shape (`stages::stage_runs`): a handful, whatever `pp` is.
 struct Pipeline {
-    stages: Vec<Stage>,
-    /// Shape of each rank (an index into `shapes`).
+    runs: Vec<StageRun>,
+    /// Shape of each run (an index into `shapes`).
     shape_of: Vec<usize>,
     /// The first rank of each shape.
     shapes: Vec<Stage>,
@@ -429,19 +434,18 @@ struct Pipeline {
 
 impl Pipeline {
     fn new(problem: &Problem, base: &Plan) -> Self {
-        let stages = stages(&problem.model, base.pp);
+        let runs = stage_runs(&problem.model, base.pp);
         let mut shapes: Vec<Stage> = Vec::new();
-        let shape_of = stages
+        let shape_of = runs
             .iter()
-            .map(|s| {
-                let same = |k: &Stage| {
-                    (k.dense_layers, k.moe_layers, k.first, k.last)
-                        == (s.dense_layers, s.moe_layers, s.first, s.last)
-                };
-                shapes.iter().position(same).unwrap_or_else(|| {
-                    shapes.push(*s);
-                    shapes.len() - 1
-                })
+            .map(|r| {
+                shapes
+                    .iter()
+                    .position(|k| k.same_shape(&r.stage))
+                    .unwrap_or_else(|| {
+                        shapes.push(r.stage);
+                        shapes.len() - 1
+                    })
             })
             .collect();
         let params = shapes
@@ -449,7 +453,7 @@ impl Pipeline {
             .map(|s| stage_params(&problem.model, base, s))
             .collect();
         Pipeline {
-            stages,
+            runs,
             shape_of,
             shapes,
             params,
@@ -502,26 +506,27 @@ impl MemoryParts {
         plan: &Plan,
         m: u32,
     ) -> (MemoryBreakdown, u32) {
-        pipeline
-            .stages
-            .iter()
-            .map(|s| {
-                let k = pipeline.shape_of[s.index as usize];
-                let i = k * self.z + zi;
-                let flight = in_flight(plan, m, s.index);
-                (
-                    assemble(
-                        problem,
-                        self.states[i],
-                        flight,
-                        self.stored[k],
-                        self.transient[i],
-                    ),
-                    s.index,
+        let mut worst: Option<(MemoryBreakdown, u32)> = None;
+        for (run, &k) in pipeline.runs.iter().zip(&pipeline.shape_of) {
+            let i = k * self.z + zi;
+            let memory = |j: u32| {
+                assemble(
+                    problem,
+                    self.states[i],
+                    in_flight(plan, m, j),
+                    self.stored[k],
+                    self.transient[i],
                 )
-            })
-            .max_by(|a, b| a.0.total().total_cmp(&b.0.total()))
-            .unwrap_or_default()
+            };
+            let (index, memory) = last_of_equal_max(run, memory, MemoryBreakdown::total);
+            if worst
+                .as_ref()
+                .is_none_or(|(w, _)| memory.total().total_cmp(&w.total()).is_ge())
+            {
+                worst = Some((memory, index));
+            }
+        }
+        worst.unwrap_or_default()
     }
 }
 
@@ -581,7 +586,7 @@ impl<'a> Searcher<'a> {
         base: &Plan,
         knobs: &Knobs,
         groups: &Groups,
-        stages: &[Stage],
+        runs: &[StageRun],
     ) -> f64 {
         let mut least = f64::INFINITY;
         for &zero in &knobs.zero {
@@ -596,11 +601,7 @@ impl<'a> Searcher<'a> {
                     ..base.clone()
                 };
                 let m = micro_batches(self.problem, &plan);
-                least = least.min(
-                    peak_memory(self.problem, &plan, groups, stages, m)
-                        .0
-                        .total(),
-                );
+                least = least.min(peak_memory(self.problem, &plan, groups, runs, m).0.total());
             }
         }
         least
@@ -645,7 +646,7 @@ impl<'a> Searcher<'a> {
         let problem = self.problem;
         let groups = *groups;
         let hopeless = base.pp <= problem.model.layers + 2
-            && self.memory_lower_bound(base, knobs, &groups, &pipeline.stages) > self.capacity_gib;
+            && self.memory_lower_bound(base, knobs, &groups, &pipeline.runs) > self.capacity_gib;
         let z = knobs.zero.len();
         let per_cell = (z * knobs.recompute.len() * knobs.sequence_parallel.len()) as u64;
         let shapes = pipeline.shapes.len();
@@ -957,33 +958,43 @@ impl<'a> Searcher<'a> {
                 .enumerate()
                 .map(|(k, st)| tc.dp_hidden(&dp_comm[k * z + zi], st, m))
                 .collect();
-            // Stage j finishes its last backward about j backward passes before stage 0.
+            // Stage j finishes its last backward about j backward passes before stage 0: within
+            // a run the first rank exposes the most.
             *d = pipeline
-                .shape_of
+                .runs
                 .iter()
-                .enumerate()
-                .map(|(j, &k)| (exposed[k] - j as f64 * totals[k][1]).max(0.0))
+                .zip(&pipeline.shape_of)
+                .map(|(r, &k)| (exposed[k] - r.stage.index as f64 * totals[k][1]).max(0.0))
                 .fold(0.0, f64::max);
         }
-        // `PipelineTimes::of` over the ranks, from the shapes' sums (same values, same order).
+        // `PipelineTimes::of_runs` over the runs, from the shapes' sums (same values, same order).
         let worst = pipeline
             .shape_of
             .iter()
             .copied()
             .max_by(|&a, &b| totals[a][0].total_cmp(&totals[b][0]))
             .map_or_else(LayerTime::default, |k| shape_times[k]);
+        let (mut sum, mut deferred): (f64, f64) = (
+            std::iter::empty::<f64>().sum(),
+            std::iter::empty::<f64>().sum(),
+        );
+        for (r, &k) in pipeline.runs.iter().zip(&pipeline.shape_of) {
+            sum = add_repeated(sum, totals[k][0], r.count);
+            deferred = add_repeated(deferred, totals[k][2], r.count);
+        }
         let pipeline_times = PipelineTimes {
             worst,
-            sum: pipeline.shape_of.iter().map(|&k| totals[k][0]).sum(),
-            deferred: pipeline.shape_of.iter().map(|&k| totals[k][2]).sum(),
+            sum,
+            deferred,
         };
         debug_assert_eq!(
             pipeline_times,
-            PipelineTimes::of(
+            PipelineTimes::of_runs(
                 &pipeline
-                    .shape_of
+                    .runs
                     .iter()
-                    .map(|&k| shape_times[k])
+                    .zip(&pipeline.shape_of)
+                    .map(|(r, &k)| (shape_times[k], r.count))
                     .collect::<Vec<_>>()
             )
         );
@@ -999,19 +1010,10 @@ impl<'a> Searcher<'a> {
 /// The full evaluation of a plan the search kept, exactly as `evaluate` scores it.
 fn full_evaluation(problem: &Problem, plan: Plan) -> Evaluation {
     let groups = Groups::of(&plan, problem.cluster.nvlink_domain());
-    let stage_list = stages(&problem.model, plan.pp);
+    let runs = stage_runs(&problem.model, plan.pp);
     let m = micro_batches(problem, &plan);
-    let (memory, worst) = peak_memory(problem, &plan, &groups, &stage_list, m);
-    score(
-        problem,
-        plan,
-        groups,
-        &stage_list,
-        m,
-        memory,
-        worst,
-        Vec::new(),
-    )
+    let (memory, worst) = peak_memory(problem, &plan, &groups, &runs, m);
+    score(problem, plan, groups, &runs, m, memory, worst, Vec::new())
 }
 
 /// Searches `space` for the best plans of `problem`.

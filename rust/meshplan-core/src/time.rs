@@ -12,7 +12,7 @@ use crate::memory::{stage_params, StageParams};
 use crate::model::{Activation, Model};
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::TimeBreakdown;
-use crate::stages::Stage;
+use crate::stages::{add_repeated, Stage, StageRun};
 use crate::traffic::{self, WIRE_BYTES};
 use crate::Problem;
 
@@ -569,10 +569,10 @@ impl<'a> TimeContext<'a> {
         }
     }
 
-    /// The step time of the plan over `stages`, by component.
-    pub fn step(&self, stages: &[Stage], micro_batches: u32) -> TimeBreakdown {
+    /// The step time of the plan over its pipeline ranks (`runs`), by component.
+    pub fn step(&self, runs: &[StageRun], micro_batches: u32) -> TimeBreakdown {
         let (dense, moe) = self.layers();
-        self.step_with(stages, micro_batches, &dense, &moe)
+        self.step_with(runs, micro_batches, &dense, &moe)
     }
 
     /// Per-micro-batch times of a dense and an MoE layer (equal for dense models). They depend
@@ -587,30 +587,37 @@ impl<'a> TimeContext<'a> {
         (dense, moe)
     }
 
-    /// [`Self::step`] with the layer times already computed by [`Self::layers`].
+    /// [`Self::step`] with the layer times already computed by [`Self::layers`]. Every term is
+    /// what a loop over the ranks one by one gives, bit for bit, from one stage time per run.
     pub fn step_with(
         &self,
-        stages: &[Stage],
+        runs: &[StageRun],
         micro_batches: u32,
         dense: &LayerTime,
         moe: &LayerTime,
     ) -> TimeBreakdown {
         let plan = self.plan;
-        let per_stage: Vec<LayerTime> = stages.iter().map(|s| self.stage(s, dense, moe)).collect();
-        let pipeline = PipelineTimes::of(&per_stage);
+        let per_run: Vec<(LayerTime, u32)> = runs
+            .iter()
+            .map(|r| (self.stage(&r.stage, dense, moe), r.count))
+            .collect();
+        let pipeline = PipelineTimes::of_runs(&per_run);
         let bubble = pipeline.bubble(plan.schedule(), plan.vpp);
         let pp_p2p = self.pp_p2p_s(plan.vpp, self.pp_hop_s());
-        // Stage j finishes its last backward about j backward passes before stage 0.
-        let dp = stages
+        // Stage j finishes its last backward about j backward passes before stage 0; within a
+        // run the first rank is the one that exposes the most.
+        let dp = runs
             .iter()
-            .zip(&per_stage)
-            .map(|(s, st)| {
-                (self.dp_exposed(s, st, micro_batches) - s.index as f64 * st.bwd.total()).max(0.0)
+            .zip(&per_run)
+            .map(|(r, (st, _))| {
+                let first = &r.stage;
+                (self.dp_exposed(first, st, micro_batches) - first.index as f64 * st.bwd.total())
+                    .max(0.0)
             })
             .fold(0.0, f64::max);
-        let optimizer = stages
+        let optimizer = runs
             .iter()
-            .map(|s| self.optimizer_s(s))
+            .map(|r| self.optimizer_s(&r.stage))
             .fold(0.0, f64::max);
         breakdown(
             micro_batches,
@@ -671,6 +678,27 @@ impl PipelineTimes {
         }
     }
 
+    /// [`Self::of`] the ranks of `runs` — `(per-micro-batch time, ranks)` in rank order —
+    /// without a loop over the ranks of a run (the sums are the rank-by-rank sums, bit for bit:
+    /// [`add_repeated`]).
+    pub fn of_runs(runs: &[(LayerTime, u32)]) -> Self {
+        let mut out = PipelineTimes {
+            sum: std::iter::empty::<f64>().sum(),
+            deferred: std::iter::empty::<f64>().sum(),
+            ..PipelineTimes::default()
+        };
+        let mut worst: Option<&LayerTime> = None;
+        for (t, count) in runs.iter().filter(|(_, count)| *count > 0) {
+            if worst.is_none_or(|w| t.total().total_cmp(&w.total()).is_ge()) {
+                worst = Some(t);
+            }
+            out.sum = add_repeated(out.sum, t.total(), *count);
+            out.deferred = add_repeated(out.deferred, t.total() - t.wgrad, *count);
+        }
+        out.worst = worst.copied().unwrap_or_default();
+        out
+    }
+
     /// The bubble of `schedule` with `vpp` chunks per rank (§4), before clamping at zero.
     pub fn bubble(&self, schedule: Schedule, vpp: u32) -> f64 {
         let worst = &self.worst;
@@ -702,5 +730,52 @@ pub fn breakdown(
         bubble: bubble.max(0.0),
         dp,
         optimizer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn time(total: f64, wgrad: f64) -> LayerTime {
+        LayerTime {
+            fwd: Pass {
+                compute: total / 3.0,
+                ..Pass::default()
+            },
+            bwd: Pass {
+                compute: total - total / 3.0,
+                ..Pass::default()
+            },
+            wgrad,
+        }
+    }
+
+    #[test]
+    fn pipeline_times_of_runs_are_those_of_the_ranks_bit_for_bit() {
+        let a = time(0.123_456_7, 0.01);
+        let b = time(0.234_567_8, 0.02);
+        let zero = LayerTime::default();
+        let cases: Vec<Vec<(LayerTime, u32)>> = vec![
+            vec![(a, 1), (b, 14), (a, 1)],
+            vec![(b, 1), (a, 125), (b, 1)],
+            vec![(a, 1), (b, 3), (zero, 40), (b, 1)],
+            vec![(b, 2), (b, 0), (a, 1)],
+            vec![(a, 1)],
+        ];
+        for runs in cases {
+            let ranks: Vec<LayerTime> = runs
+                .iter()
+                .flat_map(|(t, n)| std::iter::repeat_n(*t, *n as usize))
+                .collect();
+            let want = PipelineTimes::of(&ranks);
+            let got = PipelineTimes::of_runs(&runs);
+            assert_eq!(got.sum.to_bits(), want.sum.to_bits());
+            assert_eq!(got.deferred.to_bits(), want.deferred.to_bits());
+            assert_eq!(got.worst, want.worst);
+        }
+        // A run of empty ranks as long as a pipeline can be costs one addition.
+        let huge = PipelineTimes::of_runs(&[(a, 1), (zero, u32::MAX - 2), (b, 1)]);
+        assert_eq!(huge.sum, a.total() + b.total());
     }
 }
