@@ -62,24 +62,42 @@ pub fn parse_overrides(text: &str) -> Result<CalibrationOverrides> {
         toml::from_str::<CalibrationOverrides>(text).map_err(|e| e.to_string())
     };
     parsed.map_err(|reason| {
-        // TOML errors span several lines (position, source excerpt, message): keep the first
-        // and the last, which say where and what.
-        let lines: Vec<&str> = reason
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        let summary = match (lines.first(), lines.last()) {
-            (Some(first), Some(last)) if first != last => format!("{first}: {last}"),
-            (Some(first), _) => first.to_string(),
-            _ => reason.clone(),
-        };
         Error::invalid(
             "calibration",
-            summary,
+            parse_complaint(&reason),
             "a TOML or JSON table per GPU preset (or \"*\") of calibration fields",
         )
     })
+}
+
+/// The parser's complaint in one short line, `where: what`: TOML errors span several lines
+/// (position, source excerpt, message) — keep the first and the last; the list of expected
+/// fields after `, expected` is dropped (the `allowed` part of the error says what is), so that
+/// the offending key survives the bound on echoed values (`error::echo`).
+fn parse_complaint(reason: &str) -> String {
+    let lines: Vec<&str> = reason
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let (first, last) = match (lines.first(), lines.last()) {
+        (Some(first), Some(last)) if first != last => (Some(*first), *last),
+        (_, Some(last)) => (None, *last),
+        _ => (None, reason),
+    };
+    // serde_json ends its message with ` at line L column C`.
+    let (what, at) = match last.rfind(" at line ") {
+        Some(i) if first.is_none() => (&last[..i], Some(&last[i + 4..])),
+        _ => (last, None),
+    };
+    let what = what.split(", expected").next().unwrap_or(what);
+    let place = first
+        .map(|f| f.trim_start_matches("TOML parse error at "))
+        .or(at);
+    match place {
+        Some(place) => format!("{place}: {what}"),
+        None => what.to_string(),
+    }
 }
 
 impl CalibrationOverride {

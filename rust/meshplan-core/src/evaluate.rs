@@ -4,6 +4,7 @@
 //! levels of `levels`, each run once (the search memoises the same levels).
 
 use std::fmt;
+use std::time::Instant;
 
 use crate::error::Result;
 use crate::flops::{train_flops_per_token, AttentionCounting};
@@ -13,7 +14,7 @@ use crate::plan::{Plan, Schedule};
 use crate::report::{Evaluation, Violation};
 use crate::rules::Rule;
 use crate::space::SearchSpace;
-use crate::Problem;
+use crate::{Control, Problem};
 
 /// Micro-batches per pipeline per step, `m = B / (b·dp·ep)`, rounded up when not exact.
 pub fn micro_batches(problem: &Problem, plan: &Plan) -> u32 {
@@ -87,12 +88,14 @@ pub fn structural_rules(
             plan.ep
         );
     }
+    // In u64: `2·cp` wraps to 0 in u32 for cp = 2^31 (issue 9: a division by zero).
+    let two_cp = 2 * plan.cp as u64;
     rule!(
-        plan.cp > 1 && w.seq_len % (2 * plan.cp) != 0,
+        plan.cp > 1 && w.seq_len as u64 % two_cp != 0,
         Rule::CpSeqLen,
         "seq_len = {} is not a multiple of 2·cp = {} (causal load-balanced chunks)",
         w.seq_len,
-        2 * plan.cp
+        two_cp
     );
     let per_step = plan.micro_batch as u64 * plan.dense_dp() as u64;
     rule!(
@@ -104,11 +107,13 @@ pub fn structural_rules(
     );
     // The embedding and the loss may each fill a pipeline chunk of their own (Megatron's
     // account_for_embedding/loss_in_pipeline_split), so L + 2 chunks is the most.
+    // In u64: pp·vpp passes u32 within the limits (2^20 · 2^16).
+    let chunks = plan.pp as u64 * plan.vpp as u64;
     rule!(
-        plan.pp * plan.vpp > model.layers + 2,
+        chunks > model.layers as u64 + 2,
         Rule::PpLayers,
         "pp·vpp = {} model chunks exceed the {} layers plus the embedding and loss chunks",
-        plan.pp * plan.vpp,
+        chunks,
         model.layers
     );
     rule!(
@@ -200,6 +205,20 @@ pub fn evaluate(problem: &Problem, plan: &Plan) -> Result<Evaluation> {
 
 /// Scores `plan` under the rules of `space` (memory headroom, which groups must stay in a domain).
 pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Result<Evaluation> {
+    evaluate_with(problem, plan, space, &Control::default())
+}
+
+/// [`evaluate_in`] under `control`: the cancel flag and the deadline are checked before the
+/// evaluation starts and between its phases (rules, memory, time). Its work is bounded by the
+/// plan's structure (a handful of stage runs), so a call stops well within 100 ms of either.
+pub fn evaluate_with(
+    problem: &Problem,
+    plan: &Plan,
+    space: &SearchSpace,
+    control: &Control,
+) -> Result<Evaluation> {
+    let started = Instant::now();
+    control.check(started)?;
     plan.validate(problem.cluster.num_gpus)?;
     space.validate()?;
     let mut plan = plan.clone();
@@ -216,7 +235,10 @@ pub fn evaluate_in(problem: &Problem, plan: &Plan, space: &SearchSpace) -> Resul
         });
         true
     });
-    Ok(assess(problem, plan, groups, reasons, Some(space)))
+    control.check(started)?;
+    assess(problem, plan, groups, reasons, Some(space), &|| {
+        control.check(started)
+    })
 }
 
 /// Memory and time of a plan through the three evaluation levels (`levels`), each run once,
@@ -228,9 +250,10 @@ fn assess(
     groups: Groups,
     mut reasons: Vec<Violation>,
     space: Option<&SearchSpace>,
-) -> Evaluation {
+    check: &dyn Fn() -> Result<()>,
+) -> Result<Evaluation> {
     let m = micro_batches(problem, &plan);
-    let ((memory, worst_stage), time) = evaluate_levels(problem, &plan, groups, m);
+    let ((memory, worst_stage), time) = evaluate_levels(problem, &plan, groups, m, check)?;
     if let Some(space) = space {
         let capacity = memory_capacity_gib(problem, space);
         if memory.total() > capacity {
@@ -254,7 +277,7 @@ fn assess(
         model_tflops_per_gpu,
         hardware_tflops_per_gpu,
     } = metrics(problem, &plan, step_time_s);
-    Evaluation {
+    let evaluation = Evaluation {
         rank: None,
         feasible: reasons.is_empty(),
         reasons,
@@ -269,11 +292,18 @@ fn assess(
         micro_batches: m,
         worst_stage,
         plan,
-    }
+    };
+    check()?;
+    Ok(evaluation)
 }
 
 /// The [`Evaluation`] of a plan the search kept (feasible: no reasons, no memory check), the
 /// same levels as [`evaluate_in`].
-pub fn score(problem: &Problem, plan: Plan, groups: Groups, reasons: Vec<Violation>) -> Evaluation {
-    assess(problem, plan, groups, reasons, None)
+pub fn score(
+    problem: &Problem,
+    plan: Plan,
+    groups: Groups,
+    reasons: Vec<Violation>,
+) -> Result<Evaluation> {
+    assess(problem, plan, groups, reasons, None, &|| Ok(()))
 }

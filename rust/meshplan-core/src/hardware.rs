@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits;
 
 /// Numeric precision of the GEMMs.
 #[derive(
@@ -205,15 +206,9 @@ impl Gpu {
         check_positive("gpu.memory_bandwidth_gbps", self.memory_bandwidth_gbps)?;
         check_positive("gpu.scaleup_bandwidth_gbps", self.scaleup_bandwidth_gbps)?;
         check_positive("gpu.network_bandwidth_gbps", self.network_bandwidth_gbps)?;
-        if self.sm_count == 0 {
-            return Err(Error::invalid("gpu.sm_count", 0, "an integer >= 1"));
-        }
-        if self.scaleup_domain == 0 {
-            return Err(Error::invalid("gpu.scaleup_domain", 0, "an integer >= 1"));
-        }
-        if self.gpus_per_node == 0 {
-            return Err(Error::invalid("gpu.gpus_per_node", 0, "an integer >= 1"));
-        }
+        limits::check("gpu.sm_count", self.sm_count)?;
+        limits::check("gpu.scaleup_domain", self.scaleup_domain)?;
+        limits::check("gpu.gpus_per_node", self.gpus_per_node)?;
         let c = &self.calibration;
         check_fraction(
             "gpu.calibration.attention_efficiency",
@@ -323,23 +318,9 @@ impl Cluster {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
         self.gpu.validate()?;
-        if self.num_gpus == 0 {
-            return Err(Error::invalid("cluster.num_gpus", 0, "an integer >= 1"));
-        }
-        if self.gpus_per_node() == 0 {
-            return Err(Error::invalid(
-                "cluster.gpus_per_node",
-                0,
-                "an integer >= 1",
-            ));
-        }
-        if self.nvlink_domain() == 0 {
-            return Err(Error::invalid(
-                "cluster.nvlink_domain",
-                0,
-                "an integer >= 1",
-            ));
-        }
+        limits::check("cluster.num_gpus", self.num_gpus)?;
+        limits::check_opt("cluster.gpus_per_node", self.gpus_per_node)?;
+        limits::check_opt("cluster.nvlink_domain", self.nvlink_domain)?;
         Ok(())
     }
 }

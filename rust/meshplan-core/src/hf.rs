@@ -188,7 +188,10 @@ fn activation(cfg: &Config) -> Result<Activation> {
         | "gelu_python" | "gelu_accurate" | "quick_gelu" | "relu" => Ok(Activation::Swiglu),
         _ => Err(hf_error(
             "hidden_act",
-            format!("unsupported activation '{act}' (supported: silu/swish and the gelu variants, relu)"),
+            format!(
+                "unsupported activation '{}' (supported: silu/swish and the gelu variants, relu)",
+                crate::error::echo(act)
+            ),
         )),
     }
 }
@@ -388,12 +391,17 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
     if !SUPPORTED_MODEL_TYPES.contains(&model_type) {
         return Err(hf_error(
             "model_type",
-            format!("unsupported '{model_type}' (supported: {supported})"),
+            format!(
+                "unsupported '{}' (supported: {supported})",
+                crate::error::echo(model_type)
+            ),
         ));
     }
     let cfg = Config { obj, model_type };
 
     let layers = cfg.positive("num_hidden_layers")?;
+    // Before anything looks at every layer (`leading_dense_layers`).
+    crate::limits::check("model.layers", layers).map_err(as_hf_error)?;
     let hidden = cfg.positive("hidden_size")?;
     let heads = cfg.positive("num_attention_heads")?;
     let kv_heads = cfg.opt_positive("num_key_value_heads")?.unwrap_or(heads);
@@ -469,7 +477,13 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         moe,
         mla,
     };
-    model.validate().map_err(|e| match e {
+    model.validate().map_err(as_hf_error)?;
+    Ok(model)
+}
+
+/// A descriptor's validation error as the import's: naming the JSON key behind the field.
+fn as_hf_error(e: Error) -> Error {
+    match e {
         Error::InvalidField {
             field,
             value,
@@ -479,8 +493,7 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
             format!("gives {field} = {value}, which is not allowed (allowed: {allowed})"),
         ),
         other => other,
-    })?;
-    Ok(model)
+    }
 }
 
 #[cfg(test)]

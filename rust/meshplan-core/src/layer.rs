@@ -55,16 +55,20 @@ impl LayerSpec {
         }
     }
 
-    /// Parameters of one such layer (attention, norms, FFN with every routed expert).
-    pub fn params(&self, model: &Model) -> u64 {
-        let h = model.hidden as u64;
+    /// Parameters of one such layer (attention, norms, FFN with every routed expert), in u128:
+    /// the routed experts of a layer at the field limits pass u64.
+    pub fn params(&self, model: &Model) -> u128 {
+        let h = model.hidden as u128;
         let mlp = match &self.mlp {
-            Mlp::Dense { ffn_hidden } => model.activation.ffn_matrices() * h * *ffn_hidden as u64,
+            Mlp::Dense { ffn_hidden } => {
+                model.activation.ffn_matrices() as u128 * h * *ffn_hidden as u128
+            }
             Mlp::Moe(m) => {
-                m.num_experts as u64 * expert_params(model, m) + moe_dense_part_params(model, m)
+                m.num_experts as u128 * expert_params(model, m) as u128
+                    + moe_dense_part_params(model, m) as u128
             }
         };
-        model.attention_params() + model.norm_params() + mlp
+        model.attention_params() as u128 + model.norm_params() as u128 + mlp
     }
 
     /// Matmul parameters of one such layer touched per token (top-k routed experts, shared

@@ -73,10 +73,15 @@ pub fn strides(mesh: &Mesh) -> Vec<Stride> {
         .collect()
 }
 
-/// The ranks of the group spanning `axes` that contains `rank`, ascending.
-pub fn group_ranks(mesh: &Mesh, axes: &[Axis], rank: u64) -> Vec<u64> {
+/// The first `max` ranks of the group spanning `axes` that contains `rank`, ascending (all of
+/// them when the group has no more). Only the ranks returned are built: the group's members are
+/// `base + Σ cᵢ·strideᵢ` over its axes, and counting the coordinates `cᵢ` with the innermost
+/// axis fastest lists them in increasing order (each axis's stride is at least the span of the
+/// axes inside it).
+pub fn group_ranks(mesh: &Mesh, axes: &[Axis], rank: u64, max: usize) -> Vec<u64> {
     let mut base = rank;
-    let mut members = vec![0u64];
+    // (size, stride) of the group's axes, innermost first.
+    let mut dims: Vec<(u64, u64)> = Vec::with_capacity(5);
     for Stride {
         axis,
         size: n,
@@ -84,16 +89,31 @@ pub fn group_ranks(mesh: &Mesh, axes: &[Axis], rank: u64) -> Vec<u64> {
     } in strides(mesh)
     {
         if axes.contains(&axis) {
-            // Drop this rank's own coordinate on the axis, then span all of them.
-            base -= (rank / stride) % n as u64 * stride;
-            members = members
-                .iter()
-                .flat_map(|m| (0..n as u64).map(move |i| m + i * stride))
-                .collect();
+            // Drop this rank's own coordinate on the axis.
+            base -= (rank / stride) % n.max(1) as u64 * stride;
+            dims.push((n.max(1) as u64, stride));
         }
     }
-    let mut out: Vec<u64> = members.into_iter().map(|m| base + m).collect();
-    out.sort_unstable();
+    let size = dims.iter().fold(1u64, |acc, (n, _)| acc.saturating_mul(*n));
+    let mut out = Vec::with_capacity(size.min(max as u64) as usize);
+    let mut coords = vec![0u64; dims.len()];
+    for _ in 0..size.min(max as u64) {
+        out.push(
+            base + coords
+                .iter()
+                .zip(&dims)
+                .map(|(c, (_, s))| c * s)
+                .sum::<u64>(),
+        );
+        // Next coordinates, innermost fastest.
+        for (c, (n, _)) in coords.iter_mut().zip(&dims) {
+            *c += 1;
+            if *c < *n {
+                break;
+            }
+            *c = 0;
+        }
+    }
     out
 }
 
@@ -110,13 +130,14 @@ pub fn group(mesh: &Mesh, axes: &[Axis], domain: u32) -> Group {
     for a in mesh.axes() {
         let (axis, n) = (a.axis, a.size);
         if axes.contains(&axis) {
-            size *= n;
+            // Saturating: a validated plan's groups hold at most its GPU count.
+            size = size.saturating_mul(n);
             if stride < domain as u64 {
                 let room = (domain as u64 / stride) as u32;
-                per_domain *= gcd(n, room.max(1));
+                per_domain = per_domain.saturating_mul(gcd(n, room.max(1)));
             }
         }
-        stride *= n as u64;
+        stride = stride.saturating_mul(n as u64);
     }
     Group {
         size,
@@ -144,11 +165,21 @@ pub struct Groups {
 /// straddles a domain boundary that the block size does not force.
 pub fn domain_block(num_gpus: u64, domain: u32) -> u32 {
     let n = num_gpus.max(1);
-    // No divisor of n exceeds n: start there, not at a (possibly huge) domain size.
-    (1..=(domain.max(1) as u64).min(n))
-        .rev()
-        .find(|d| n % d == 0)
-        .unwrap_or(1) as u32
+    let domain = domain.max(1) as u64;
+    // Divisors come in pairs (i, n / i) with i ≤ √n: O(√n) steps, not O(domain).
+    let mut best = 1;
+    let mut i = 1u64;
+    while i.saturating_mul(i) <= n {
+        if n % i == 0 {
+            for d in [i, n / i] {
+                if d <= domain && d > best {
+                    best = d;
+                }
+            }
+        }
+        i += 1;
+    }
+    best as u32
 }
 
 impl Groups {
@@ -315,16 +346,81 @@ mod tests {
     #[test]
     fn group_ranks_follow_the_strides() {
         let p = plan(2, 4, 2, 1, 2); // tp stride 1, cp 4, dp 8, pp 16
-        assert_eq!(group_ranks(&p.mesh(), &[Axis::Tp], 0), vec![0, 1, 2, 3]);
-        assert_eq!(group_ranks(&p.mesh(), &[Axis::Tp], 6), vec![4, 5, 6, 7]);
-        assert_eq!(group_ranks(&p.mesh(), &[Axis::Cp], 1), vec![1, 5]);
-        assert_eq!(group_ranks(&p.mesh(), &[Axis::Pp], 3), vec![3, 19]);
+        assert_eq!(group_ranks(&p.mesh(), &[Axis::Tp], 0, 64), vec![0, 1, 2, 3]);
+        assert_eq!(group_ranks(&p.mesh(), &[Axis::Tp], 6, 64), vec![4, 5, 6, 7]);
+        assert_eq!(group_ranks(&p.mesh(), &[Axis::Cp], 1, 64), vec![1, 5]);
+        assert_eq!(group_ranks(&p.mesh(), &[Axis::Pp], 3, 64), vec![3, 19]);
         assert_eq!(
-            group_ranks(&p.mesh(), &[Axis::Cp, Axis::Ep, Axis::Dp], 0),
+            group_ranks(&p.mesh(), &[Axis::Cp, Axis::Ep, Axis::Dp], 0, 64),
             vec![0, 4, 8, 12]
         );
         let q = ordered(p, "pp-dp-cp-ep-tp"); // pp stride 1, dp 2, cp 4, tp 8
-        assert_eq!(group_ranks(&q.mesh(), &[Axis::Tp], 0), vec![0, 8, 16, 24]);
-        assert_eq!(group_ranks(&q.mesh(), &[Axis::Pp], 5), vec![4, 5]);
+        assert_eq!(
+            group_ranks(&q.mesh(), &[Axis::Tp], 0, 64),
+            vec![0, 8, 16, 24]
+        );
+        assert_eq!(group_ranks(&q.mesh(), &[Axis::Pp], 5, 64), vec![4, 5]);
+    }
+
+    #[test]
+    fn group_ranks_are_the_groups_members_in_order_and_stop_at_max() {
+        // Reference: every rank whose coordinates off the group's axes are those of `rank`.
+        let coord = |p: &Plan, q: u64, axis: Axis| {
+            let s = strides(&p.mesh())
+                .into_iter()
+                .find(|s| s.axis == axis)
+                .unwrap();
+            (q / s.stride) % s.size as u64
+        };
+        let subsets: [&[Axis]; 5] = [
+            &[Axis::Tp],
+            &[Axis::Pp],
+            &[Axis::Cp, Axis::Dp],
+            &[Axis::Cp, Axis::Ep, Axis::Dp],
+            &Axis::ALL,
+        ];
+        for order in ["tp-cp-ep-dp-pp", "pp-dp-cp-ep-tp", "dp-tp-pp-cp-ep"] {
+            let p = ordered(plan(3, 2, 2, 2, 2), order);
+            let n = p.num_gpus();
+            for axes in subsets {
+                for rank in [0, 5, n - 1] {
+                    let want: Vec<u64> = (0..n)
+                        .filter(|&q| {
+                            Axis::ALL
+                                .iter()
+                                .filter(|a| !axes.contains(a))
+                                .all(|&a| coord(&p, q, a) == coord(&p, rank, a))
+                        })
+                        .collect();
+                    assert_eq!(group_ranks(&p.mesh(), axes, rank, usize::MAX), want);
+                    assert_eq!(
+                        group_ranks(&p.mesh(), axes, rank, 3),
+                        want[..want.len().min(3)]
+                    );
+                }
+            }
+        }
+        // A group of 2^20 ranks: only the ranks asked for are built.
+        let huge = plan(1 << 20, 1, 1, 1, 1);
+        assert_eq!(
+            group_ranks(&huge.mesh(), &[Axis::Dp], 0, 64),
+            (0..64).collect::<Vec<u64>>()
+        );
+    }
+
+    #[test]
+    fn domain_block_is_the_largest_divisor_that_fits() {
+        for n in 1..=400u64 {
+            for domain in [1u32, 2, 7, 8, 9, 64, 72, 100, 500, u32::MAX] {
+                let want = (1..=(domain as u64).min(n))
+                    .rev()
+                    .find(|d| n % d == 0)
+                    .unwrap();
+                assert_eq!(domain_block(n, domain) as u64, want, "{n} {domain}");
+            }
+        }
+        assert_eq!(domain_block(1 << 20, u32::MAX), 1 << 20);
+        // A prime job size on a huge domain: √n steps, not `domain`.
+        assert_eq!(domain_block(1_048_573, 1_048_572), 1);
     }
 }

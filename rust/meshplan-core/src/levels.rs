@@ -23,7 +23,7 @@ use crate::memory::{
 };
 use crate::plan::{Plan, Schedule};
 use crate::report::{MemoryBreakdown, TimeBreakdown};
-use crate::stages::{in_flight, stages, Stage};
+use crate::stages::{add_repeated, in_flight, last_of_equal_max, stage_runs, Stage, StageRun};
 use crate::time::{
     breakdown, DpComm, LayerParts, LayerTime, LayerTimes, PipelineTimes, TimeContext,
 };
@@ -32,10 +32,11 @@ use crate::Problem;
 /// The pipeline ranks of one degree tuple, grouped by shape. Ranks of one shape (layers per
 /// kind, first, last) differ only in their index, which only sets how many micro-batches they
 /// hold in flight; that count never grows with the index (`stages::in_flight_of`), and every
-/// memory term grows with it, so the first rank of each shape has the shape's peak memory.
+/// memory term grows with it, so the first rank of each shape has the shape's peak memory. The
+/// ranks themselves are runs of one shape (`stages::stage_runs`): a handful, whatever `pp` is.
 pub(crate) struct Pipeline {
-    pub stages: Vec<Stage>,
-    /// Shape of each rank (an index into `shapes`).
+    pub runs: Vec<StageRun>,
+    /// Shape of each run (an index into `shapes`).
     pub shape_of: Vec<usize>,
     /// The first rank of each shape.
     pub shapes: Vec<Stage>,
@@ -46,16 +47,18 @@ pub(crate) struct Pipeline {
 impl Pipeline {
     /// The ranks of `base`'s degrees (its TP, PP and EP).
     pub fn new(problem: &Problem, base: &Plan) -> Self {
-        let stages = stages(&problem.model, base.pp);
+        let runs = stage_runs(&problem.model, base.pp);
         let mut shapes: Vec<Stage> = Vec::new();
-        let shape_of = stages
+        let shape_of = runs
             .iter()
-            .map(|s| {
-                let same = |k: &Stage| (k.kinds, k.first, k.last) == (s.kinds, s.first, s.last);
-                shapes.iter().position(same).unwrap_or_else(|| {
-                    shapes.push(*s);
-                    shapes.len() - 1
-                })
+            .map(|r| {
+                shapes
+                    .iter()
+                    .position(|k| k.same_shape(&r.stage))
+                    .unwrap_or_else(|| {
+                        shapes.push(r.stage);
+                        shapes.len() - 1
+                    })
             })
             .collect();
         let params = shapes
@@ -63,7 +66,7 @@ impl Pipeline {
             .map(|s| stage_params(&problem.model, base, s))
             .collect();
         Pipeline {
-            stages,
+            runs,
             shape_of,
             shapes,
             params,
@@ -231,26 +234,29 @@ impl KnobLevel {
     ) -> (MemoryBreakdown, u32) {
         let z = degree.zero.len();
         let pipeline = degree.pipeline;
-        pipeline
-            .stages
-            .iter()
-            .map(|s| {
-                let k = pipeline.shape_of[s.index as usize];
-                let i = k * z + zi;
-                let flight = in_flight(plan, m, s.index);
-                (
-                    assemble(
-                        degree.problem,
-                        degree.states[i],
-                        flight,
-                        self.stored[k],
-                        self.transient[i],
-                    ),
-                    s.index,
+        // The last of equal maxima, as `max_by` over the ranks one by one would pick: within a
+        // run the memory never grows with the index, so each run costs a bisection.
+        let mut worst: Option<(MemoryBreakdown, u32)> = None;
+        for (run, &k) in pipeline.runs.iter().zip(&pipeline.shape_of) {
+            let i = k * z + zi;
+            let memory = |j: u32| {
+                assemble(
+                    degree.problem,
+                    degree.states[i],
+                    in_flight(plan, m, j),
+                    self.stored[k],
+                    self.transient[i],
                 )
-            })
-            .max_by(|a, b| a.0.total().total_cmp(&b.0.total()))
-            .unwrap_or_default()
+            };
+            let (index, memory) = last_of_equal_max(run, memory, MemoryBreakdown::total);
+            if worst
+                .as_ref()
+                .is_none_or(|(w, _)| memory.total().total_cmp(&w.total()).is_ge())
+            {
+                worst = Some((memory, index));
+            }
+        }
+        worst.unwrap_or_default()
     }
 }
 
@@ -323,38 +329,47 @@ impl KnobTimes {
                     .enumerate()
                     .map(|(k, st)| tc.dp_hidden(&dp_comm[k * z + zi], st, m))
                     .collect();
-                // Stage j finishes its last backward about j backward passes before stage 0.
+                // Stage j finishes its last backward about j backward passes before stage 0:
+                // within a run the first rank exposes the most.
                 pipeline
-                    .shape_of
+                    .runs
                     .iter()
-                    .enumerate()
-                    .map(|(j, &k)| (exposed[k] - j as f64 * totals[k].backward).max(0.0))
+                    .zip(&pipeline.shape_of)
+                    .map(|(r, &k)| {
+                        (exposed[k] - r.stage.index as f64 * totals[k].backward).max(0.0)
+                    })
                     .fold(0.0, f64::max)
             })
             .collect();
-        // `PipelineTimes::of` over the ranks, from the shapes' sums (same values, same order).
+        // `PipelineTimes::of_runs` over the runs, from the shapes' sums (same values, same
+        // order; the sums are the rank-by-rank sums, `add_repeated`).
         let worst = pipeline
             .shape_of
             .iter()
             .copied()
             .max_by(|&a, &b| totals[a].total.total_cmp(&totals[b].total))
             .map_or_else(LayerTime::default, |k| shape_times[k]);
+        let (mut sum, mut deferred): (f64, f64) = (
+            std::iter::empty::<f64>().sum(),
+            std::iter::empty::<f64>().sum(),
+        );
+        for (r, &k) in pipeline.runs.iter().zip(&pipeline.shape_of) {
+            sum = add_repeated(sum, totals[k].total, r.count);
+            deferred = add_repeated(deferred, totals[k].total_less_wgrad, r.count);
+        }
         let pipeline_times = PipelineTimes {
             worst,
-            sum: pipeline.shape_of.iter().map(|&k| totals[k].total).sum(),
-            deferred: pipeline
-                .shape_of
-                .iter()
-                .map(|&k| totals[k].total_less_wgrad)
-                .sum(),
+            sum,
+            deferred,
         };
         debug_assert_eq!(
             pipeline_times,
-            PipelineTimes::of(
+            PipelineTimes::of_runs(
                 &pipeline
-                    .shape_of
+                    .runs
                     .iter()
-                    .map(|&k| shape_times[k])
+                    .zip(&pipeline.shape_of)
+                    .map(|(r, &k)| (shape_times[k], r.count))
                     .collect::<Vec<_>>()
             )
         );
@@ -389,23 +404,26 @@ impl KnobTimes {
     }
 }
 
-/// Memory and time of one plan through the three levels, each run once (what `evaluate` does).
+/// Memory and time of one plan through the three levels, each run once (what `evaluate` does);
+/// `check` runs between memory and time (a cancel flag, a deadline).
 pub(crate) fn evaluate_levels(
     problem: &Problem,
     plan: &Plan,
     groups: Groups,
     m: u32,
-) -> ((MemoryBreakdown, u32), TimeBreakdown) {
+    check: &dyn Fn() -> crate::error::Result<()>,
+) -> crate::error::Result<((MemoryBreakdown, u32), TimeBreakdown)> {
     let pipeline = Pipeline::new(problem, plan);
     let zero = [plan.zero];
     let mut degree = DegreeLevel::new(problem, groups, &pipeline, &zero);
     let layer_bytes = crate::memory::layer_activations(problem, plan);
     let knob = KnobLevel::new(&degree, plan, &layer_bytes);
     let memory = knob.breakdown(&degree, 0, plan, m);
+    check()?;
     let tc = TimeContext::new(problem, plan, groups);
     let parts = KnobTimes::layer_parts(&tc, problem);
     let times = KnobTimes::new(&mut degree, &tc, plan.recompute, m, &parts);
     let optimizer = degree.dp_parts(&tc).optimizer[0];
     let step = times.step(&tc, plan.schedule(), plan.vpp, 0, optimizer, m);
-    (memory, step)
+    Ok((memory, step))
 }

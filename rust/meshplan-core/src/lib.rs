@@ -21,6 +21,7 @@ pub mod hardware;
 pub mod layer;
 pub mod layout;
 mod levels;
+pub mod limits;
 pub mod memory;
 pub mod mesh;
 pub mod model;
@@ -75,7 +76,7 @@ pub mod evaluate;
 pub mod explain;
 mod search;
 
-pub use evaluate::{evaluate, evaluate_in};
-pub use explain::{decode_traffic, explain, Explanation};
+pub use evaluate::{evaluate, evaluate_in, evaluate_with};
+pub use explain::{decode_traffic, explain, explain_with, Explanation};
 pub use feasible::{Column, FeasibleSpace, DEFAULT_MAX_PLANS};
 pub use search::{feasible_space, search, search_counting_faster, search_many, Control, Query};

@@ -430,7 +430,7 @@ mod tests {
         )
         .unwrap();
         let pl = plan(1, false);
-        let stage = crate::stages::stages(&problem.model, 1)[0];
+        let stage = crate::stages::stage_runs(&problem.model, 1)[0].stage;
         let params = stage_params(&problem.model, &pl, &stage);
         let layers = layer_activations(&problem, &pl);
         let tokens = 4096.0;

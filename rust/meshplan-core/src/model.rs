@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits;
 
 /// Feed-forward activation: SwiGLU has three `h×f` matrices, GeLU two (COSTMODEL §1.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -104,25 +105,36 @@ pub struct Model {
     pub mla: Option<Mla>,
 }
 
-fn positive(field: &str, v: u32) -> Result<()> {
-    if v == 0 {
-        return Err(Error::invalid(field, v, "an integer >= 1"));
-    }
-    Ok(())
-}
-
 impl Model {
-    /// Checks every field; the error names the first bad one.
+    /// Checks every field; the error names the first bad one. Ranges first ([`limits`]), then
+    /// the relations between fields, then the parameter count ([`limits::MAX_PARAMS`]).
     pub fn validate(&self) -> Result<()> {
-        positive("model.layers", self.layers)?;
-        positive("model.hidden", self.hidden)?;
-        positive("model.heads", self.heads)?;
-        positive("model.kv_heads", self.kv_heads)?;
-        positive("model.ffn_hidden", self.ffn_hidden)?;
-        positive("model.vocab", self.vocab)?;
-        if let Some(d) = self.head_dim {
-            positive("model.head_dim", d)?;
-        } else if self.mla.is_none() && self.hidden % self.heads != 0 {
+        limits::check("model.layers", self.layers)?;
+        limits::check("model.hidden", self.hidden)?;
+        limits::check("model.heads", self.heads)?;
+        limits::check("model.kv_heads", self.kv_heads)?;
+        limits::check_opt("model.head_dim", self.head_dim)?;
+        limits::check("model.ffn_hidden", self.ffn_hidden)?;
+        limits::check("model.vocab", self.vocab)?;
+        if let Some(moe) = &self.moe {
+            limits::check("model.moe.num_experts", moe.num_experts)?;
+            limits::check("model.moe.top_k", moe.top_k)?;
+            limits::check("model.moe.expert_ffn_hidden", moe.expert_ffn_hidden)?;
+            limits::check("model.moe.shared_experts", moe.shared_experts)?;
+            limits::check_opt(
+                "model.moe.shared_expert_ffn_hidden",
+                moe.shared_expert_ffn_hidden,
+            )?;
+            limits::check("model.moe.first_dense_layers", moe.first_dense_layers)?;
+        }
+        if let Some(mla) = &self.mla {
+            limits::check_opt("model.mla.q_lora_rank", mla.q_lora_rank)?;
+            limits::check("model.mla.kv_lora_rank", mla.kv_lora_rank)?;
+            limits::check("model.mla.qk_rope_head_dim", mla.qk_rope_head_dim)?;
+            limits::check("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim)?;
+            limits::check("model.mla.v_head_dim", mla.v_head_dim)?;
+        }
+        if self.head_dim.is_none() && self.mla.is_none() && self.hidden % self.heads != 0 {
             return Err(Error::invalid(
                 "model.head_dim",
                 "null",
@@ -140,9 +152,7 @@ impl Model {
             ));
         }
         if let Some(moe) = &self.moe {
-            positive("model.moe.num_experts", moe.num_experts)?;
-            positive("model.moe.expert_ffn_hidden", moe.expert_ffn_hidden)?;
-            if moe.top_k == 0 || moe.top_k > moe.num_experts {
+            if moe.top_k > moe.num_experts {
                 return Err(Error::invalid(
                     "model.moe.top_k",
                     moe.top_k,
@@ -156,17 +166,16 @@ impl Model {
                     format!("0..{} (fewer than layers)", self.layers),
                 ));
             }
-            if let Some(f) = moe.shared_expert_ffn_hidden {
-                positive("model.moe.shared_expert_ffn_hidden", f)?;
-            }
         }
-        if let Some(mla) = &self.mla {
-            positive("model.mla.kv_lora_rank", mla.kv_lora_rank)?;
-            positive("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim)?;
-            positive("model.mla.v_head_dim", mla.v_head_dim)?;
-            if let Some(q) = mla.q_lora_rank {
-                positive("model.mla.q_lora_rank", q)?;
-            }
+        // Within the field limits one layer's parameters fit u64 (limits' tests); the whole
+        // model may not, so it is counted in u128 before anything counts it in u64.
+        let params = self.total_params_wide();
+        if params > limits::MAX_PARAMS as u128 {
+            return Err(Error::invalid(
+                "model",
+                format!("{params} parameters"),
+                format!("at most {} parameters", limits::MAX_PARAMS),
+            ));
         }
         Ok(())
     }
@@ -276,16 +285,26 @@ impl Model {
         }
     }
 
-    /// Every parameter of the model: its layers ([`crate::layer::LayerSpec::params`] over
-    /// [`Model::layer_stack`]), embedding, LM head and final norm.
+    /// Every parameter of the model (saturating at `u64::MAX`; a validated model has at most
+    /// [`limits::MAX_PARAMS`]).
     pub fn total_params(&self) -> u64 {
+        u64::try_from(self.total_params_wide()).unwrap_or(u64::MAX)
+    }
+
+    /// [`Self::total_params`] in u128 (the layer count times a layer's parameters can pass u64
+    /// for dimensions at their limits): its layers ([`crate::layer::LayerSpec::params`] over
+    /// [`Model::layer_stack`]), embedding, LM head and final norm.
+    fn total_params_wide(&self) -> u128 {
         let kinds = self.layer_kinds();
-        let layers: u64 = self
+        let layers: u128 = self
             .layer_stack()
             .iter()
-            .map(|&(k, n)| n as u64 * kinds.specs()[k].params(self))
+            .map(|&(k, n)| n as u128 * kinds.specs()[k].params(self))
             .sum();
-        layers + self.embedding_params() + self.lm_head_params() + self.hidden as u64
+        layers
+            + self.embedding_params() as u128
+            + self.lm_head_params() as u128
+            + self.hidden as u128
     }
 
     /// Matmul parameters touched per token `N_active` (COSTMODEL §1.2): attention, dense FFN,

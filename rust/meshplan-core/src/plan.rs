@@ -5,6 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits;
 
 /// Activation recomputation mode (COSTMODEL §1.3, §2.4).
 #[derive(
@@ -275,7 +276,8 @@ impl Plan {
 
     /// Dense-layer data-parallel degree `d_p = dp·ep` (COSTMODEL mapping box).
     pub fn dense_dp(&self) -> u32 {
-        self.dp * self.ep
+        // Saturating: at most the GPU count once validated, but never a wrap before that.
+        self.dp.saturating_mul(self.ep)
     }
 
     /// Checks the fields that make a plan meaningless (not merely infeasible) for `num_gpus`.
@@ -289,13 +291,9 @@ impl Plan {
             ("plan.vpp", self.vpp),
             ("plan.micro_batch", self.micro_batch),
         ] {
-            if v == 0 {
-                return Err(Error::invalid(field, v, "an integer >= 1"));
-            }
+            limits::check(field, v)?;
         }
-        if self.zero > 3 {
-            return Err(Error::invalid("plan.zero", self.zero, "0, 1, 2 or 3"));
-        }
+        limits::check("plan.zero", self.zero)?;
         if self.num_gpus() != num_gpus as u64 {
             return Err(Error::invalid(
                 "plan",

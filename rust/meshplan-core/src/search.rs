@@ -57,7 +57,9 @@ pub struct Control {
 }
 
 impl Control {
-    fn check(&self, started: Instant) -> Result<()> {
+    /// `Err(Cancelled)` once the cancel flag is raised, `Err(DeadlineExceeded)` once the
+    /// deadline has passed (`started`: when the call began, for the elapsed time it reports).
+    pub fn check(&self, started: Instant) -> Result<()> {
         if self
             .cancel
             .as_ref()
@@ -74,16 +76,15 @@ impl Control {
     }
 
     fn thread_count(&self) -> Result<usize> {
+        let limit = crate::limits::get("threads");
         if let Some(n) = self.threads {
-            if n == 0 {
-                return Err(Error::invalid("threads", 0, "an integer >= 1"));
-            }
+            limit.check("threads", n as u64)?;
             return Ok(n);
         }
         if let Ok(v) = std::env::var("MESHPLAN_THREADS") {
             return match v.trim().parse::<usize>() {
-                Ok(n) if n >= 1 => Ok(n),
-                _ => Err(Error::invalid("MESHPLAN_THREADS", v, "an integer >= 1")),
+                Ok(n) if limit.contains(n as u64) => Ok(n),
+                _ => Err(Error::invalid("MESHPLAN_THREADS", v, limit.allowed())),
             };
         }
         Ok(std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -811,7 +812,7 @@ struct CellScore<'c> {
 }
 
 /// The full evaluation of a plan the search kept, exactly as `evaluate` scores it.
-fn full_evaluation(problem: &Problem, plan: Plan) -> Evaluation {
+fn full_evaluation(problem: &Problem, plan: Plan) -> Result<Evaluation> {
     let groups = Groups::of(&plan, problem.cluster.nvlink_domain());
     score(problem, plan, groups, Vec::new())
 }
@@ -843,9 +844,7 @@ pub fn feasible_space(
 ) -> Result<FeasibleSpace> {
     let started = Instant::now();
     space.validate()?;
-    if max_plans == 0 {
-        return Err(Error::invalid("max_plans", 0, "an integer >= 1"));
-    }
+    crate::limits::check("max_plans", max_plans)?;
     let threads = control.thread_count()?;
     let kept = AtomicU64::new(0);
     let codes = Codes::new(&space.orders);
@@ -883,7 +882,7 @@ pub fn search_many(
                 let result = space
                     .validate()
                     .and_then(|()| collect(problem, space, control, None, Keep::Top, started))
-                    .map(|total| result_of(problem, total, started, threads).0);
+                    .and_then(|total| result_of(problem, total, started, threads).map(|r| r.0));
                 if let Some(done) = done {
                     done.fetch_add(1, AtomicOrdering::Relaxed);
                 }
@@ -917,7 +916,7 @@ fn run(
     let threads = control.thread_count()?;
     thread_pool(threads)?.install(|| {
         let total = collect(problem, space, control, faster_than, Keep::Top, started)?;
-        Ok(result_of(problem, total, started, threads))
+        result_of(problem, total, started, threads)
     })
 }
 
@@ -983,27 +982,27 @@ fn result_of(
     total: Partial,
     started: Instant,
     threads: usize,
-) -> (SearchResult, u64) {
+) -> Result<(SearchResult, u64)> {
     let mut plans: Vec<Evaluation> = total
         .top
         .plans
         .par_iter()
         .map(|r| {
-            let e = full_evaluation(problem, r.plan.clone());
+            let e = full_evaluation(problem, r.plan.clone())?;
             debug_assert_eq!(
                 e.tokens_per_s_per_gpu.to_bits(),
                 r.tokens_per_s.to_bits(),
                 "the search's fast path and evaluate disagree on {:?}",
                 r.plan
             );
-            e
+            Ok(e)
         })
-        .collect();
+        .collect::<Result<_>>()?;
     for (i, p) in plans.iter_mut().enumerate() {
         p.rank = Some(i as u32 + 1);
     }
     let stats = stats(&total, started, threads);
-    (SearchResult { plans, stats }, total.faster)
+    Ok((SearchResult { plans, stats }, total.faster))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits;
 use crate::plan::{RankOrder, Recompute, Schedule};
 
 /// Constraint on one parallel degree: fixed, or bounded.
@@ -31,13 +32,7 @@ impl Degree {
 
     fn validate(&self, field: &str) -> Result<()> {
         for (name, v) in [("fixed", self.fixed), ("min", self.min), ("max", self.max)] {
-            if v == Some(0) {
-                return Err(Error::invalid(
-                    format!("space.{field}.{name}"),
-                    0,
-                    "an integer >= 1",
-                ));
-            }
+            limits::check_opt(&format!("space.{field}.{name}"), v)?;
         }
         if let (Some(lo), Some(hi)) = (self.min, self.max) {
             if lo > hi {
@@ -55,10 +50,12 @@ impl Degree {
 /// Default memory headroom kept free on every GPU, GiB. Fixed memory and fragmentation are
 /// modelled separately (calibration), so this is only a safety margin for the user.
 pub const DEFAULT_MEMORY_HEADROOM_GIB: f64 = 1.0;
-/// Largest bound accepted for `vpp` and `micro_batch` (the search lists every allowed value).
-pub const MAX_KNOB_VALUE: u32 = 1 << 16;
-/// Largest `top_k` accepted (use `feasible_space` for every feasible plan).
-pub const MAX_TOP_K: u32 = 1 << 20;
+/// Largest bound accepted for `vpp` and `micro_batch` (the search lists every allowed value):
+/// [`limits::MAX_KNOB`].
+pub const MAX_KNOB_VALUE: u32 = limits::MAX_KNOB;
+/// Largest `top_k` accepted (use `feasible_space` for every feasible plan):
+/// [`limits::MAX_TOP_K`].
+pub const MAX_TOP_K: u32 = limits::MAX_TOP_K;
 /// Default number of plans returned.
 pub const DEFAULT_TOP_K: u32 = 10;
 /// Default largest micro-batch tried.
@@ -149,25 +146,8 @@ impl SearchSpace {
         ] {
             d.validate(name)?;
         }
-        // The search lists every allowed value of these two knobs: bound them.
-        for (name, d) in [("vpp", &self.vpp), ("micro_batch", &self.micro_batch)] {
-            for (part, v) in [("fixed", d.fixed), ("min", d.min), ("max", d.max)] {
-                if v.is_some_and(|v| v > MAX_KNOB_VALUE) {
-                    return Err(Error::invalid(
-                        format!("space.{name}.{part}"),
-                        v.unwrap_or_default(),
-                        format!("at most {MAX_KNOB_VALUE}"),
-                    ));
-                }
-            }
-        }
-        if self.top_k > MAX_TOP_K {
-            return Err(Error::invalid(
-                "space.top_k",
-                self.top_k,
-                format!("1..={MAX_TOP_K}"),
-            ));
-        }
+        // The search lists every allowed value of vpp and micro_batch: their limits bound it.
+        limits::check("space.top_k", self.top_k)?;
         if self.zero.is_empty() {
             return Err(Error::invalid(
                 "space.zero",
@@ -175,12 +155,8 @@ impl SearchSpace {
                 "a non-empty subset of {0, 1, 2, 3}",
             ));
         }
-        if let Some(z) = self.zero.iter().find(|z| **z > 3) {
-            return Err(Error::invalid(
-                "space.zero",
-                z,
-                "a non-empty subset of {0, 1, 2, 3}",
-            ));
+        for &z in &self.zero {
+            limits::check("space.zero", z)?;
         }
         if self.recompute.is_empty() {
             return Err(Error::invalid(
@@ -217,12 +193,7 @@ impl SearchSpace {
                 "a finite number >= 0",
             ));
         }
-        if self.top_k == 0 {
-            return Err(Error::invalid("space.top_k", 0, "an integer >= 1"));
-        }
-        if self.max_candidates == Some(0) {
-            return Err(Error::invalid("space.max_candidates", 0, "an integer >= 1"));
-        }
+        limits::check_opt("space.max_candidates", self.max_candidates)?;
         Ok(())
     }
 }

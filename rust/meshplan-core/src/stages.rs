@@ -6,6 +6,11 @@
 //! LM head) are the ones given one layer fewer. The layers are dealt out in model order
 //! ([`Model::layer_stack`]), so the dense leading layers of an MoE model (`first_dense_layers`)
 //! sit on the first rank(s). A rank holds counts per layer kind ([`LayerCounts`]).
+//!
+//! A pipeline is described by its [`StageRun`]s — maximal runs of consecutive ranks with the same
+//! shape (layers, first, last) — never by one entry per rank: a pipeline of any `pp` has at most
+//! [`MAX_RUNS`] of them, so the work and memory of everything built on it depend on the plan's
+//! structure, not on the value of `pp` (issue 9: `pp = 2^31` asked for a 34 GB vector).
 
 use crate::layer::{LayerCounts, MAX_LAYER_KINDS};
 use crate::model::Model;
@@ -29,52 +34,143 @@ impl Stage {
     pub fn layers(&self) -> u32 {
         self.kinds.total()
     }
+
+    /// Whether `other` has the same shape (everything but the index).
+    pub fn same_shape(&self, other: &Stage) -> bool {
+        (self.kinds, self.first, self.last) == (other.kinds, other.first, other.last)
+    }
 }
 
-/// Layers per pipeline rank: `L / p`, with the remainder given to the middle ranks first.
-pub fn layer_counts(layers: u32, pp: u32) -> Vec<u32> {
+/// `count` consecutive pipeline ranks of one shape, the first of them `stage` (its `index` is the
+/// run's first rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageRun {
+    pub stage: Stage,
+    pub count: u32,
+}
+
+impl StageRun {
+    /// The rank `index` of this run (same shape).
+    pub fn at(&self, index: u32) -> Stage {
+        debug_assert!(index >= self.stage.index && index - self.stage.index < self.count);
+        Stage {
+            index,
+            ..self.stage
+        }
+    }
+
+    /// Index of the run's last rank.
+    pub fn last_index(&self) -> u32 {
+        self.stage.index + (self.count - 1)
+    }
+
+    /// The run's ranks in order (use only where the count is known to be small).
+    pub fn ranks(&self) -> impl Iterator<Item = Stage> + '_ {
+        (0..self.count).map(move |i| self.at(self.stage.index + i))
+    }
+}
+
+/// The most runs a pipeline has: first rank, middle ranks with one layer more, middle ranks with
+/// the base count, last rank — each middle block cut in up to three by the dense/MoE boundary.
+pub const MAX_RUNS: usize = 8;
+
+/// Layers per pipeline rank as runs `(first rank, ranks, layers each)`: `L / p` each, the
+/// remainder given to the middle ranks first, then the last, then the first.
+fn layer_runs(layers: u32, pp: u32) -> [(u32, u32, u32); 4] {
     let base = layers / pp;
     let rem = layers % pp;
-    let mut counts = vec![base; pp as usize];
-    // Preference for the extra layers: middle ranks, then the last, then the first.
-    let order = (1..pp.saturating_sub(1)).chain(if pp > 1 { vec![pp - 1, 0] } else { vec![0] });
-    for j in order.take(rem as usize) {
-        counts[j as usize] += 1;
+    if pp == 1 {
+        return [(0, 1, layers), (1, 0, 0), (1, 0, 0), (1, 0, 0)];
     }
-    counts
+    let middle = pp - 2;
+    // Preference for the extra layers: middle ranks, then the last, then the first (`rem < pp`,
+    // so the first gets one only when every other rank has).
+    let extra_middle = rem.min(middle);
+    let extra_last = u32::from(rem > middle);
+    let extra_first = u32::from(rem > middle + 1);
+    [
+        (0, 1, base + extra_first),
+        (1, extra_middle, base + 1),
+        (1 + extra_middle, middle - extra_middle, base),
+        (pp - 1, 1, base + extra_last),
+    ]
 }
 
-/// The pipeline ranks of `plan` for `model`, in order: [`layer_counts`] layers each, taken in
-/// model order from the runs of [`Model::layer_stack`].
-pub fn stages(model: &Model, pp: u32) -> Vec<Stage> {
-    let mut runs = model.layer_stack().into_iter();
-    let mut run = runs.next();
-    layer_counts(model.layers, pp)
-        .into_iter()
-        .enumerate()
-        .map(|(j, n)| {
-            let mut counts = [0u32; MAX_LAYER_KINDS];
-            let mut need = n;
-            while need > 0 {
-                let Some((kind, left)) = run.as_mut() else {
-                    break;
-                };
-                let take = need.min(*left);
-                counts[*kind] += take;
-                need -= take;
-                *left -= take;
-                if *left == 0 {
-                    run = runs.next();
-                }
+/// The pipeline ranks of `model` on `pp` ranks as runs of one shape, in rank order, covering
+/// ranks `0..pp` exactly; at most [`MAX_RUNS`] of them, whatever `pp` is.
+pub fn stage_runs(model: &Model, pp: u32) -> Vec<StageRun> {
+    let pp = pp.max(1);
+    // The model's layers as (kind, first layer, end) in order.
+    let mut layer_runs_by_kind: Vec<(usize, u64, u64)> = Vec::with_capacity(MAX_LAYER_KINDS);
+    let mut end = 0u64;
+    for (kind, count) in model.layer_stack() {
+        layer_runs_by_kind.push((kind, end, end + count as u64));
+        end += count as u64;
+    }
+    // Layers per kind in the layer range `[from, to)`.
+    let counts_in = |from: u64, to: u64| {
+        let mut counts = [0u32; MAX_LAYER_KINDS];
+        for &(kind, a, b) in &layer_runs_by_kind {
+            let (lo, hi) = (a.max(from), b.min(to));
+            if hi > lo {
+                counts[kind] += (hi - lo) as u32;
             }
-            Stage {
-                index: j as u32,
-                kinds: LayerCounts(counts),
-                first: j == 0,
-                last: j as u32 == pp - 1,
+        }
+        LayerCounts(counts)
+    };
+    let mut runs: Vec<StageRun> = Vec::with_capacity(MAX_RUNS);
+    let mut push = |index: u32, count: u32, kinds: LayerCounts| {
+        if count == 0 {
+            return;
+        }
+        let stage = Stage {
+            index,
+            kinds,
+            first: index == 0,
+            last: index + (count - 1) == pp - 1,
+        };
+        match runs.last_mut() {
+            Some(prev) if prev.stage.same_shape(&stage) => prev.count += count,
+            _ => runs.push(StageRun { stage, count }),
+        }
+    };
+    // Layers before the block's first rank (in u64: `pp` ranks of up to `L` layers).
+    let mut start = 0u64;
+    for (index, count, n) in layer_runs(model.layers, pp) {
+        if count == 0 {
+            continue;
+        }
+        if n == 0 {
+            push(index, count, LayerCounts::default());
+            continue;
+        }
+        // The block's ranks take `n` layers each: the ranks wholly inside one run of the model's
+        // layers form one run of ranks, a rank across a boundary between two is a run of its
+        // own — a handful of pieces, whatever `count` is.
+        let (mut rank, mut left, mut at) = (index, count, start);
+        while left > 0 {
+            let run_end = layer_runs_by_kind
+                .iter()
+                .find(|&&(_, a, b)| a <= at && at < b)
+                .map_or(at + n as u64, |&(_, _, b)| b);
+            let whole = ((run_end - at) / n as u64).min(left as u64) as u32;
+            if whole > 0 {
+                push(rank, whole, counts_in(at, at + n as u64));
+                rank += whole;
+                left -= whole;
+                at += whole as u64 * n as u64;
             }
-        })
-        .collect()
+            if left > 0 {
+                push(rank, 1, counts_in(at, at + n as u64));
+                rank += 1;
+                left -= 1;
+                at += n as u64;
+            }
+        }
+        start += count as u64 * n as u64;
+    }
+    debug_assert!(runs.len() <= MAX_RUNS);
+    runs
 }
 
 /// Micro-batches' worth of activations rank `stage` holds at its peak (COSTMODEL §2.5):
@@ -99,9 +195,145 @@ pub fn in_flight_of(schedule: Schedule, pp: u32, vpp: u32, micro_batches: u32, s
     }
 }
 
+/// Adds `x` to `acc` `count` times, one addition after the other — the value a loop over the
+/// ranks of a run gives, bit for bit — without a loop over a large run: adding `0.0` changes
+/// nothing after the first time, and a run of non-empty ranks holds at most `layers` ranks (every
+/// one at least a layer), which the limits bound. Any other long run (only a non-finite `x` makes
+/// one) is summed as `count · x`.
+pub fn add_repeated(acc: f64, x: f64, count: u32) -> f64 {
+    if count == 0 {
+        return acc;
+    }
+    if x == 0.0 {
+        return acc + x;
+    }
+    if count <= crate::limits::MAX_LAYERS {
+        let mut acc = acc;
+        for _ in 0..count {
+            acc += x;
+        }
+        return acc;
+    }
+    acc + x * count as f64
+}
+
+/// The last rank of `run` whose `value` has the same `key` as the run's first rank, with that
+/// value — the rank `max_by(key)` picks from the run (the last of equal maxima) when the key
+/// never increases over the run's ranks, as a stage's memory does with its index
+/// ([`in_flight_of`]). A bisection: `O(log count)` evaluations.
+pub fn last_of_equal_max<T>(
+    run: &StageRun,
+    mut value: impl FnMut(u32) -> T,
+    key: impl Fn(&T) -> f64,
+) -> (u32, T) {
+    let first = run.stage.index;
+    let mut best = value(first);
+    let top = key(&best);
+    // Invariant: key(value(lo)) == top, and every rank after `hi` is below it.
+    let (mut lo, mut hi) = (first, run.last_index());
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        let v = value(mid);
+        if key(&v).total_cmp(&top).is_eq() {
+            lo = mid;
+            best = v;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    (lo, best)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Moe;
+
+    /// Layers per pipeline rank, one entry per rank: the reference the runs must reproduce.
+    fn layer_counts(layers: u32, pp: u32) -> Vec<u32> {
+        let base = layers / pp;
+        let rem = layers % pp;
+        let mut counts = vec![base; pp as usize];
+        let order = (1..pp.saturating_sub(1)).chain(if pp > 1 { vec![pp - 1, 0] } else { vec![0] });
+        for j in order.take(rem as usize) {
+            counts[j as usize] += 1;
+        }
+        counts
+    }
+
+    /// The ranks one by one (the former `stages`): the reference for `stage_runs`.
+    fn stages_reference(model: &Model, pp: u32) -> Vec<Stage> {
+        let dense_total = model.dense_layers();
+        let moe_kind = model.layer_kinds().len() - 1;
+        let mut start = 0u32;
+        layer_counts(model.layers, pp)
+            .into_iter()
+            .enumerate()
+            .map(|(j, n)| {
+                let dense = dense_total.saturating_sub(start).min(n);
+                start += n;
+                let mut counts = [0u32; MAX_LAYER_KINDS];
+                counts[0] += dense;
+                counts[moe_kind] += n - dense;
+                Stage {
+                    index: j as u32,
+                    kinds: LayerCounts(counts),
+                    first: j == 0,
+                    last: j as u32 == pp - 1,
+                }
+            })
+            .collect()
+    }
+
+    fn model(layers: u32, first_dense: Option<u32>) -> Model {
+        let mut m = crate::presets::model("llama3-8b").unwrap();
+        m.layers = layers;
+        m.moe = first_dense.map(|first_dense_layers| Moe {
+            num_experts: 8,
+            top_k: 2,
+            expert_ffn_hidden: 1024,
+            shared_experts: 0,
+            shared_expert_ffn_hidden: None,
+            first_dense_layers,
+        });
+        m
+    }
+
+    #[test]
+    fn runs_expand_to_the_ranks_one_by_one() {
+        for layers in [1u32, 2, 3, 5, 7, 32, 61, 126] {
+            for first_dense in [None, Some(0), Some(1), Some(3), Some(layers - 1)] {
+                let m = model(layers, first_dense.map(|f| f.min(layers - 1)));
+                for pp in (1..=layers + 5).chain([200, 1000]) {
+                    let runs = stage_runs(&m, pp);
+                    assert!(runs.len() <= MAX_RUNS, "{layers} {first_dense:?} {pp}");
+                    let expanded: Vec<Stage> = runs.iter().flat_map(|r| r.ranks()).collect();
+                    assert_eq!(
+                        expanded,
+                        stages_reference(&m, pp),
+                        "layers {layers}, first_dense {first_dense:?}, pp {pp}"
+                    );
+                    for pair in runs.windows(2) {
+                        assert!(!pair[0].stage.same_shape(&pair[1].stage));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_pipeline_is_a_handful_of_runs() {
+        let runs = stage_runs(&model(32, Some(3)), u32::MAX);
+        assert!(runs.len() <= MAX_RUNS);
+        let total: u64 = runs.iter().map(|r| r.count as u64).sum();
+        assert_eq!(total, u32::MAX as u64);
+        let layers: u64 = runs
+            .iter()
+            .map(|r| r.count as u64 * r.stage.layers() as u64)
+            .sum();
+        assert_eq!(layers, 32);
+        assert!(runs.last().unwrap().stage.last);
+    }
 
     #[test]
     fn llama405b_on_16_ranks_gives_first_and_last_one_layer_fewer() {
@@ -109,12 +341,52 @@ mod tests {
         assert_eq!(c.iter().sum::<u32>(), 126);
         assert_eq!((c[0], c[15]), (7, 7));
         assert!(c[1..15].iter().all(|&n| n == 8));
+        let runs = stage_runs(&model(126, None), 16);
+        let shape: Vec<(u32, u32)> = runs.iter().map(|r| (r.count, r.stage.layers())).collect();
+        assert_eq!(shape, vec![(1, 7), (14, 8), (1, 7)]);
     }
 
     #[test]
     fn even_split_is_uniform() {
         assert_eq!(layer_counts(80, 4), vec![20; 4]);
         assert_eq!(layer_counts(7, 1), vec![7]);
+    }
+
+    #[test]
+    fn repeated_addition_is_the_loop_bit_for_bit() {
+        for (acc, x, n) in [(0.1, 0.7, 13u32), (1e-3, 3.3e-5, 126), (5.0, 0.0, u32::MAX)] {
+            let mut want = acc;
+            for _ in 0..n.min(1000) {
+                want += x;
+            }
+            assert_eq!(add_repeated(acc, x, n).to_bits(), want.to_bits());
+        }
+        assert_eq!(add_repeated(1.0, 2.0, 0), 1.0);
+    }
+
+    #[test]
+    fn the_last_of_equal_maxima_is_found_by_bisection() {
+        let run = StageRun {
+            stage: Stage {
+                index: 3,
+                kinds: LayerCounts([1, 0]),
+                first: false,
+                last: false,
+            },
+            count: 1000,
+        };
+        // Flat up to rank 700, then falling.
+        let f = |j: u32| {
+            if j <= 700 {
+                5.0
+            } else {
+                5.0 - (j - 700) as f64
+            }
+        };
+        let id = |x: &f64| *x;
+        assert_eq!(last_of_equal_max(&run, f, id), (700, 5.0));
+        assert_eq!(last_of_equal_max(&run, |_| 1.0, id), (1002, 1.0));
+        assert_eq!(last_of_equal_max(&run, |j| -(j as f64), id), (3, -3.0));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use crate::model::Model;
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::TimeBreakdown;
 use crate::stack::Stack;
-use crate::stages::Stage;
+use crate::stages::{add_repeated, Stage};
 use crate::traffic::WIRE_BYTES;
 use crate::Problem;
 
@@ -550,6 +550,27 @@ impl PipelineTimes {
         }
     }
 
+    /// [`Self::of`] the ranks of `runs` — `(per-micro-batch time, ranks)` in rank order —
+    /// without a loop over the ranks of a run (the sums are the rank-by-rank sums, bit for bit:
+    /// [`add_repeated`]).
+    pub fn of_runs(runs: &[(LayerTime, u32)]) -> Self {
+        let mut out = PipelineTimes {
+            sum: std::iter::empty::<f64>().sum(),
+            deferred: std::iter::empty::<f64>().sum(),
+            ..PipelineTimes::default()
+        };
+        let mut worst: Option<&LayerTime> = None;
+        for (t, count) in runs.iter().filter(|(_, count)| *count > 0) {
+            if worst.is_none_or(|w| t.total().total_cmp(&w.total()).is_ge()) {
+                worst = Some(t);
+            }
+            out.sum = add_repeated(out.sum, t.total(), *count);
+            out.deferred = add_repeated(out.deferred, t.total() - t.wgrad, *count);
+        }
+        out.worst = worst.copied().unwrap_or_default();
+        out
+    }
+
     /// The bubble of `schedule` with `vpp` chunks per rank (§4), before clamping at zero.
     pub fn bubble(&self, schedule: Schedule, vpp: u32) -> f64 {
         let worst = &self.worst;
@@ -581,5 +602,52 @@ pub fn breakdown(
         bubble: bubble.max(0.0),
         dp,
         optimizer,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn time(total: f64, wgrad: f64) -> LayerTime {
+        LayerTime {
+            fwd: Pass {
+                compute: total / 3.0,
+                ..Pass::default()
+            },
+            bwd: Pass {
+                compute: total - total / 3.0,
+                ..Pass::default()
+            },
+            wgrad,
+        }
+    }
+
+    #[test]
+    fn pipeline_times_of_runs_are_those_of_the_ranks_bit_for_bit() {
+        let a = time(0.123_456_7, 0.01);
+        let b = time(0.234_567_8, 0.02);
+        let zero = LayerTime::default();
+        let cases: Vec<Vec<(LayerTime, u32)>> = vec![
+            vec![(a, 1), (b, 14), (a, 1)],
+            vec![(b, 1), (a, 125), (b, 1)],
+            vec![(a, 1), (b, 3), (zero, 40), (b, 1)],
+            vec![(b, 2), (b, 0), (a, 1)],
+            vec![(a, 1)],
+        ];
+        for runs in cases {
+            let ranks: Vec<LayerTime> = runs
+                .iter()
+                .flat_map(|(t, n)| std::iter::repeat_n(*t, *n as usize))
+                .collect();
+            let want = PipelineTimes::of(&ranks);
+            let got = PipelineTimes::of_runs(&runs);
+            assert_eq!(got.sum.to_bits(), want.sum.to_bits());
+            assert_eq!(got.deferred.to_bits(), want.deferred.to_bits());
+            assert_eq!(got.worst, want.worst);
+        }
+        // A run of empty ranks as long as a pipeline can be costs one addition.
+        let huge = PipelineTimes::of_runs(&[(a, 1), (zero, u32::MAX - 2), (b, 1)]);
+        assert_eq!(huge.sum, a.total() + b.total());
     }
 }

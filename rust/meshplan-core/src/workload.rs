@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::hardware::Precision;
+use crate::limits;
 
 /// Optimizer whose state sits beside the weights (COSTMODEL §2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -86,20 +87,9 @@ impl Workload {
 
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
-        if self.global_batch == 0 {
-            return Err(Error::invalid(
-                "workload.global_batch",
-                0,
-                "an integer >= 1 (sequences)",
-            ));
-        }
-        if self.seq_len == 0 {
-            return Err(Error::invalid(
-                "workload.seq_len",
-                0,
-                "an integer >= 1 (tokens)",
-            ));
-        }
+        limits::check("workload.global_batch", self.global_batch)?;
+        limits::check("workload.seq_len", self.seq_len)?;
+        limits::check("workload.grad_bytes", self.grad_bytes)?;
         if self.grad_bytes != 2 && self.grad_bytes != 4 {
             return Err(Error::invalid(
                 "workload.grad_bytes",

@@ -224,7 +224,7 @@ fn the_cap_is_enforced() {
     );
     match feasible_space(&p, &space, &Control::default(), n - 1) {
         Err(e @ Error::TooManyPlans { .. }) => {
-            assert_eq!(e.kind(), "space_too_large");
+            assert_eq!(e.kind(), "too_many_plans");
             assert!(
                 e.to_string().contains(&format!("more than {}", n - 1)),
                 "{e}"

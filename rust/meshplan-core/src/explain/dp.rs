@@ -66,7 +66,7 @@ impl Ctx<'_> {
         bytes_per_param: f64,
         units: u32,
     ) -> Vec<CollectiveInfo> {
-        let params = stage_params(self.model(), self.plan, &self.stages[0]);
+        let params = stage_params(self.model(), self.plan, &self.runs[0].stage);
         [
             ("dense parameters", params.dense, self.groups.dense_dp),
             ("expert parameters", params.expert, self.groups.expert_dp),
@@ -149,7 +149,7 @@ impl Ctx<'_> {
             ]
             .concat(),
             _ => {
-                let units = self.stages[0].layers().max(1);
+                let units = self.runs[0].stage.layers().max(1);
                 let layers = units as u64;
                 [
                     self.reduction(

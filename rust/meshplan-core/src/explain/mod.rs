@@ -23,26 +23,30 @@ mod ep;
 mod pp;
 mod tp;
 
+use std::time::Instant;
+
 use serde::{Deserialize, Serialize};
 
 use crate::comm::{Collective, Fabric};
 use crate::error::{Error, Result};
-use crate::evaluate::evaluate;
+use crate::evaluate::evaluate_with;
 use crate::hardware::Cluster;
 use crate::layer::LayerOps;
 use crate::layout::{domain_block, group, group_ranks, strides, Group, Groups};
+use crate::limits::{MAX_LISTED_RANKS, MAX_LISTED_STAGES};
 use crate::memory::stage_params;
 use crate::mesh::{group_axes, GroupRole};
 use crate::model::Model;
 use crate::plan::{Axis, Plan, RankOrder, Recompute, Schedule};
 use crate::report::Evaluation;
-use crate::stages::{stages, Stage};
+use crate::space::SearchSpace;
+use crate::stages::{stage_runs, Stage, StageRun};
 use crate::time::{LayerTime, Pass, TimeContext};
 use crate::traffic::{
     collective_terms, dispatch_terms, ep_bytes_per_token_per_layer, p2p_terms,
     tp_decode_allreduce_bytes_per_token, wire_bytes, WIRE_BYTES,
 };
-use crate::Problem;
+use crate::{Control, Problem};
 
 /// One collective (or point-to-point send) of an axis.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,7 +114,9 @@ pub struct MeshGroup {
     pub members_per_domain: u32,
     pub domains: u32,
     pub crosses_domain: bool,
-    /// The group that contains rank 0.
+    /// The group that contains rank 0, ascending: its first
+    /// [`MAX_LISTED_RANKS`](crate::limits::MAX_LISTED_RANKS) ranks (all of them when `size` is
+    /// no larger; `size` says how many there are).
     pub example_ranks: Vec<u32>,
 }
 
@@ -145,6 +151,9 @@ pub struct PipelineTimes {
     pub schedule: Schedule,
     pub vpp: u32,
     pub micro_batches: u32,
+    /// One entry per pipeline rank, in order: the first
+    /// [`MAX_LISTED_STAGES`](crate::limits::MAX_LISTED_STAGES) ranks (every rank when the plan's
+    /// `pp` is no larger).
     pub stages: Vec<StageTime>,
 }
 
@@ -163,28 +172,34 @@ pub struct Explanation {
 /// Explains `plan` on `problem` (an infeasible plan is explained too; its evaluation says why
 /// it does not fit). Errors as [`evaluate`].
 pub fn explain(problem: &Problem, plan: &Plan) -> Result<Explanation> {
-    let evaluation = evaluate(problem, plan)?;
+    explain_with(problem, plan, &Control::default())
+}
+
+/// [`explain`] under `control`: the cancel flag and the deadline are checked before it starts,
+/// through the evaluation, and between the axes. The work is bounded by the plan's structure
+/// (stage runs, capped rank lists), not by its degrees.
+pub fn explain_with(problem: &Problem, plan: &Plan, control: &Control) -> Result<Explanation> {
+    let started = Instant::now();
+    let evaluation = evaluate_with(problem, plan, &SearchSpace::default(), control)?;
     let plan = evaluation.plan.clone();
     let ctx = Ctx::new(problem, &plan, &evaluation);
     let mut axes = Vec::new();
-    if ctx.groups.dense_dp.size > 1 {
-        axes.push(ctx.dp());
+    type AxisFn<'c> = fn(&Ctx<'c>) -> AxisExplanation;
+    let present: [(bool, AxisFn); 6] = [
+        (ctx.groups.dense_dp.size > 1, Ctx::dp),
+        (plan.tp > 1, Ctx::tp),
+        (plan.pp > 1, Ctx::pp),
+        (plan.ep > 1, Ctx::ep),
+        (plan.cp > 1, Ctx::cp),
+        (plan.zero > 0 && ctx.groups.dense_dp.size > 1, Ctx::zero),
+    ];
+    for (on, axis) in present {
+        control.check(started)?;
+        if on {
+            axes.push(axis(&ctx));
+        }
     }
-    if plan.tp > 1 {
-        axes.push(ctx.tp());
-    }
-    if plan.pp > 1 {
-        axes.push(ctx.pp());
-    }
-    if plan.ep > 1 {
-        axes.push(ctx.ep());
-    }
-    if plan.cp > 1 {
-        axes.push(ctx.cp());
-    }
-    if plan.zero > 0 && ctx.groups.dense_dp.size > 1 {
-        axes.push(ctx.zero());
-    }
+    control.check(started)?;
     Ok(Explanation {
         mesh: mesh(problem, &plan),
         pipeline: ctx.pipeline(),
@@ -232,7 +247,7 @@ pub fn mesh(problem: &Problem, plan: &Plan) -> Mesh {
                     members_per_domain: g.per_domain,
                     domains: g.domains(),
                     crosses_domain: !g.within_domain(),
-                    example_ranks: group_ranks(&device_mesh, &axes, 0)
+                    example_ranks: group_ranks(&device_mesh, &axes, 0, MAX_LISTED_RANKS)
                         .into_iter()
                         .map(|r| r as u32)
                         .collect(),
@@ -264,8 +279,10 @@ struct Ctx<'a> {
     evaluation: &'a Evaluation,
     groups: Groups,
     fabric: Fabric,
-    stages: Vec<Stage>,
-    per_stage: Vec<LayerTime>,
+    /// The pipeline ranks, as runs of one shape (a handful whatever `pp` is).
+    runs: Vec<StageRun>,
+    /// Per-micro-batch time of each run's ranks.
+    per_run: Vec<LayerTime>,
     /// The operations of one layer of each kind, as the time model sums them.
     ops: Vec<LayerOps>,
     /// The stage the step time is built from (largest per-micro-batch time).
@@ -280,17 +297,18 @@ struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     fn new(problem: &'a Problem, plan: &'a Plan, evaluation: &'a Evaluation) -> Self {
         let groups = Groups::of(plan, problem.cluster.nvlink_domain());
-        let stage_list = stages(&problem.model, plan.pp);
+        let runs = stage_runs(&problem.model, plan.pp);
         let tc = TimeContext::new(problem, plan, groups);
         let layers = tc.layers();
-        let per_stage: Vec<LayerTime> = stage_list.iter().map(|s| tc.stage(s, &layers)).collect();
+        let per_run: Vec<LayerTime> = runs.iter().map(|r| tc.stage(&r.stage, &layers)).collect();
         let ops = (0..problem.model.layer_kinds().len())
             .map(|k| tc.layer_ops(k))
             .collect();
-        // The same pick as the time model's `max_by` (the last of equal maxima).
-        let worst = (0..stage_list.len())
-            .max_by(|&a, &b| per_stage[a].total().total_cmp(&per_stage[b].total()))
-            .map_or(stage_list[0], |i| stage_list[i]);
+        // The same pick as the time model's `max_by` over the ranks (the last of equal maxima:
+        // the last rank of the last run with the largest time).
+        let worst = (0..runs.len())
+            .max_by(|&a, &b| per_run[a].total().total_cmp(&per_run[b].total()))
+            .map_or(runs[0].stage, |i| runs[i].at(runs[i].last_index()));
         let m = evaluation.micro_batches as u64;
         let tokens = plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64;
         Ctx {
@@ -299,8 +317,8 @@ impl<'a> Ctx<'a> {
             evaluation,
             groups,
             fabric: Fabric::of(&problem.cluster),
-            stages: stage_list,
-            per_stage,
+            runs,
+            per_run,
             ops,
             worst,
             m,
@@ -437,6 +455,25 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// The layers of each pipeline rank, `7 / 8 / 8 / 7`; past [`MAX_LISTED_RANKS`] ranks a run of
+/// equal ranks is written once with its count, `7 / 8 (×126) / 7`.
+fn layer_counts_text(runs: &[StageRun], pp: u32) -> String {
+    let parts: Vec<String> = if pp as usize <= MAX_LISTED_RANKS {
+        runs.iter()
+            .flat_map(|r| r.ranks())
+            .map(|s| s.layers().to_string())
+            .collect()
+    } else {
+        runs.iter()
+            .map(|r| match r.count {
+                1 => r.stage.layers().to_string(),
+                n => format!("{} (×{n})", r.stage.layers()),
+            })
+            .collect()
+    };
+    parts.join(" / ")
+}
+
 /// `x` rounded to an integer with thousands separators (`57,344`).
 fn commas(x: f64) -> String {
     let digits = format!("{:.0}", x.abs());
@@ -501,9 +538,7 @@ pub fn decode_traffic(
 ) -> Result<DecodeTraffic> {
     model.validate()?;
     cluster.validate()?;
-    if tp == 0 {
-        return Err(Error::invalid("tp", 0, "an integer >= 1"));
-    }
+    crate::limits::check("tp", tp)?;
     if !(tokens_per_s.is_finite() && tokens_per_s > 0.0) {
         return Err(Error::invalid(
             "tokens_per_s",

@@ -8,12 +8,11 @@ impl Ctx<'_> {
         let plan = self.plan;
         let model = self.model();
         let g = self.groups.pp;
-        let counts: Vec<String> = self.stages.iter().map(|s| s.layers().to_string()).collect();
         let state = format!(
             "The {} layers split into {} stages ({} layers{}); each GPU holds only its stage's weights, gradients and optimizer states, and the activations of the micro-batches in flight.",
             model.layers,
             plan.pp,
-            counts.join(" / "),
+            layer_counts_text(&self.runs, plan.pp),
             if plan.vpp > 1 {
                 format!(", as {} interleaved chunks per GPU", plan.vpp)
             } else {
@@ -63,16 +62,19 @@ impl Ctx<'_> {
             vpp: self.plan.vpp,
             micro_batches: self.m as u32,
             stages: self
-                .stages
+                .runs
                 .iter()
-                .zip(&self.per_stage)
-                .map(|(s, t)| StageTime {
-                    index: s.index,
-                    layers: s.layers(),
-                    fwd_s: pass_total(&t.fwd),
-                    bwd_s: pass_total(&t.bwd),
-                    wgrad_s: t.wgrad,
+                .zip(&self.per_run)
+                .flat_map(|(r, t)| {
+                    r.ranks().map(move |s| StageTime {
+                        index: s.index,
+                        layers: s.layers(),
+                        fwd_s: pass_total(&t.fwd),
+                        bwd_s: pass_total(&t.bwd),
+                        wgrad_s: t.wgrad,
+                    })
                 })
+                .take(MAX_LISTED_STAGES)
                 .collect(),
         }
     }

@@ -232,7 +232,7 @@ fn dp_reduction_uses_the_stage_parameters_and_zero_takes_it_over() {
     let x = explain(&p, &plan("dp=4,tp=8,pp=2,zero=0")).unwrap();
     let dp = axis(&x, "dp");
     assert!(x.axes.iter().all(|a| a.axis != "zero"));
-    let stage0 = stages(&p.model, 2)[0];
+    let stage0 = stage_runs(&p.model, 2)[0].stage;
     let params = stage_params(&p.model, &x.plan, &stage0);
     let ar = &dp.collectives[0];
     assert_eq!(ar.op, "all-reduce");
