@@ -4,6 +4,12 @@ Every function converts its arguments to Rust values (a dict that does not fit r
 ``InvalidInputError`` naming the field path, e.g. ``model.moe.top_k``), releases the GIL, calls
 the core, and maps its errors onto ``meshplan.errors``. Use the typed API of ``meshplan``
 instead unless you hold the dicts already.
+
+Every integer input has documented bounds (:func:`limits`, ``docs/limits.md``): a value outside
+them — or one that is no integer of the field's type at all (negative, 2**64, a float, a
+string) — raises ``InvalidInputError("invalid {field}: {value} (allowed: {lo}..={hi})")``, the
+value an ``int`` in decimal, anything else its ``repr()``, cut to 64 characters and ``…``. The
+exception's ``field``, ``value`` and ``allowed`` attributes hold the three parts.
 """
 
 from typing import Any, Callable, Optional, final
@@ -26,6 +32,7 @@ __all__ = [
     "rank_orders",
     "feasible_space",
     "search_many",
+    "limits",
 ]
 
 __version__: str
@@ -64,12 +71,18 @@ def model_from_hf_config(json_text: str, name: Optional[str] = None) -> dict[str
 def default_space() -> dict[str, Any]:
     """The default search space (core ``SearchSpace`` shape, every field present)."""
 
-def evaluate(problem: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def evaluate(
+    problem: dict[str, Any],
+    plan: dict[str, Any],
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+) -> dict[str, Any]:
     """Scores one plan on ``problem`` = ``{"model", "cluster", "workload"}`` (full dicts).
 
     Returns the core ``Evaluation`` shape; an infeasible plan has ``feasible`` False and its
     ``reasons``. A malformed plan (zero degree, product not the GPU count) raises
-    ``InvalidInputError``.
+    ``InvalidInputError``. ``timeout_s`` and ``cancel`` as :func:`search` (the work is bounded by
+    the plan's structure, so they only matter for a server's deadline or a caller's cancel).
     """
 
 def search(
@@ -104,13 +117,21 @@ def apply_calibration(gpu: dict[str, Any], calibration: str) -> dict[str, Any]:
     """``gpu`` (core ``Gpu`` shape) with the overrides of ``calibration`` (TOML or JSON text,
     tables keyed by GPU preset name or ``"*"``) applied and re-validated."""
 
-def explain(problem: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+def explain(
+    problem: dict[str, Any],
+    plan: dict[str, Any],
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+) -> dict[str, Any]:
     """Explains one plan on ``problem`` axis by axis (core ``Explanation`` shape).
 
     Returns ``{"plan", "evaluation", "mesh", "axes", "pipeline"}``: for every axis present
     (dp, tp, pp, ep, cp, zero) what is sharded, its collectives (count per step, message bytes,
     bytes per token and per step per GPU, seconds, latency-bound), its fabric and group, and its
-    exposed and overlapped seconds. Errors as :func:`evaluate`.
+    exposed and overlapped seconds. A mesh group's ``example_ranks`` are the first 64 ranks of
+    rank 0's group (its ``size`` says how many there are); ``pipeline["stages"]`` lists the first
+    1,024 pipeline ranks (the plan's ``pp`` says how many there are). Errors, ``timeout_s`` and
+    ``cancel`` as :func:`evaluate`.
     """
 
 def decode_traffic(
@@ -135,8 +156,9 @@ def feasible_space(
 
     Returns ``{"columns": [(name, dtype, data)...], "categories": [(column, [label...])...],
     "stats": {...}}``: ``data`` is ``bytes`` in native byte order for ``numpy.frombuffer`` with
-    ``dtype`` (``u1``, ``u4``, ``f8`` or ``?``). More than ``max_plans`` (default 5,000,000)
-    feasible plans raises ``SpaceTooLargeError``; the other arguments as :func:`search`.
+    ``dtype`` (``u1``, ``u4``, ``f8`` or ``?``). More than ``max_plans`` (default 5,000,000,
+    at most 2**25) feasible plans raises ``TooManyPlansError`` (a ``SpaceTooLargeError``); the
+    other arguments as :func:`search`.
     """
 
 def search_many(
@@ -149,7 +171,20 @@ def search_many(
     """Searches every ``(problem, space)`` query in parallel on one pool (GIL released).
 
     Returns one entry per query, in order: ``{"ok": result}`` (the :func:`search` shape) or
-    ``{"error": {"class": name in meshplan.errors, "message": str}}`` for a query that failed
-    on its own. ``progress(done, total)`` is called every 50 ms while the batch runs; an
+    ``{"error": {"class": name in meshplan.errors, "message": str, "field", "value",
+    "allowed"}}`` (the exception's typed context, each None where not applicable) for a query
+    that failed on its own. ``progress(done, total)`` is called every 50 ms while the batch runs; an
     exception from it, like Ctrl-C, stops the batch and is raised.
+    """
+
+def limits() -> dict[str, tuple[int, int]]:
+    """Every integer input's inclusive bounds by field path, e.g.
+    ``{"cluster.num_gpus": (1, 1048576), "plan.pp": (1, 1048576), ...}``: the core's one table
+    (``meshplan_core::limits::TABLE``, listed in ``docs/limits.md``).
+
+    Paths are those of the errors: ``model.*``, ``cluster.*``, ``gpu.*`` (a GPU however it is
+    nested), ``workload.*``, ``plan.*``, ``space.<degree>.fixed/min/max``, ``space.zero`` (each
+    element), ``space.top_k``, ``space.max_candidates``, and the arguments ``max_plans``,
+    ``threads`` and ``tp`` (of :func:`decode_traffic`). A value outside its bounds raises
+    ``InvalidInputError("invalid {field}: {value} (allowed: {lo}..={hi})")``.
     """

@@ -85,17 +85,21 @@ def evaluate(
     cluster: Cluster,
     workload: Workload,
     plan: Union[Plan, str],
+    *,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
 ) -> Evaluation:
     """Scores one ``plan`` (a :class:`Plan` or ``"dp=8,tp=8,pp=4,..."``).
 
     An infeasible plan is still scored, with ``feasible=False`` and its reasons; a malformed
     one (a zero degree, a product that is not the GPU count) raises
-    :class:`~meshplan.errors.InvalidInputError`.
+    :class:`~meshplan.errors.InvalidInputError`. ``timeout_s`` and ``cancel`` as
+    :func:`search`.
     """
     if isinstance(plan, str):
         plan = Plan.parse(plan)
     problem = problem_dict(model, cluster, workload)
-    raw = _core.evaluate(problem, as_type(Plan, plan, "plan").to_dict())
+    raw = _core.evaluate(problem, as_type(Plan, plan, "plan").to_dict(), timeout_s, cancel)
     return Evaluation.from_dict(raw)
 
 

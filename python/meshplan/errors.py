@@ -16,13 +16,25 @@ hf_config           HfConfigError
 data_file           DataFileError
 invalid_case        InvalidCaseError
 space_too_large     SpaceTooLargeError
+too_many_plans      TooManyPlansError
 cancelled           CancelledError
 deadline_exceeded   DeadlineExceededError
 (a Rust panic)      MeshplanError ("internal error: ...")
 ==================  =========================
+
+The table is checked for completeness against the core's kinds by the binding's tests
+(``rust/meshplan-py``).
+
+Every error also carries its typed context as attributes, for field-violation details (the gRPC
+server's ``google.rpc.BadRequest``): ``field`` (the field path, e.g. ``cluster.num_gpus``),
+``value`` (the offending value as the message echoes it, bounded to 64 characters and ``…``) and
+``allowed`` (what the field accepts, e.g. ``1..=1048576``); each is None where it does not
+apply. Integer limits come from one table, ``meshplan._core.limits()`` (``docs/limits.md``).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 __all__ = [
     "MeshplanError",
@@ -32,13 +44,34 @@ __all__ = [
     "DataFileError",
     "InvalidCaseError",
     "SpaceTooLargeError",
+    "TooManyPlansError",
     "CancelledError",
     "DeadlineExceededError",
 ]
 
 
 class MeshplanError(Exception):
-    """Base class of every meshplan error."""
+    """Base class of every meshplan error.
+
+    ``field``, ``value`` and ``allowed`` name the offending input field, its value (bounded) and
+    what it accepts, or are None where they do not apply.
+    """
+
+    field: Optional[str] = None
+    value: Optional[str] = None
+    allowed: Optional[str] = None
+
+    def __init__(
+        self,
+        *args: object,
+        field: Optional[str] = None,
+        value: Optional[str] = None,
+        allowed: Optional[str] = None,
+    ) -> None:
+        super().__init__(*args)
+        self.field = field
+        self.value = value
+        self.allowed = allowed
 
 
 class InvalidInputError(MeshplanError, ValueError):
@@ -66,9 +99,15 @@ class SpaceTooLargeError(MeshplanError):
     """The search space has more candidates than ``max_candidates`` allows."""
 
 
+class TooManyPlansError(SpaceTooLargeError):
+    """A whole-space query (``feasible_space``) found more feasible plans than ``max_plans``
+    allows. A :class:`SpaceTooLargeError`, so existing handlers still catch it."""
+
+
 class CancelledError(MeshplanError):
-    """The search was cancelled through its :class:`~meshplan.CancelToken`."""
+    """The call (a search, evaluation or explanation) was cancelled through its
+    :class:`~meshplan.CancelToken`."""
 
 
 class DeadlineExceededError(MeshplanError):
-    """The search did not finish within ``timeout_s``."""
+    """The call (a search, evaluation or explanation) did not finish within ``timeout_s``."""

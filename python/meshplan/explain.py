@@ -14,9 +14,10 @@ model, exposed seconds of the evaluation's breakdown.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Union
+from typing import Any, Iterator, Mapping, Optional, Union
 
 from . import _core
+from ._core import CancelToken
 from ._fields import as_type
 from .api import ModelLike, as_model, problem_dict
 from .errors import InvalidInputError
@@ -109,16 +110,20 @@ def explain(
     cluster: Cluster,
     workload: Workload,
     plan: Union[Plan, str],
+    *,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
 ) -> Explanation:
     """Explains ``plan`` (a :class:`Plan` or ``"dp=8,tp=8,pp=4,..."``) axis by axis.
 
     An infeasible plan is explained too (``evaluation.feasible`` is False with its reasons); a
     malformed one raises :class:`~meshplan.errors.InvalidInputError`, as :func:`evaluate`.
+    ``timeout_s`` and ``cancel`` as :func:`~meshplan.search`.
     """
     if isinstance(plan, str):
         plan = Plan.parse(plan)
     problem = problem_dict(model, cluster, workload)
-    raw = _core.explain(problem, as_type(Plan, plan, "plan").to_dict())
+    raw = _core.explain(problem, as_type(Plan, plan, "plan").to_dict(), timeout_s, cancel)
     return Explanation(raw)
 
 

@@ -253,7 +253,10 @@ fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<Option<Moe
         return Ok(None);
     }
     let step = cfg.opt_positive("decoder_sparse_step")?.unwrap_or(1);
-    let mlp_only = cfg.layer_list("mlp_only_layers", layers)?;
+    // Sorted, so that each layer's lookup is a bisection (the list can be as long as the file).
+    let mut mlp_only = cfg.layer_list("mlp_only_layers", layers)?;
+    mlp_only.sort_unstable();
+    mlp_only.dedup();
     let field = if step != 1 {
         "decoder_sparse_step"
     } else {
@@ -261,7 +264,7 @@ fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<Option<Moe
     };
     let first_dense = leading_dense_layers(
         layers,
-        |i| !mlp_only.contains(&i) && (i + 1) % step == 0,
+        |i| mlp_only.binary_search(&i).is_err() && (i + 1) % step == 0,
         field,
     )?;
     if first_dense.is_none() {

@@ -452,3 +452,20 @@ fn evaluate_and_explain_honour_the_cancel_flag_and_the_deadline() {
         explain(&p, &plan).unwrap()
     );
 }
+
+#[test]
+fn a_long_layer_list_in_a_config_is_read_in_bounded_time() {
+    // 65,536 layers and a 200,000-entry mlp_only_layers: a linear lookup per layer was 10^10
+    // comparisons.
+    let list: Vec<u32> = (0..200_000u32).map(|i| (i * 7) % 65_536).collect();
+    let doc = serde_json::json!({
+        "model_type": "qwen3_moe", "num_hidden_layers": 65_536, "hidden_size": 2048,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+        "intermediate_size": 6144, "vocab_size": 151_936, "num_experts": 128,
+        "num_experts_per_tok": 8, "moe_intermediate_size": 768, "mlp_only_layers": list,
+    });
+    let text = doc.to_string();
+    let r = timed("mlp_only_layers", || model_from_hf_config(&text, None));
+    // Every layer is listed: a dense model.
+    assert!(r.unwrap().moe.is_none());
+}

@@ -15,12 +15,14 @@ use std::time::{Duration, Instant};
 
 use meshplan_core::{self as core, Cluster, Control, Model, Plan, Problem, SearchSpace, Workload};
 use pyo3::prelude::*;
-use pyo3::types::PyType;
+use pyo3::types::{PyBool, PyDict, PyInt, PyType};
 use pythonize::{pythonize, Depythonizer};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-/// `meshplan.errors` class for each [`core::Error::kind`]; anything else is a `MeshplanError`.
+/// `meshplan.errors` class for each [`core::Error::kind`] (exactly [`core::Error::KINDS`], in
+/// order: checked by the tests, with the classes of `python/meshplan/errors.py`); anything else
+/// is a `MeshplanError`.
 const ERROR_CLASSES: &[(&str, &str)] = &[
     ("invalid_field", "InvalidInputError"),
     ("unknown_preset", "UnknownPresetError"),
@@ -28,6 +30,7 @@ const ERROR_CLASSES: &[(&str, &str)] = &[
     ("data_file", "DataFileError"),
     ("invalid_case", "InvalidCaseError"),
     ("space_too_large", "SpaceTooLargeError"),
+    ("too_many_plans", "TooManyPlansError"),
     ("cancelled", "CancelledError"),
     ("deadline_exceeded", "DeadlineExceededError"),
 ];
@@ -57,8 +60,18 @@ enum Failure {
     Panic(String),
 }
 
+/// The typed context of an error: `(field, value, allowed)`, `None` where not applicable
+/// ([`core::Error::context`]).
+type Context = (Option<String>, Option<String>, Option<String>);
+
 /// Raises the class `name` of `meshplan.errors` with `message`.
 fn raise(py: Python<'_>, name: &str, message: String) -> PyErr {
+    raise_with(py, name, message, (None, None, None))
+}
+
+/// Raises the class `name` of `meshplan.errors` with `message` and the typed context
+/// `(field, value, allowed)` as the exception's attributes of those names.
+fn raise_with(py: Python<'_>, name: &str, message: String, context: Context) -> PyErr {
     // One line whatever the offending value holds: control characters are escaped (`\n`).
     let mut one_line = String::with_capacity(message.len());
     for c in message.chars() {
@@ -72,15 +85,91 @@ fn raise(py: Python<'_>, name: &str, message: String) -> PyErr {
         .import("meshplan.errors")
         .and_then(|m| m.getattr(name))
         .and_then(|c| c.cast_into::<PyType>().map_err(PyErr::from));
-    match class {
-        Ok(class) => PyErr::from_type(class, one_line),
-        Err(import_error) => import_error,
+    let class = match class {
+        Ok(class) => class,
+        Err(import_error) => return import_error,
+    };
+    let (field, value, allowed) = context;
+    let error = PyDict::new(py);
+    let made = error
+        .set_item("field", field)
+        .and_then(|()| error.set_item("value", value))
+        .and_then(|()| error.set_item("allowed", allowed))
+        .and_then(|()| class.call((one_line,), Some(&error)));
+    match made {
+        Ok(instance) => PyErr::from_value(instance),
+        Err(e) => e,
+    }
+}
+
+/// The Python object at `path` under `root` (dict keys and sequence indices), if it is there.
+fn value_at<'py>(
+    root: &Bound<'py, PyAny>,
+    path: &serde_path_to_error::Path,
+) -> Option<Bound<'py, PyAny>> {
+    use serde_path_to_error::Segment;
+    let mut at = root.clone();
+    for segment in path.iter() {
+        at = match segment {
+            Segment::Map { key } => at.get_item(key.as_str()).ok()?,
+            Segment::Seq { index } => at.get_item(*index).ok()?,
+            Segment::Enum { .. } | Segment::Unknown => return None,
+        };
+    }
+    Some(at)
+}
+
+/// A Python value as an error echoes it: an `int` in decimal, anything else its `repr()`,
+/// bounded as the core bounds every echoed value ([`core::error::echo`]).
+fn echo_value(value: &Bound<'_, PyAny>) -> String {
+    let text = if value.is_instance_of::<PyInt>() && !value.is_instance_of::<PyBool>() {
+        value.str()
+    } else {
+        value.repr()
+    };
+    let text = text.map_or_else(|_| "?".to_string(), |t| t.to_string());
+    core::error::echo(&text).into_owned()
+}
+
+/// The path of [`core::limits::TABLE`] for a field path of an argument: list elements share
+/// their list's limit (`space.zero[1]` → `space.zero`), and a GPU's fields are `gpu.*`
+/// however it is nested (`cluster.gpu.sm_count`), as the core names them.
+fn limit_path(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut depth = 0;
+    for c in field.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    match out.strip_prefix("cluster.") {
+        Some(rest) if rest.starts_with("gpu.") => rest.to_string(),
+        _ => out,
     }
 }
 
 /// Converts a Python argument to an owned Rust value. On failure, raises `InvalidInputError`
-/// naming the field path under `what` (e.g. `model.moe.top_k`, `plan.dp`, `space.zero[1]`).
+/// naming the field path under `what` (e.g. `model.moe.top_k`, `plan.dp`, `space.zero[1]`):
+///
+/// - an integer field that gets anything but an integer of its type (negative, 2^32, 2^64, a
+///   float, a string) is named with its limits, as the core names a value outside them:
+///   `invalid cluster.num_gpus: -8 (allowed: 1..=1048576)` ([`core::limits::TABLE`]);
+/// - a value of the wrong type elsewhere, `invalid model.name: 5 (allowed: a string)`;
+/// - anything else keeps the deserializer's words (an unknown variant or field), with the
+///   echoed value bounded.
 fn arg<T: DeserializeOwned>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
+    convert(obj, what)
+        .map_err(|(message, context)| raise_with(obj.py(), "InvalidInputError", message, context))
+}
+
+/// [`arg`] before the exception: the value, or the message and context of the failure.
+fn convert<T: DeserializeOwned>(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+) -> Result<T, (String, Context)> {
     serde_path_to_error::deserialize(&mut Depythonizer::from_object(obj)).map_err(|e| {
         let path = e.path().to_string();
         // The problem dict is the root of the core's field names (`model.layers`), so it has no
@@ -91,19 +180,139 @@ fn arg<T: DeserializeOwned>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
             (w, ".") => w.to_string(),
             (w, p) => format!("{w}.{p}"),
         };
-        let inner = e.into_inner().to_string();
-        let message = match inner
-            .strip_prefix("missing field `")
-            .and_then(|r| r.strip_suffix('`'))
-        {
-            Some(missing) if what.is_empty() && path == "." => {
-                format!("missing {missing} (a required field)")
+        let value = value_at(obj, e.path());
+        let segments = e.path().clone();
+        let mut inner = e.into_inner().to_string();
+        if inner.contains("for enum") {
+            // A non-string where a choice belongs: name the choices as for an unknown one.
+            if let Some(choices) = enum_choices::<T>(obj, &segments) {
+                inner = format!("invalid type: not a string, expected one of {choices}");
             }
-            Some(missing) => format!("missing {field}.{missing} (a required field)"),
-            None => format!("invalid {field}: {inner}"),
-        };
-        raise(obj.py(), "InvalidInputError", message)
+        }
+        conversion_message(&field, value.as_ref(), what, &path, &inner)
     })
+}
+
+/// The choices of the enum field at `path` of `T`, as its deserializer lists them for an
+/// unknown name (`` `bf16`, `fp16`, ... ``): `obj` is converted again, copied, with a name that
+/// is no choice at that path.
+fn enum_choices<T: DeserializeOwned>(
+    obj: &Bound<'_, PyAny>,
+    path: &serde_path_to_error::Path,
+) -> Option<String> {
+    use serde_path_to_error::Segment;
+    let py = obj.py();
+    let copy = py
+        .import("copy")
+        .ok()?
+        .call_method1("deepcopy", (obj,))
+        .ok()?;
+    let segments: Vec<&Segment> = path.iter().collect();
+    let (last, parents) = segments.split_last()?;
+    let mut at = copy.clone();
+    for segment in parents {
+        at = match segment {
+            Segment::Map { key } => at.get_item(key.as_str()).ok()?,
+            Segment::Seq { index } => at.get_item(*index).ok()?,
+            _ => return None,
+        };
+    }
+    let probe = "\u{1}";
+    match last {
+        Segment::Map { key } => at.set_item(key.as_str(), probe).ok()?,
+        Segment::Seq { index } => at.set_item(*index, probe).ok()?,
+        _ => return None,
+    }
+    let e =
+        serde_path_to_error::deserialize::<_, T>(&mut Depythonizer::from_object(&copy)).err()?;
+    let inner = e.into_inner().to_string();
+    inner
+        .strip_prefix("unknown variant `\u{1}`, expected ")
+        .map(|choices| choices.trim_start_matches("one of ").to_string())
+}
+
+/// What a field wanted, from a conversion error that is about the value's type (serde's
+/// `invalid type: ..., expected X`, pythonize's `... cannot be cast as 'Mapping'`, a Python
+/// `TypeError`/`OverflowError` of a float), in the words of the other errors; `None` for the
+/// errors that say more (unknown variants and fields, a missing field).
+fn expected_type(inner: &str) -> Option<String> {
+    if inner.starts_with("invalid type: ") || inner.starts_with("invalid value: ") {
+        return inner.split_once(", expected ").map(|(_, e)| e.to_string());
+    }
+    let cast = inner
+        .split_once("cannot be cast as '")
+        .and_then(|(_, rest)| rest.split('\'').next());
+    let wanted = match cast {
+        Some("Mapping") => "a table (dict)",
+        Some("Sequence") => "a list",
+        Some("str") => "a string",
+        Some(_) => "a value of the field's type",
+        None if inner.contains("for enum") => "a string naming one of the field's choices",
+        None if inner.contains("real number") || inner.contains("to float") => "a number",
+        None => return None,
+    };
+    Some(wanted.to_string())
+}
+
+/// The message and context of a conversion failure at `field` (see [`arg`]).
+fn conversion_message(
+    field: &str,
+    value: Option<&Bound<'_, PyAny>>,
+    what: &str,
+    path: &str,
+    inner: &str,
+) -> (String, Context) {
+    if let Some(missing) = inner
+        .strip_prefix("missing field `")
+        .and_then(|r| r.strip_suffix('`'))
+    {
+        let name = if what.is_empty() && path == "." {
+            missing.to_string()
+        } else {
+            format!("{field}.{missing}")
+        };
+        let message = format!("missing {name} (a required field)");
+        return (message, (Some(name), None, Some("a required field".into())));
+    }
+    let limit_field = limit_path(field);
+    // A list or a table where an integer of the table belongs is named below, by its type.
+    let shape = inner.contains("cannot be cast as 'Sequence'")
+        || inner.contains("cannot be cast as 'Mapping'");
+    if let (Some(limit), Some(value), false) = (core::limits::of(&limit_field), value, shape) {
+        let shown = echo_value(value);
+        let allowed = limit.allowed();
+        let message = format!("invalid {limit_field}: {shown} (allowed: {allowed})");
+        return (message, (Some(limit_field), Some(shown), Some(allowed)));
+    }
+    if let (Some(allowed), Some(value)) = (expected_type(inner), value) {
+        let shown = echo_value(value);
+        let allowed = core::error::detail(&allowed).into_owned();
+        let message = format!("invalid {field}: {shown} (allowed: {allowed})");
+        return (message, (Some(field.into()), Some(shown), Some(allowed)));
+    }
+    // `unknown variant `x`, expected ...` / `unknown field `x`, expected ...`: the name is the
+    // caller's, bounded like every echoed value.
+    for prefix in ["unknown variant `", "unknown field `"] {
+        if let Some((name, rest)) = inner
+            .strip_prefix(prefix)
+            .and_then(|r| r.rfind("`, expected").map(|i| (&r[..i], &r[i..])))
+        {
+            let shown = core::error::echo(name);
+            let message = format!(
+                "invalid {field}: {prefix}{shown}{}",
+                core::error::detail(rest)
+            );
+            let allowed = rest.trim_start_matches("`, expected ");
+            let context = (
+                Some(field.into()),
+                Some(shown.into_owned()),
+                Some(core::error::detail(allowed).into_owned()),
+            );
+            return (message, context);
+        }
+    }
+    let message = format!("invalid {field}: {}", core::error::detail(inner));
+    (message, (Some(field.into()), None, None))
 }
 
 /// Runs `work`, turning a panic into [`Failure::Panic`].
@@ -215,7 +424,7 @@ where
                 format!("internal error: cannot convert the result: {e}"),
             )
         }),
-        Err(Failure::Core(e)) => Err(raise(py, error_class(&e), e.to_string())),
+        Err(Failure::Core(e)) => Err(raise_with(py, error_class(&e), e.to_string(), e.context())),
         Err(Failure::Panic(text)) => Err(raise(
             py,
             "MeshplanError",
@@ -242,12 +451,11 @@ fn control(
 ) -> PyResult<Control> {
     let threads: Option<usize> = threads.map(|t| arg(t, "threads")).transpose()?;
     let timeout_s: Option<f64> = timeout_s.map(|t| arg(t, "timeout_s")).transpose()?;
-    if threads == Some(0) {
-        return Err(raise(
-            py,
-            "InvalidInputError",
-            "invalid threads: 0 (allowed: an integer >= 1, or None)".into(),
-        ));
+    if let Some(n) = threads {
+        let limit = core::limits::get("threads");
+        if let Err(e) = limit.check("threads", n as u64) {
+            return Err(raise_with(py, error_class(&e), e.to_string(), e.context()));
+        }
     }
     let deadline = match timeout_s {
         // Bounded so that `Instant + Duration` cannot overflow.
@@ -370,16 +578,46 @@ fn default_space(py: Python<'_>) -> PyResult<Py<PyAny>> {
     run(py, (), None, |()| Ok(SearchSpace::default()))
 }
 
+/// The controls of a call that is fast unless absurd (evaluate, explain): `None` when neither a
+/// deadline nor a cancel token is given, so the plain call runs as it always has (no helper
+/// thread); else a [`control`] whose flag also stops the call on Ctrl-C.
+fn optional_control(
+    py: Python<'_>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Option<Control>> {
+    let given = |a: Option<&Bound<'_, PyAny>>| a.is_some_and(|a| !a.is_none());
+    if given(timeout_s) || given(cancel) {
+        control(py, None, timeout_s, cancel).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 /// Scores one plan (feasible or not) on a problem dict.
 #[pyfunction]
+#[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
 fn evaluate(
     py: Python<'_>,
     problem: &Bound<'_, PyAny>,
     plan: &Bound<'_, PyAny>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let inputs = (arg::<ProblemArg>(problem, "")?, arg::<Plan>(plan, "plan")?);
-    run(py, inputs, None, |(problem, plan)| {
-        core::evaluate(&problem.validate()?, &plan)
+    let inputs = (
+        arg::<ProblemArg>(problem, "")?,
+        arg::<Plan>(plan, "plan")?,
+        optional_control(py, timeout_s, cancel)?,
+    );
+    let flag = inputs.2.as_ref().and_then(|c| c.cancel.clone());
+    run(py, inputs, flag, |(problem, plan, control)| {
+        let control = control.unwrap_or_default();
+        core::evaluate_with(
+            &problem.validate()?,
+            &plan,
+            &SearchSpace::default(),
+            &control,
+        )
     })
 }
 
@@ -458,15 +696,34 @@ fn apply_calibration(
 
 /// Explains one plan axis by axis (sharding, collectives, bytes, fabric, time) on a problem dict.
 #[pyfunction]
+#[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
 fn explain(
     py: Python<'_>,
     problem: &Bound<'_, PyAny>,
     plan: &Bound<'_, PyAny>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let inputs = (arg::<ProblemArg>(problem, "")?, arg::<Plan>(plan, "plan")?);
-    run(py, inputs, None, |(problem, plan)| {
-        core::explain(&problem.validate()?, &plan)
+    let inputs = (
+        arg::<ProblemArg>(problem, "")?,
+        arg::<Plan>(plan, "plan")?,
+        optional_control(py, timeout_s, cancel)?,
+    );
+    let flag = inputs.2.as_ref().and_then(|c| c.cancel.clone());
+    run(py, inputs, flag, |(problem, plan, control)| {
+        core::explain_with(&problem.validate()?, &plan, &control.unwrap_or_default())
     })
+}
+
+/// Every integer input's inclusive bounds by field path (`core::limits::TABLE`), in the
+/// table's order: `{"cluster.num_gpus": (1, 1048576), ...}`.
+#[pyfunction]
+fn limits(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let out = PyDict::new(py);
+    for (path, limit) in core::limits::TABLE {
+        out.set_item(*path, (limit.lo, limit.hi))?;
+    }
+    Ok(out)
 }
 
 /// Tensor-parallel all-reduce traffic of batch-1 decoding (COSTMODEL §7(a)).
@@ -581,17 +838,52 @@ fn feasible_space(
 #[serde(rename_all = "lowercase")]
 enum Outcome {
     Ok(core::SearchResult),
-    Error { class: String, message: String },
+    /// The error's class and message, and its typed context (`None` where not applicable).
+    Error {
+        class: String,
+        message: String,
+        field: Option<String>,
+        value: Option<String>,
+        allowed: Option<String>,
+    },
 }
 
 impl Outcome {
     fn of(result: core::Result<core::SearchResult>) -> Self {
         match result {
             Ok(r) => Outcome::Ok(r),
-            Err(e) => Outcome::Error {
-                class: error_class(&e).to_string(),
-                message: e.to_string(),
-            },
+            Err(e) => {
+                let (field, value, allowed) = e.context();
+                Outcome::Error {
+                    class: error_class(&e).to_string(),
+                    message: e.to_string(),
+                    field,
+                    value,
+                    allowed,
+                }
+            }
+        }
+    }
+
+    /// The outcome of a query whose conversion raised `e`.
+    fn raised(py: Python<'_>, e: &PyErr) -> Self {
+        let value = e.value(py);
+        let attr = |name: &str| -> Option<String> {
+            value
+                .getattr(name)
+                .ok()
+                .filter(|v| !v.is_none())
+                .map(|v| v.to_string())
+        };
+        Outcome::Error {
+            class: e
+                .get_type(py)
+                .name()
+                .map_or("MeshplanError".into(), |n| n.to_string()),
+            message: value.to_string(),
+            field: attr("field"),
+            value: attr("value"),
+            allowed: attr("allowed"),
         }
     }
 }
@@ -611,7 +903,8 @@ fn query_arg(item: &Bound<'_, PyAny>) -> PyResult<(ProblemArg, SearchSpace)> {
 }
 
 /// Searches a batch of `(problem, space)` queries in parallel (one pool, GIL released) and
-/// returns one outcome per query, in order: `{"ok": result}` or `{"error": {"class", "message"}}`.
+/// returns one outcome per query, in order: `{"ok": result}` or
+/// `{"error": {"class", "message", "field", "value", "allowed"}}`.
 /// `progress(done, total)` is called every 50 ms while the batch runs.
 #[pyfunction]
 #[pyo3(signature = (queries, threads=None, timeout_s=None, cancel=None, progress=None))]
@@ -626,15 +919,7 @@ fn search_many(
     // Each query is converted on its own, so that one malformed query is its own error.
     let mut items: Vec<Result<(ProblemArg, SearchSpace), Outcome>> = Vec::new();
     for item in queries.try_iter()? {
-        items.push(query_arg(&item?).map_err(|e| {
-            Outcome::Error {
-                class: e
-                    .get_type(py)
-                    .name()
-                    .map_or("MeshplanError".into(), |n| n.to_string()),
-                message: e.value(py).to_string(),
-            }
-        }));
+        items.push(query_arg(&item?).map_err(|e| Outcome::raised(py, &e)));
     }
     let control = control(py, threads, timeout_s, cancel)?;
     let flag = control.cancel.clone();
@@ -696,6 +981,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rank_orders, m)?)?;
     m.add_function(wrap_pyfunction!(feasible_space, m)?)?;
     m.add_function(wrap_pyfunction!(search_many, m)?)?;
+    m.add_function(wrap_pyfunction!(limits, m)?)?;
     Ok(())
 }
 
@@ -703,47 +989,18 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
 mod tests {
     use super::*;
 
-    /// One error of every kind the core can return.
-    fn every_error() -> Vec<core::Error> {
-        vec![
-            core::Error::invalid("model.layers", 0, "an integer >= 1"),
-            core::Error::UnknownPreset {
-                kind: "model",
-                name: "x".into(),
-                available: "y".into(),
-            },
-            core::Error::HfConfig {
-                field: "model_type".into(),
-                reason: "missing".into(),
-            },
-            core::Error::DataFile {
-                what: "data/gpus.toml".into(),
-                reason: "bad".into(),
-            },
-            core::Error::SpaceTooLarge {
-                candidates: 2,
-                limit: 1,
-            },
-            core::Error::InvalidCase {
-                index: 0,
-                id: "x".into(),
-                reason: "missing field".into(),
-            },
-            core::Error::Cancelled,
-            core::Error::DeadlineExceeded { elapsed_s: 1.0 },
-        ]
+    /// `python/meshplan/errors.py`, the Python side of [`ERROR_CLASSES`].
+    fn errors_py() -> String {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../python/meshplan/errors.py");
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
 
     #[test]
-    fn every_core_error_kind_has_its_own_python_class() {
-        let errors = every_error();
-        for e in &errors {
-            assert!(
-                ERROR_CLASSES.iter().any(|(kind, _)| *kind == e.kind()),
-                "no Python class for {}",
-                e.kind()
-            );
-        }
+    fn the_error_table_covers_every_core_kind_and_every_python_class() {
+        // Exactly the core's kinds, in order, each with a class of its own.
+        let kinds: Vec<&str> = ERROR_CLASSES.iter().map(|c| c.0).collect();
+        assert_eq!(kinds, core::Error::KINDS.to_vec());
         let mut classes: Vec<&str> = ERROR_CLASSES.iter().map(|c| c.1).collect();
         classes.sort_unstable();
         classes.dedup();
@@ -752,7 +1009,123 @@ mod tests {
             ERROR_CLASSES.len(),
             "two kinds share a class"
         );
-        assert_eq!(ERROR_CLASSES.len(), errors.len());
+        // errors.py defines each class, lists it in its docstring table against its kind and in
+        // __all__, and defines no other (MeshplanError aside, the base and the panic class).
+        let source = errors_py();
+        let mut defined: Vec<&str> = source
+            .lines()
+            .filter_map(|l| l.strip_prefix("class "))
+            .filter_map(|l| l.split('(').next())
+            .filter(|name| *name != "MeshplanError")
+            .collect();
+        defined.sort_unstable();
+        assert_eq!(defined, classes, "errors.py classes vs ERROR_CLASSES");
+        for (kind, class) in ERROR_CLASSES {
+            let row = source
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(kind))
+                .unwrap_or_else(|| panic!("errors.py's table has no row for {kind}"));
+            assert_eq!(row.split_whitespace().nth(1), Some(*class), "{row}");
+            assert!(
+                source.contains(&format!("\"{class}\",")),
+                "{class} not in __all__"
+            );
+        }
+        // Too many plans is a kind of space too large: existing `except` clauses still work.
+        assert!(source.contains("class TooManyPlansError(SpaceTooLargeError)"));
+    }
+
+    #[test]
+    fn limit_paths_drop_indices_and_nesting_of_the_gpu() {
+        assert_eq!(limit_path("space.zero[1]"), "space.zero");
+        assert_eq!(limit_path("cluster.gpu.sm_count"), "gpu.sm_count");
+        assert_eq!(limit_path("cluster.num_gpus"), "cluster.num_gpus");
+        for (path, _) in core::limits::TABLE {
+            assert_eq!(limit_path(path), *path);
+        }
+    }
+
+    #[test]
+    fn integers_that_do_not_fit_are_named_with_their_limits() {
+        Python::initialize();
+        Python::attach(|py| {
+            let plan = |dp: &str| {
+                py.eval(
+                    &std::ffi::CString::new(format!("{{'dp': {dp}, 'tp': 1, 'pp': 1}}")).unwrap(),
+                    None,
+                    None,
+                )
+                .unwrap()
+            };
+            let message = |dp: &str| convert::<Plan>(&plan(dp), "plan").unwrap_err();
+            for (dp, shown) in [
+                ("-64", "-64"),
+                ("2**32", "4294967296"),
+                ("2**64 - 1", "18446744073709551615"),
+                ("10**30", "1000000000000000000000000000000"),
+                ("8.0", "8.0"),
+                ("'64'", "'64'"),
+                ("None", "None"),
+            ] {
+                let (text, (field, value, allowed)) = message(dp);
+                assert_eq!(
+                    text,
+                    format!("invalid plan.dp: {shown} (allowed: 1..=1048576)")
+                );
+                assert_eq!(field.as_deref(), Some("plan.dp"));
+                assert_eq!(value.as_deref(), Some(shown));
+                assert_eq!(allowed.as_deref(), Some("1..=1048576"));
+            }
+            // A huge integer is echoed bounded.
+            let (text, (_, value, _)) = message("10**200");
+            assert!(text.len() < 120, "{text}");
+            assert!(value.unwrap().ends_with('…'));
+            // Values of the wrong type elsewhere are named by what the field takes.
+            let eval = |text: &str| {
+                py.eval(&std::ffi::CString::new(text).unwrap(), None, None)
+                    .unwrap()
+            };
+            let plan_error = |text: &str| convert::<Plan>(&eval(text), "plan").unwrap_err().0;
+            assert_eq!(
+                plan_error("{'dp': 8, 'tp': 1, 'pp': 1, 'recompute': 7}"),
+                "invalid plan.recompute: 7 (allowed: one of `none`, `selective`, `full`, `selective-op`)"
+            );
+            assert_eq!(
+                plan_error("{'dp': 8, 'tp': 1, 'pp': 1, 'order': 5}"),
+                "invalid plan.order: 5 (allowed: a string)"
+            );
+            assert_eq!(
+                plan_error("'dp=8'"),
+                "invalid plan: 'dp=8' (allowed: a table (dict))"
+            );
+            let space_error =
+                |text: &str| convert::<SearchSpace>(&eval(text), "space").unwrap_err().0;
+            assert_eq!(
+                space_error("{'zero': 5}"),
+                "invalid space.zero: 5 (allowed: a list)"
+            );
+            assert_eq!(
+                space_error("{'zero': [1, 300]}"),
+                "invalid space.zero: 300 (allowed: 0..=3)"
+            );
+            assert_eq!(
+                space_error("{'memory_headroom_gib': 10**400}"),
+                format!(
+                    "invalid space.memory_headroom_gib: {} (allowed: a number)",
+                    core::error::echo(&format!("1{}", "0".repeat(400)))
+                )
+            );
+            // The limits table as Python sees it.
+            let table = limits(py).unwrap();
+            assert_eq!(table.len(), core::limits::TABLE.len());
+            let gpus: (u64, u64) = table
+                .get_item("cluster.num_gpus")
+                .unwrap()
+                .unwrap()
+                .extract()
+                .unwrap();
+            assert_eq!(gpus, (1, core::limits::MAX_GPUS as u64));
+        });
     }
 
     #[test]
