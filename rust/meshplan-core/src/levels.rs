@@ -95,6 +95,8 @@ pub(crate) struct DegreeLevel<'p> {
 }
 
 impl<'p> DegreeLevel<'p> {
+    /// Level 1 of the ranks `pipeline` on `groups` for the ZeRO stages `zero`: the model states
+    /// now, the DP/ZeRO parts on first use.
     pub fn new(
         problem: &'p Problem,
         groups: Groups,
