@@ -64,8 +64,10 @@ def test_a_failing_query_is_its_error_in_place() -> None:
     qs: list[object] = [
         ("llama3-8b", c, w, SPACE),
         ("no-such-model", c, w),  # fails in Python (preset lookup)
-        ("llama3-8b", c, w, mp.SearchSpace(zero=[7])),  # fails in the core (space)
-        ("llama3-8b", mp.Cluster("h100-sxm", 8), mp.Workload(0, 4096)),  # fails validating
+        # Dicts, so that the bad values fail inside the batch (a constructor would refuse
+        # them at once): the space's range, then the workload's.
+        ("llama3-8b", c, w, {"zero": [7]}),
+        ("llama3-8b", mp.Cluster("h100-sxm", 8), {"global_batch": 0, "seq_len": 4096}),
         ("llama3-8b", c, w, mp.SearchSpace(max_candidates=10)),  # too large
         "not a query",
         ("llama3-8b", c, w, SPACE),
@@ -143,5 +145,5 @@ def test_a_progress_callback_that_raises_stops_the_batch() -> None:
 
 def test_errors_are_meshplan_errors() -> None:
     [r] = mp.search_many([("llama3-8b", mp.Cluster("h100-sxm", 8), mp.Workload(64, 4096),
-                           mp.SearchSpace(top_k=0))], progress=False)
+                           {"top_k": 0})], progress=False)
     assert isinstance(r, MeshplanError) and isinstance(r, ValueError)

@@ -22,17 +22,19 @@ the batch. With ``timeout_s`` or ``cancel``, the queries not finished in time co
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, TextIO, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, TextIO, Union
 
 from . import _core, errors
 from ._core import CancelToken
-from ._fields import as_type
+from ._fields import as_type, invalid, shown
 from .api import ModelLike, problem_dict
 from .errors import InvalidInputError, MeshplanError
 from .hardware import Cluster
+from .model import Model
 from .report import SearchResult
 from .space import SearchSpace
 from .workload import Workload
@@ -46,6 +48,21 @@ class Query:
     cluster: Cluster
     workload: Workload
     space: Optional[SearchSpace] = None
+
+    def __post_init__(self) -> None:
+        # Types at once; the values are checked by the objects themselves and the core.
+        if not isinstance(self.model, (Model, str, os.PathLike, Mapping)):
+            raise _not_a("model", self.model,
+                         "a Model, a preset name, a config.json path or a dict")
+        for name, cls in (("cluster", Cluster), ("workload", Workload)):
+            if not isinstance(getattr(self, name), (cls, Mapping)):
+                raise _not_a(name, getattr(self, name), f"a {cls.__name__} or a dict")
+        if self.space is not None and not isinstance(self.space, (SearchSpace, Mapping)):
+            raise _not_a("space", self.space, "a SearchSpace, a dict or None")
+
+
+def _not_a(where: str, value: object, allowed: str) -> InvalidInputError:
+    return invalid(f"query.{where}", shown(value), allowed)
 
 
 QueryLike = Union[Query, Sequence[Any]]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
 from . import _core
-from ._fields import checked
+from ._fields import check_fields, checked, invalid, shown
 from .errors import InvalidInputError
 
 
@@ -39,6 +39,9 @@ class Gpu:
     description: str = ""
     scaleup_topology: str = "switch"
     """``"switch"`` (NVSwitch) or ``"mesh"`` (AMD xGMI)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "gpu", _GPU_KINDS)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -89,6 +92,11 @@ class Cluster:
     gpus_per_node: Optional[int] = None
     nvlink_domain: Optional[int] = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, (str, Gpu)):
+            raise invalid("cluster.gpu", shown(self.gpu), "a GPU preset name or a Gpu")
+        check_fields(self, "cluster", _CLUSTER_KINDS)
+
     @classmethod
     def preset(
         cls,
@@ -125,3 +133,12 @@ class Cluster:
         if isinstance(gpu, Mapping):
             fields["gpu"] = Gpu.from_dict(gpu)
         return cls(**fields)
+
+
+_GPU_KINDS = {
+    "name": "str", "peak_tflops": "mapping", "memory_gib": "number",
+    "memory_bandwidth_gbps": "number", "sm_count": "int", "scaleup_bandwidth_gbps": "number",
+    "scaleup_domain": "int", "gpus_per_node": "int", "network_bandwidth_gbps": "number",
+    "calibration": "mapping", "description": "str", "scaleup_topology": "str",
+}
+_CLUSTER_KINDS = {"num_gpus": "int", "gpus_per_node": "int?", "nvlink_domain": "int?"}
