@@ -4,7 +4,8 @@
 and ``plot`` (one plan taken apart, turned into framework configuration, or drawn).
 
 Exit codes: 0 success; 2 bad input (one line ``meshplan: error: <message naming the field>`` on
-stderr, no traceback); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
+stderr, no traceback) or no command at all (``meshplan`` alone prints its usage and the commands
+on stderr); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import csv
 import json
 import os
 import sys
+import time
 from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence, TextIO
 
 from . import __version__, _core
@@ -24,7 +26,7 @@ from .hardware import Cluster, Gpu
 from .model import Model, read_text
 from .plan import DEFAULT_ORDER, Plan
 from .report import Evaluation, SearchResult, SearchStats
-from .space import DEGREES, SearchSpace
+from .space import DEGREES, SearchSpace, why_no_candidates
 from .validation import ValidationReport, calibrated, validate
 from .workload import Workload
 
@@ -201,7 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="run the gRPC planning service (meshplan.v1.Planner)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=50051, help="0 picks a free port (default 50051)")
-    sv.add_argument("--workers", type=int, metavar="N", help="calls served at once (default: max(4, cores))")
+    sv.add_argument("--workers", type=int, metavar="N",
+                    help="planning calls served at once (default: max(4, cores))")
+    sv.add_argument("--queue", type=int, default=64, metavar="N",
+                    help="planning calls that may wait for a worker; more get RESOURCE_EXHAUSTED "
+                    "(default 64)")
+    sv.add_argument("--max-response-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
+                    help="larger responses get RESOURCE_EXHAUSTED (default 4 MiB, gRPC's "
+                    "default client limit)")
     sv.add_argument("--threads", type=int, metavar="N", help="core threads per search (default: all cores)")
     sv.add_argument("--max-candidates", type=int, metavar="N", help="refuse larger search spaces (RESOURCE_EXHAUSTED)")
     sv.add_argument("--tls-cert", metavar="PEM", help="certificate chain; with --tls-key, serve TLS")
@@ -216,8 +225,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs ``meshplan`` with ``argv`` (default: the process arguments); returns the exit code."""
+    started = time.monotonic()
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        arguments = sys.argv[1:] if argv is None else list(argv)
+        if not arguments:
+            sys.stderr.write(parser.format_help())
+            return 2
+        args = parser.parse_args(arguments)
+        args.started_s = started
         code: int = args.run(args, sys.stdout)
         return code
     except (UsageError, InvalidInputError) as e:
@@ -237,6 +253,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (OSError, ValueError):
             pass
         return 1
+
+
+def _remaining_s(args: argparse.Namespace) -> Optional[float]:
+    """What is left of ``--timeout-s`` (None: no timeout): the clock starts with the command, so
+    that the time spent building the inputs counts too."""
+    timeout_s: Optional[float] = args.timeout_s
+    if timeout_s is None or not 0 <= timeout_s < float("inf"):
+        return timeout_s  # the core names a bad one
+    started_s: float = args.started_s
+    return max(0.0, timeout_s - (time.monotonic() - started_s))
 
 
 def _fail(error: Exception, code: int) -> int:
@@ -277,7 +303,13 @@ def _workload(args: argparse.Namespace) -> Workload:
 
 
 def _space(args: argparse.Namespace) -> SearchSpace:
-    space = SearchSpace(
+    degrees = {
+        attr: getattr(args, attr)
+        for name in DEGREES
+        for attr in (name, f"min_{name}", f"max_{name}")
+    }
+    return SearchSpace(
+        **degrees,
         zero=args.zero,
         recompute=args.recompute,
         schedules=args.schedules,
@@ -292,10 +324,6 @@ def _space(args: argparse.Namespace) -> SearchSpace:
         max_candidates=args.max_candidates,
         orders=_core.rank_orders() if getattr(args, "all_orders", False) else getattr(args, "orders", None),
     )
-    for name in DEGREES:
-        for attr in (name, f"min_{name}", f"max_{name}"):
-            setattr(space, attr, getattr(args, attr))
-    return space
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -306,17 +334,16 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
     if args.all:
         return _search_all(args, model, cluster, workload, out)
     if args.server:
-        from .client import PlannerClient
-
+        PlannerClient = _grpc_extra("search --server", "client").PlannerClient
         token = _secret(args.server_token_file, "server token file")
         ca = None if args.server_ca is None else _pem(args.server_ca, "server CA")
         with PlannerClient(args.server, token=token, root_certificates=ca,
-                           timeout_s=args.timeout_s) as client:
+                           timeout_s=_remaining_s(args)) as client:
             result = client.search(model, cluster, workload, _space(args))
     else:
         result = search(
             model, cluster, workload, _space(args),
-            threads=args.threads, timeout_s=args.timeout_s,
+            threads=args.threads, timeout_s=_remaining_s(args),
         )
     if args.json:
         json.dump(search_json(result), out, indent=2)
@@ -327,6 +354,10 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
         out.write(_title(model, cluster, workload) + "\n\n")
         if result.plans:
             out.write(plans_table(result.plans) + "\n\n")
+        elif result.stats.candidates == 0:
+            why = why_no_candidates(_space(args).to_dict(), cluster.num_gpus,
+                                    moe=model.moe is not None, global_batch=workload.global_batch)
+            out.write(f"no plan to consider: {why}\n\n")
         else:
             out.write("no feasible plan (see what was pruned below)\n\n")
         out.write(stats_block(result.stats) + "\n")
@@ -346,7 +377,7 @@ def _search_all(
     space = feasible_space(
         model, cluster, workload, _space(args),
         max_plans=DEFAULT_MAX_PLANS if args.max_plans is None else args.max_plans,
-        threads=args.threads, timeout_s=args.timeout_s,
+        threads=args.threads, timeout_s=_remaining_s(args),
     )
     if args.csv:
         space.write_csv(out)
@@ -406,7 +437,7 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     rows = sweep.sweep(
         points, workload, _space(args), gpus_per_node=args.gpus_per_node,
         nvlink_domain=args.nvlink_domain, calibration=calibration, threads=args.threads,
-        progress=args.progress,
+        progress=args.progress, timeout_s=_remaining_s(args),
     )
     if args.plot:
         sweep.plot(rows, args.plot, args.x)
@@ -451,13 +482,30 @@ def _pem(path: str, what: str) -> bytes:
     return read_text(path, what).encode()
 
 
+def _grpc_extra(command: str, module: str) -> Any:
+    """``meshplan.<module>``, which needs the ``grpc`` extra; without it, a usage error that
+    says which ``pip install`` fixes it."""
+    import importlib
+
+    try:
+        return importlib.import_module(f".{module}", __package__)
+    except ImportError as e:
+        missing = e.name or "grpc"
+        raise UsageError(
+            f"{command} needs the grpc extra (missing module {missing}): "
+            "pip install 'meshplan[grpc]'"
+        ) from None
+
+
 def _serve(args: argparse.Namespace, out: TextIO) -> int:
-    from .server import ServerConfig, serve
+    server = _grpc_extra("serve", "server")
+    ServerConfig, serve = server.ServerConfig, server.serve
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
     config = ServerConfig(
         host=args.host, port=args.port, threads=args.threads, max_candidates=args.max_candidates,
+        queue=args.queue, max_response_bytes=args.max_response_bytes,
         token=_secret(args.token_file, "token file"), grace_s=args.grace_s,
         tls_cert=None if args.tls_cert is None else _pem(args.tls_cert, "TLS certificate"),
         tls_key=None if args.tls_key is None else _pem(args.tls_key, "TLS key"),
@@ -465,9 +513,10 @@ def _serve(args: argparse.Namespace, out: TextIO) -> int:
     if args.workers is not None:
         config.workers = args.workers
     try:
-        return serve(config)
+        code: int = serve(config)
+        return code
     except ValueError as e:
-        raise InvalidInputError(f"invalid serve option: {e}") from None
+        raise InvalidInputError(str(e)) from None
     except (OSError, RuntimeError) as e:
         raise MeshplanError(f"cannot serve on {args.host}:{args.port}: {e}") from None
 
@@ -791,11 +840,14 @@ def _plot(args: argparse.Namespace, out: TextIO) -> int:
     try:
         from . import plot
     except ImportError as e:  # matplotlib is the optional `plot` extra
-        raise UsageError(f"plot needs matplotlib: pip install 'meshplan[plot]' ({e})") from None
+        missing = e.name or "matplotlib"
+        raise UsageError(
+            f"plot needs the plot extra (missing module {missing}): pip install 'meshplan[plot]'"
+        ) from None
     model, cluster, workload = _model(args), _cluster(args), _workload(args)
     if args.picture == "pareto":
         plot.pareto(model, cluster, workload, _space(args), label=args.label,
-                    threads=args.threads, out=args.out)
+                    threads=args.threads, timeout_s=_remaining_s(args), out=args.out)
     elif args.picture == "schedule":
         plot.schedule(model, cluster, workload, Plan.parse(args.plan), out=args.out)
     else:

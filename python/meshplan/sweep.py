@@ -117,13 +117,15 @@ def sweep(
     calibration: Optional[str] = None,
     threads: Optional[int] = None,
     progress: Optional[bool] = None,
+    timeout_s: Optional[float] = None,
 ) -> list[dict[str, Any]]:
     """The best plan at every point (one row each, in order; see the module docs).
 
     ``workload`` sets everything but the swept ``global_batch`` and ``seq_len`` (precision,
     optimizer, ...); ``space`` constrains every search (``top_k`` is set to 1). A point that
     cannot be searched (an unknown preset, a precision the GPU lacks) is a row with ``status``
-    ``error``, not an exception.
+    ``error``, not an exception. ``timeout_s`` bounds the whole sweep: the points not searched
+    in time are ``error`` rows (a deadline).
     """
     from .api import as_model
     from .validation import calibrated
@@ -147,7 +149,7 @@ def sweep(
         except MeshplanError as e:
             queries.append(e)
     good = [q for q in queries if isinstance(q, Query)]
-    results = iter(search_many(good, threads=threads, progress=progress))
+    results = iter(search_many(good, threads=threads, progress=progress, timeout_s=timeout_s))
     return [_row(p, q if isinstance(q, MeshplanError) else next(results)) for p, q in zip(points, queries)]
 
 
