@@ -77,6 +77,7 @@ def test_a_failing_query_is_its_error_in_place() -> None:
     assert isinstance(results[0], mp.SearchResult)
     assert isinstance(results[1], UnknownPresetError)
     assert isinstance(results[2], InvalidInputError) and "space.zero" in str(results[2])
+    assert results[2].field == "space.zero" and results[2].allowed == "0..=3"
     assert isinstance(results[3], InvalidInputError) and "global_batch" in str(results[3])
     assert isinstance(results[4], SpaceTooLargeError)
     assert isinstance(results[5], InvalidInputError) and "query" in str(results[5])
@@ -147,3 +148,10 @@ def test_errors_are_meshplan_errors() -> None:
     [r] = mp.search_many([("llama3-8b", mp.Cluster("h100-sxm", 8), mp.Workload(64, 4096),
                            {"top_k": 0})], progress=False)
     assert isinstance(r, MeshplanError) and isinstance(r, ValueError)
+
+
+def test_an_error_from_the_core_keeps_its_field() -> None:
+    [r] = mp.search_many([("llama3-8b", mp.Cluster("h100-sxm", 8),
+                           mp.Workload(64, 4096, precision="fp5"))], progress=False)
+    assert isinstance(r, InvalidInputError)
+    assert (r.field, r.value) == ("workload.precision", "fp5") and r.allowed

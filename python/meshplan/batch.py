@@ -93,7 +93,8 @@ def _error(entry: dict[str, Any]) -> MeshplanError:
     cls = getattr(errors, entry["class"], MeshplanError)
     if not (isinstance(cls, type) and issubclass(cls, MeshplanError)):
         cls = MeshplanError
-    return cls(entry["message"])
+    context = {key: entry.get(key) for key in ("field", "value", "allowed")}
+    return cls(entry["message"], **context)
 
 
 class ProgressBar:
