@@ -92,7 +92,13 @@ def _problem_flags() -> _Parser:
         help="a model preset (see `meshplan models`) or a Hugging Face config.json",
     )
     g.add_argument("--model-name", help="name for a model read from a config.json")
-    g.add_argument("--gpu", required=True, metavar="NAME", help="a GPU preset (see `meshplan gpus`)")
+    g.add_argument("--gpu", metavar="NAME", help="a GPU preset (see `meshplan gpus`)")
+    g.add_argument(
+        "--gpu-set", action="append", metavar="FIELD=V,...",
+        help="what-if hardware: change the GPU's fields, e.g. memory_gib=141,scaleup_domain=72 "
+        "(labelled hypothetical)",
+    )
+    g.add_argument("--gpu-file", metavar="hw.toml", help="what-if hardware from a file (instead of --gpu)")
     g.add_argument("--gpus", required=True, type=int, metavar="N", help="number of GPUs")
     g.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the GPU preset's")
     g.add_argument("--nvlink-domain", type=int, metavar="N", help="GPUs per NVLink domain (default: the preset's)")
@@ -281,11 +287,35 @@ def _model(args: argparse.Namespace) -> Model:
     return model
 
 
-def _cluster(args: argparse.Namespace) -> Cluster:
-    cluster = Cluster(Gpu.preset(args.gpu), args.gpus, args.gpus_per_node, args.nvlink_domain)
+def _base_gpu(args: argparse.Namespace) -> Gpu:
+    """``--gpu`` or ``--gpu-file`` (exactly one), with the calibration file applied."""
+    if (args.gpu is None) == (getattr(args, "gpu_file", None) is None):
+        raise UsageError("give one of --gpu NAME or --gpu-file FILE")
+    if args.gpu is not None:
+        gpu = Gpu.preset(args.gpu)
+    else:
+        gpu = Gpu.from_file(_readable(args.gpu_file, "--gpu-file"))
     if getattr(args, "calibration", None):
-        cluster = calibrated(cluster, _readable(args.calibration, "--calibration"))
-    return cluster
+        # Calibration first: the file names the preset, not the what-if label.
+        gpu = calibrated(Cluster(gpu, 1), _readable(args.calibration, "--calibration")).resolved_gpu()
+    return gpu
+
+
+def _gpu_overrides(args: argparse.Namespace) -> dict[str, str]:
+    from .whatif import parse_assignments
+
+    changes: dict[str, str] = {}
+    for text in getattr(args, "gpu_set", None) or []:
+        changes.update(parse_assignments(text))
+    return changes
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    gpu = _base_gpu(args)
+    changes = _gpu_overrides(args)
+    if changes:
+        gpu = gpu.with_overrides(changes)
+    return Cluster(gpu, args.gpus, args.gpus_per_node, args.nvlink_domain)
 
 
 def _readable(path: str, flag: str) -> str:
@@ -346,10 +376,10 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
             threads=args.threads, timeout_s=_remaining_s(args),
         )
     if args.json:
-        json.dump(search_json(result), out, indent=2)
+        json.dump(_labelled(search_json(result), cluster), out, indent=2)
         out.write("\n")
     elif args.csv:
-        write_csv(result.plans, out)
+        write_csv(result.plans, out, cluster)
     else:
         out.write(_title(model, cluster, workload) + "\n\n")
         if result.plans:
@@ -400,7 +430,14 @@ def _sweep_command(sub: Any) -> None:
     g.add_argument("--gpus", required=True, type=_list_of(int, "GPU counts"), metavar="64,128")
     g.add_argument("--global-batch", required=True, type=_list_of(int, "batch sizes"), metavar="B,...")
     g.add_argument("--seq-len", required=True, type=_list_of(int, "sequence lengths"), metavar="S,...")
+    g.add_argument(
+        "--gpu-sweep", action="append", metavar="FIELD=V1,V2",
+        help="what-if hardware axis, e.g. memory_gib=80,141,192 (repeat for more axes; rows "
+        "are labelled hypothetical)",
+    )
     w = sw.add_argument_group("cluster and workload (fixed)")
+    w.add_argument("--gpu-set", action="append", metavar="FIELD=V,...",
+                   help="what-if hardware for every point, e.g. network_bandwidth_gbps=100")
     w.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the GPU preset's")
     w.add_argument("--nvlink-domain", type=int, metavar="N", help="GPUs per NVLink domain")
     w.add_argument("--precision", default="bf16", help="bf16 (default), fp16, fp8, mxfp8 or nvfp4")
@@ -418,6 +455,13 @@ def _sweep_command(sub: Any) -> None:
     o.add_argument("--out", metavar="FILE", help="write the rows here instead of stdout")
     o.add_argument("--plot", metavar="FILE.png", help="plot best tokens/s/GPU and MFU against the swept variable")
     o.add_argument("--x", choices=("model", "gpu", "gpus", "global_batch", "seq_len"), help="the plot's x axis")
+    o.add_argument("--html", metavar="FILE.html", help="also write an interactive HTML report")
+    x = sw.add_argument_group("execution")
+    x.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="search on a Ray cluster (ADDRESS: 'auto', ray://host:10001; none: a "
+                   "local Ray); pip install 'meshplan[ray]'")
+    x.add_argument("--chunk-size", type=int, metavar="N", help="queries per Ray task (default: "
+                   "about four tasks per cluster CPU)")
     prog = o.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="a progress bar on stderr (default: only on a terminal)")
@@ -428,7 +472,15 @@ def _sweep_command(sub: Any) -> None:
 def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     from . import sweep
 
-    points = sweep.grid(args.model, args.gpu, args.gpus, args.global_batch, args.seq_len)
+    from .whatif import parse_sweep
+
+    hardware: dict[str, list[str]] = {}
+    for text in args.gpu_sweep or []:
+        field, values = parse_sweep(text)
+        if field in hardware:
+            raise UsageError(f"--gpu-sweep: {field} given twice")
+        hardware[field] = values
+    points = sweep.grid(args.model, args.gpu, args.gpus, args.global_batch, args.seq_len, hardware)
     workload = Workload(
         1, 1, args.precision, args.optimizer, args.grad_bytes, args.lora, args.flash_attention,
         args.fused_cross_entropy,
@@ -438,7 +490,14 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
         points, workload, _space(args), gpus_per_node=args.gpus_per_node,
         nvlink_domain=args.nvlink_domain, calibration=calibration, threads=args.threads,
         progress=args.progress, timeout_s=_remaining_s(args),
+        gpu_overrides=_gpu_overrides(args),
+        executor="local" if args.ray is None else "ray", ray_address=args.ray or None,
+        chunk_size=args.chunk_size,
     )
+    if args.html:
+        from .report_html import write_sweep_html
+
+        write_sweep_html(rows, args.html)
     if args.plot:
         sweep.plot(rows, args.plot, args.x)
     try:
@@ -461,6 +520,9 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
                  r["plan"] or r["error"] or "-"]
                 for r in rows
             ]
+            if any(r["hypothetical"] for r in rows):
+                target.write("HYPOTHETICAL HARDWARE: rows marked what-if:... use GPUs that "
+                             "do not exist (preset fields overridden)\n\n")
             target.write(table(header, table_rows) + "\n")
     finally:
         if target is not out:
@@ -525,7 +587,7 @@ def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
     model, cluster, workload = _model(args), _cluster(args), _workload(args)
     ev = evaluate(model, cluster, workload, Plan.parse(args.plan))
     if args.json:
-        json.dump(ev.to_flat_dict(), out, indent=2)
+        json.dump(_labelled(ev.to_flat_dict(), cluster), out, indent=2)
         out.write("\n")
     else:
         out.write(_title(model, cluster, workload) + "\n\n")
@@ -595,9 +657,19 @@ def flat_row(ev: Evaluation) -> dict[str, Any]:
     return row
 
 
-def write_csv(plans: Sequence[Evaluation], out: TextIO) -> None:
-    """The plans as CSV with a header row."""
+def _labelled(data: dict[str, Any], cluster: Cluster) -> dict[str, Any]:
+    """``data`` with a ``hardware`` entry when the GPU is hypothetical (a what-if)."""
+    if cluster.resolved_gpu().hypothetical:
+        data = {"hardware": hardware_json(cluster), **data}
+    return data
+
+
+def write_csv(plans: Sequence[Evaluation], out: TextIO, cluster: Optional[Cluster] = None) -> None:
+    """The plans as CSV with a header row (``gpu`` and ``hypothetical`` columns first when
+    ``cluster``'s GPU is a what-if)."""
     rows = [flat_row(p) for p in plans]
+    if cluster is not None and cluster.resolved_gpu().hypothetical:
+        rows = [{"gpu": cluster.resolved_gpu().name, "hypothetical": True, **r} for r in rows]
     header = list(rows[0]) if rows else list(PLAN_COLUMNS + METRIC_COLUMNS)
     writer = csv.DictWriter(out, fieldnames=header, lineterminator="\n")
     writer.writeheader()
@@ -690,10 +762,19 @@ def evaluation_block(ev: Evaluation) -> str:
 
 def _title(model: Model, cluster: Cluster, workload: Workload) -> str:
     gpu = cluster.gpu.name if isinstance(cluster.gpu, Gpu) else cluster.gpu
-    return (
+    title = (
         f"{model.name} on {cluster.num_gpus} x {gpu}, global batch {workload.global_batch} x "
         f"{workload.seq_len} tokens, {workload.precision}"
     )
+    if isinstance(cluster.gpu, Gpu) and cluster.gpu.hypothetical:
+        title = f"HYPOTHETICAL HARDWARE: {cluster.gpu.description}\n{title}"
+    return title
+
+
+def hardware_json(cluster: Cluster) -> dict[str, Any]:
+    """``{"gpu": name, "hypothetical": bool, "description": ...}`` for JSON outputs."""
+    gpu = cluster.resolved_gpu()
+    return {"gpu": gpu.name, "hypothetical": gpu.hypothetical, "description": gpu.description}
 
 
 # --- validate ----------------------------------------------------------------------------------
@@ -811,7 +892,7 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     model, cluster, workload = _model(args), _cluster(args), _workload(args)
     x = explain(model, cluster, workload, Plan.parse(args.plan))
     if args.json:
-        json.dump(x.to_dict(), out, indent=2)
+        json.dump(_labelled(x.to_dict(), cluster), out, indent=2)
         out.write("\n")
     else:
         out.write(_title(model, cluster, workload) + "\n\n" + x.to_text() + "\n")

@@ -7,6 +7,7 @@ through :meth:`Gpu.preset`; change any of them with :func:`dataclasses.replace`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
@@ -77,6 +78,31 @@ class Gpu:
     def preset(cls, name: str) -> Gpu:
         """The built-in GPU ``name`` (see :meth:`presets`); ``UnknownPresetError`` otherwise."""
         return cls.from_dict(_core.gpu_preset(name))
+
+    def with_overrides(self, overrides: Optional[Mapping[str, Any]] = None, **fields: Any) -> Gpu:
+        """A hypothetical GPU: this one with some fields changed (``memory_gib=141``,
+        ``scaleup_domain=72``, ``network_bandwidth_gbps=100``; dotted names such as
+        ``peak_tflops.bf16`` go in ``overrides``). Field names are checked here, values by the
+        core as a preset's are; the result is named ``what-if:<name>{field=value,...}``
+        (see :mod:`meshplan.whatif`)."""
+        from . import whatif
+
+        changes = {**(overrides or {}), **fields}
+        return Gpu.from_dict(whatif.apply(self.to_dict(), changes))
+
+    @classmethod
+    def from_file(cls, path: Union[str, "os.PathLike[str]"]) -> Gpu:
+        """A GPU from a hardware file (TOML or JSON; see :func:`meshplan.whatif.read_file`)."""
+        from . import whatif
+
+        return cls.from_dict(whatif.read_file(path))
+
+    @property
+    def hypothetical(self) -> bool:
+        """Whether this is a what-if GPU (made by :meth:`with_overrides` or a hardware file)."""
+        from . import whatif
+
+        return whatif.is_hypothetical(self.name)
 
 
 @dataclass
