@@ -141,6 +141,9 @@ def search_many(
     *,
     timeout_s: Optional[float] = None,
     cancel: Optional[CancelToken] = None,
+    executor: str = "local",
+    ray_address: Optional[str] = None,
+    chunk_size: Optional[int] = None,
 ) -> list[Outcome]:
     """One :func:`meshplan.search` per query, run in parallel in Rust; one entry per query, in
     order: a :class:`~meshplan.SearchResult`, or the query's own
@@ -150,7 +153,15 @@ def search_many(
     core); the results do not depend on it. ``progress``: a bar on stderr; None shows it only
     when stderr is a terminal. ``timeout_s`` bounds the whole batch; ``cancel.cancel()`` stops
     it.
+
+    ``executor="ray"`` sends chunks of ``chunk_size`` queries (default: about four per CPU of
+    the cluster) to a Ray cluster at ``ray_address`` (None: the running or a new local Ray;
+    ``pip install 'meshplan[ray]'``), with the same results, order and progress bar; a chunk
+    whose worker is lost is retried (see :mod:`meshplan.ray_exec`). ``threads`` is then the
+    core threads of each chunk (default 1, one Ray CPU per chunk).
     """
+    if executor not in ("local", "ray"):
+        raise InvalidInputError(f"invalid executor: {shown(executor)} (allowed: local, ray)")
     items = list(queries)
     outcomes: list[Optional[Outcome]] = [None] * len(items)
     core_queries: list[tuple[dict[str, Any], Optional[dict[str, Any]]]] = []
@@ -164,7 +175,16 @@ def search_many(
     bar: Optional[ProgressBar] = None
     if _wants_progress(progress, sys.stderr):
         bar = ProgressBar(sys.stderr, offset=len(items) - len(core_queries))
-    raw = _core.search_many(core_queries, threads, timeout_s, cancel, bar)
+    if executor == "ray":
+        from .ray_exec import search_many_ray
+
+        raw = search_many_ray(
+            core_queries, threads, timeout_s,
+            None if cancel is None else (lambda: cancel.cancelled), bar,
+            address=ray_address, chunk_size=chunk_size,
+        )
+    else:
+        raw = _core.search_many(core_queries, threads, timeout_s, cancel, bar)
     if bar is not None:
         bar.close(len(items))
     for i, entry in zip(where, raw):
