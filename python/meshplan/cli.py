@@ -224,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--token-file", metavar="F", help="require `authorization: Bearer <token in F>`")
     sv.add_argument("--grace-s", type=float, default=10.0, metavar="S", help="in-flight calls may finish for S seconds on SIGTERM/SIGINT (default 10)")
     sv.set_defaults(run=_serve)
+    rp = sub.add_parser("report", parents=[common],
+                        help="an interactive HTML report of a search (Pareto front, plans, details)")
+    _space_flags(rp)
+    rp.add_argument("--html", required=True, metavar="FILE.html", help="the self-contained report")
+    rp.set_defaults(run=_report)
     _plan_commands(sub, common)
     _sweep_command(sub)
     return parser
@@ -394,6 +399,27 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace, out: TextIO) -> int:
+    """``report --html``: the search (top 200 plans unless --top-k) as an interactive page."""
+    from dataclasses import replace
+
+    from .report_html import write_search_html
+
+    model, cluster, workload = _model(args), _cluster(args), _workload(args)
+    space = _space(args)
+    if args.top_k is None:
+        space = replace(space, top_k=200)
+    result = search(model, cluster, workload, space, threads=args.threads,
+                    timeout_s=_remaining_s(args))
+    try:
+        write_search_html(model, cluster, workload, result, _title(model, cluster, workload),
+                          args.html)
+    except OSError as e:
+        raise InvalidInputError(f"invalid --html: {args.html} ({e.strerror})") from None
+    out.write(f"wrote {args.html} ({len(result.plans)} plans)\n")
+    return 0
+
+
 def _search_all(
     args: argparse.Namespace, model: Model, cluster: Cluster, workload: Workload, out: TextIO
 ) -> int:
@@ -497,7 +523,10 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     if args.html:
         from .report_html import write_sweep_html
 
-        write_sweep_html(rows, args.html)
+        try:
+            write_sweep_html(rows, args.html)
+        except OSError as e:
+            raise InvalidInputError(f"invalid --html: {args.html} ({e.strerror})") from None
     if args.plot:
         sweep.plot(rows, args.plot, args.x)
     try:
