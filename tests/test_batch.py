@@ -64,8 +64,10 @@ def test_a_failing_query_is_its_error_in_place() -> None:
     qs: list[object] = [
         ("llama3-8b", c, w, SPACE),
         ("no-such-model", c, w),  # fails in Python (preset lookup)
-        ("llama3-8b", c, w, mp.SearchSpace(zero=[7])),  # fails in the core (space)
-        ("llama3-8b", mp.Cluster("h100-sxm", 8), mp.Workload(0, 4096)),  # fails validating
+        # Dicts, so that the bad values fail inside the batch (a constructor would refuse
+        # them at once): the space's range, then the workload's.
+        ("llama3-8b", c, w, {"zero": [7]}),
+        ("llama3-8b", mp.Cluster("h100-sxm", 8), {"global_batch": 0, "seq_len": 4096}),
         ("llama3-8b", c, w, mp.SearchSpace(max_candidates=10)),  # too large
         "not a query",
         ("llama3-8b", c, w, SPACE),
@@ -75,6 +77,7 @@ def test_a_failing_query_is_its_error_in_place() -> None:
     assert isinstance(results[0], mp.SearchResult)
     assert isinstance(results[1], UnknownPresetError)
     assert isinstance(results[2], InvalidInputError) and "space.zero" in str(results[2])
+    assert results[2].field == "space.zero" and results[2].allowed == "0..=3"
     assert isinstance(results[3], InvalidInputError) and "global_batch" in str(results[3])
     assert isinstance(results[4], SpaceTooLargeError)
     assert isinstance(results[5], InvalidInputError) and "query" in str(results[5])
@@ -143,5 +146,12 @@ def test_a_progress_callback_that_raises_stops_the_batch() -> None:
 
 def test_errors_are_meshplan_errors() -> None:
     [r] = mp.search_many([("llama3-8b", mp.Cluster("h100-sxm", 8), mp.Workload(64, 4096),
-                           mp.SearchSpace(top_k=0))], progress=False)
+                           {"top_k": 0})], progress=False)
     assert isinstance(r, MeshplanError) and isinstance(r, ValueError)
+
+
+def test_an_error_from_the_core_keeps_its_field() -> None:
+    [r] = mp.search_many([("llama3-8b", mp.Cluster("h100-sxm", 8),
+                           mp.Workload(64, 4096, precision="fp5"))], progress=False)
+    assert isinstance(r, InvalidInputError)
+    assert (r.field, r.value) == ("workload.precision", "fp5") and r.allowed

@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,7 +182,6 @@ def test_model_from_config_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["search", "--model", "missing/config.json", *PROBLEM[2:]], ["missing/config.json"]),
         (["search", *PROBLEM, "--gpus", "0"], ["cluster.num_gpus"]),
         (["frobnicate"], ["frobnicate"]),
-        ([], ["COMMAND"]),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -234,3 +234,132 @@ def test_entry_point_search_json_and_bad_input() -> None:
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.startswith("meshplan: error: invalid plan") and bad.stderr.count("\n") == 1
     assert "Traceback" not in bad.stderr
+
+
+# --- issue 9: the edges a new user finds ------------------------------------------------------
+
+GPUS = str(mp._core.limits()["cluster.num_gpus"][1])
+"""The largest GPU count (the core's limit), as the messages spell it."""
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["search", *PROBLEM[:4], "--gpus", "-8", *PROBLEM[6:]],
+         f"invalid cluster.num_gpus: -8 (allowed: 1..={GPUS})"),
+        (["search", *PROBLEM[:-1], "-5"], "invalid workload.seq_len: -5 (allowed: 1..="),
+        (["evaluate", *PROBLEM, "--plan", "dp=-64,tp=1,pp=1"],
+         f"invalid plan.dp: -64 (allowed: 1..={GPUS})"),
+        (["search", *PROBLEM[:4], "--gpus", "4294967296", *PROBLEM[6:]],
+         f"invalid cluster.num_gpus: 4294967296 (allowed: 1..={GPUS})"),
+        (["search", *PROBLEM[:4], "--gpus", "4294967295", *PROBLEM[6:]],
+         f"invalid cluster.num_gpus: 4294967295 (allowed: 1..={GPUS})"),
+        (["search", *PROBLEM, "--tp", "18446744073709551615"],
+         "invalid space.tp.fixed: 18446744073709551615 (allowed: 1..="),
+        (["search", *PROBLEM, "--top-k", "-1"], "invalid space.top_k: -1 (allowed: 1..="),
+        (["explain", *PROBLEM, "--plan", "dp=8,tp=1,pp=1,vpp=2147483648"],
+         "invalid plan.vpp: 2147483648 (allowed: 1..="),
+    ],
+)
+def test_out_of_range_numbers_get_the_limit_not_python_internals(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    began = time.monotonic()
+    code, out, err = run(capsys, *argv)
+    assert time.monotonic() - began < 1.0
+    assert (code, out) == (2, "") and err.count("\n") == 1, err
+    assert err.startswith(f"meshplan: error: {message}"), err
+    for internal in ("OverflowError", "TypeError", "ValueError", "Traceback", "conversion"):
+        assert internal not in err
+
+
+def test_a_sweep_point_out_of_range_is_an_error_row(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "sweep", "--model", "llama2-7b", "--gpu", "a100-sxm-40g",
+                       "--gpus", "8,-8", "--global-batch", "64", "--seq-len", "4096", "--json")
+    assert code == 0
+    ok, bad = json.loads(out)
+    assert ok["status"] == "ok"
+    assert bad["status"] == "error"
+    assert bad["error"] == f"invalid cluster.num_gpus: -8 (allowed: 1..={GPUS})"
+
+
+def test_no_arguments_print_usage_and_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys)
+    assert code == 2 and out == ""
+    assert err.startswith("usage: meshplan")
+    for command in ("search", "evaluate", "explain", "export", "serve", "sweep", "validate",
+                    "models", "gpus", "plot"):
+        assert f"\n    {command} " in err, command
+
+
+@pytest.mark.parametrize("argv, command", [
+    (["serve", "--port", "0"], "serve"),
+    (["search", *PROBLEM, "--server", "127.0.0.1:1"], "search --server"),
+])
+def test_a_missing_grpc_extra_names_the_pip_install(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str],
+    command: str
+) -> None:
+    # As if grpcio were not installed: importing it fails (and the modules that need it are
+    # imported afresh).
+    monkeypatch.setitem(sys.modules, "grpc", None)
+    for name in ("meshplan.server", "meshplan.client"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    code, out, err = run(capsys, *argv)
+    assert (code, out) == (2, "")
+    assert err == (f"meshplan: error: {command} needs the grpc extra (missing module grpc): "
+                   "pip install 'meshplan[grpc]'\n")
+
+
+def test_an_empty_search_names_the_constraint(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["search", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "512",
+            "--global-batch", "1024", "--seq-len", "8192"]
+    code, out, _ = run(capsys, *argv, "--tp", "3")
+    assert code == 0
+    assert ("no plan to consider: tp=3 does not divide the 512 GPUs "
+            "(dp·tp·pp·ep·cp must equal the GPU count)") in out
+    for extra, reason in [
+        (["--ep", "2"], "ep=2 needs an MoE model (a dense model has ep = 1)"),
+        (["--min-pp", "1000"], "no divisor of the 512 GPUs satisfies pp >= 1000"),
+        (["--dp", "16", "--tp", "8", "--pp", "8"],
+         "no dp·tp·pp·ep·cp = 512 satisfies dp=16, tp=8, pp=8 together"),
+        (["--micro-batch", "2048"],
+         "no micro-batch size satisfies micro_batch=2048 and is at most the global batch"),
+        (["--pp", "1", "--schedules", "zb-h1"], "no schedule of zb-h1 applies"),
+    ]:
+        code, out, _ = run(capsys, *argv, *extra)
+        assert code == 0 and f"no plan to consider: {reason}" in out, (extra, out)
+        assert "candidates  0" in out
+
+
+@pytest.mark.parametrize("name", ["config.json", "my-model.json"])
+def test_a_config_that_is_not_json_is_reported_under_its_own_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, name: str
+) -> None:
+    bad = tmp_path / name
+    bad.write_text("not json")
+    code, _, err = run(capsys, "search", "--model", str(bad), *PROBLEM[2:])
+    assert code == 2
+    assert err.startswith(f"meshplan: error: cannot import Hugging Face config {bad}: "
+                          "not valid JSON"), err
+    # A snapshot directory names the config.json inside it.
+    (tmp_path / "snapshot").mkdir()
+    (tmp_path / "snapshot" / "config.json").write_text("{")
+    code, _, err = run(capsys, "search", "--model", str(tmp_path / "snapshot"), *PROBLEM[2:])
+    assert code == 2 and f"{tmp_path / 'snapshot' / 'config.json'}: not valid JSON" in err
+
+
+@pytest.mark.parametrize("timeout_s", [1.0, 2.0])
+def test_timeout_s_returns_within_ten_percent(capsys: pytest.CaptureFixture[str],
+                                              timeout_s: float) -> None:
+    # A search of seconds (every knob open at the largest bounds); the clock starts with the
+    # command, so parsing and building the inputs count too.
+    argv = ["search", "--model", "llama3.1-405b", "--gpu", "h100-sxm", "--gpus", "16384",
+            "--global-batch", "2048", "--seq-len", "8192", "--max-vpp", "4096",
+            "--max-micro-batch", "4096", "--allow-tp-cross-domain", "--all-orders"]
+    for extra in ([], ["--all", "--csv"]):
+        began = time.monotonic()
+        code, _, err = run(capsys, *argv, *extra, "--timeout-s", str(timeout_s))
+        elapsed = time.monotonic() - began
+        assert code == 1 and "deadline exceeded" in err, err
+        assert elapsed < 1.1 * timeout_s, (extra, elapsed)

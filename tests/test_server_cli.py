@@ -86,7 +86,11 @@ def test_bad_flags_exit_2(tmp_path: Path) -> None:
         (["--tls-cert", "x.pem"], "--tls-cert and --tls-key go together"),
         (["--token-file", str(tmp_path / "missing")], "cannot read token file"),
         (["--token-file", str(empty)], "empty"),
-        (["--workers", "0"], "workers must be >= 1"),
+        (["--workers", "0"], "invalid workers: 0 (allowed: an integer from 1 to 1024)"),
+        (["--queue", "-1"], "invalid queue: -1"),
+        (["--max-response-bytes", str(2**40)], "invalid max_response_bytes: 1099511627776"),
+        (["--grace-s", "nan"], "invalid grace_s: nan"),
+        (["--port", "70000"], "invalid port: 70000 (allowed: an integer from 0 to 65535)"),
     ]:
         done = subprocess.run(
             [sys.executable, "-m", "meshplan.cli", "serve", "--port", "0", *flags],

@@ -22,17 +22,19 @@ the batch. With ``timeout_s`` or ``cancel``, the queries not finished in time co
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence, TextIO, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, TextIO, Union
 
 from . import _core, errors
 from ._core import CancelToken
-from ._fields import as_type
+from ._fields import as_type, invalid, shown
 from .api import ModelLike, problem_dict
 from .errors import InvalidInputError, MeshplanError
 from .hardware import Cluster
+from .model import Model
 from .report import SearchResult
 from .space import SearchSpace
 from .workload import Workload
@@ -46,6 +48,21 @@ class Query:
     cluster: Cluster
     workload: Workload
     space: Optional[SearchSpace] = None
+
+    def __post_init__(self) -> None:
+        # Types at once; the values are checked by the objects themselves and the core.
+        if not isinstance(self.model, (Model, str, os.PathLike, Mapping)):
+            raise _not_a("model", self.model,
+                         "a Model, a preset name, a config.json path or a dict")
+        for name, cls in (("cluster", Cluster), ("workload", Workload)):
+            if not isinstance(getattr(self, name), (cls, Mapping)):
+                raise _not_a(name, getattr(self, name), f"a {cls.__name__} or a dict")
+        if self.space is not None and not isinstance(self.space, (SearchSpace, Mapping)):
+            raise _not_a("space", self.space, "a SearchSpace, a dict or None")
+
+
+def _not_a(where: str, value: object, allowed: str) -> InvalidInputError:
+    return invalid(f"query.{where}", shown(value), allowed)
 
 
 QueryLike = Union[Query, Sequence[Any]]
@@ -76,7 +93,8 @@ def _error(entry: dict[str, Any]) -> MeshplanError:
     cls = getattr(errors, entry["class"], MeshplanError)
     if not (isinstance(cls, type) and issubclass(cls, MeshplanError)):
         cls = MeshplanError
-    return cls(entry["message"])
+    context = {key: entry.get(key) for key in ("field", "value", "allowed")}
+    return cls(entry["message"], **context)
 
 
 class ProgressBar:
@@ -123,6 +141,9 @@ def search_many(
     *,
     timeout_s: Optional[float] = None,
     cancel: Optional[CancelToken] = None,
+    executor: str = "local",
+    ray_address: Optional[str] = None,
+    chunk_size: Optional[int] = None,
 ) -> list[Outcome]:
     """One :func:`meshplan.search` per query, run in parallel in Rust; one entry per query, in
     order: a :class:`~meshplan.SearchResult`, or the query's own
@@ -132,7 +153,15 @@ def search_many(
     core); the results do not depend on it. ``progress``: a bar on stderr; None shows it only
     when stderr is a terminal. ``timeout_s`` bounds the whole batch; ``cancel.cancel()`` stops
     it.
+
+    ``executor="ray"`` sends chunks of ``chunk_size`` queries (default: about four per CPU of
+    the cluster) to a Ray cluster at ``ray_address`` (None: the running or a new local Ray;
+    ``pip install 'meshplan[ray]'``), with the same results, order and progress bar; a chunk
+    whose worker is lost is retried (see :mod:`meshplan.ray_exec`). ``threads`` is then the
+    core threads of each chunk (default 1, one Ray CPU per chunk).
     """
+    if executor not in ("local", "ray"):
+        raise InvalidInputError(f"invalid executor: {shown(executor)} (allowed: local, ray)")
     items = list(queries)
     outcomes: list[Optional[Outcome]] = [None] * len(items)
     core_queries: list[tuple[dict[str, Any], Optional[dict[str, Any]]]] = []
@@ -146,7 +175,16 @@ def search_many(
     bar: Optional[ProgressBar] = None
     if _wants_progress(progress, sys.stderr):
         bar = ProgressBar(sys.stderr, offset=len(items) - len(core_queries))
-    raw = _core.search_many(core_queries, threads, timeout_s, cancel, bar)
+    if executor == "ray":
+        from .ray_exec import search_many_ray
+
+        raw = search_many_ray(
+            core_queries, threads, timeout_s,
+            None if cancel is None else (lambda: cancel.cancelled), bar,
+            address=ray_address, chunk_size=chunk_size,
+        )
+    else:
+        raw = _core.search_many(core_queries, threads, timeout_s, cancel, bar)
     if bar is not None:
         bar.close(len(items))
     for i, entry in zip(where, raw):

@@ -4,7 +4,8 @@
 and ``plot`` (one plan taken apart, turned into framework configuration, or drawn).
 
 Exit codes: 0 success; 2 bad input (one line ``meshplan: error: <message naming the field>`` on
-stderr, no traceback); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
+stderr, no traceback) or no command at all (``meshplan`` alone prints its usage and the commands
+on stderr); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import csv
 import json
 import os
 import sys
+import time
 from typing import Any, Callable, Mapping, NoReturn, Optional, Sequence, TextIO
 
 from . import __version__, _core
@@ -24,7 +26,7 @@ from .hardware import Cluster, Gpu
 from .model import Model, read_text
 from .plan import DEFAULT_ORDER, Plan
 from .report import Evaluation, SearchResult, SearchStats
-from .space import DEGREES, SearchSpace
+from .space import DEGREES, SearchSpace, why_no_candidates
 from .validation import ValidationReport, calibrated, validate
 from .workload import Workload
 
@@ -90,7 +92,13 @@ def _problem_flags() -> _Parser:
         help="a model preset (see `meshplan models`) or a Hugging Face config.json",
     )
     g.add_argument("--model-name", help="name for a model read from a config.json")
-    g.add_argument("--gpu", required=True, metavar="NAME", help="a GPU preset (see `meshplan gpus`)")
+    g.add_argument("--gpu", metavar="NAME", help="a GPU preset (see `meshplan gpus`)")
+    g.add_argument(
+        "--gpu-set", action="append", metavar="FIELD=V,...",
+        help="what-if hardware: change the GPU's fields, e.g. memory_gib=141,scaleup_domain=72 "
+        "(labelled hypothetical)",
+    )
+    g.add_argument("--gpu-file", metavar="hw.toml", help="what-if hardware from a file (instead of --gpu)")
     g.add_argument("--gpus", required=True, type=int, metavar="N", help="number of GPUs")
     g.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the GPU preset's")
     g.add_argument("--nvlink-domain", type=int, metavar="N", help="GPUs per NVLink domain (default: the preset's)")
@@ -201,7 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="run the gRPC planning service (meshplan.v1.Planner)")
     sv.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     sv.add_argument("--port", type=int, default=50051, help="0 picks a free port (default 50051)")
-    sv.add_argument("--workers", type=int, metavar="N", help="calls served at once (default: max(4, cores))")
+    sv.add_argument("--workers", type=int, metavar="N",
+                    help="planning calls served at once (default: max(4, cores))")
+    sv.add_argument("--queue", type=int, default=64, metavar="N",
+                    help="planning calls that may wait for a worker; more get RESOURCE_EXHAUSTED "
+                    "(default 64)")
+    sv.add_argument("--max-response-bytes", type=int, default=4 * 1024 * 1024, metavar="N",
+                    help="larger responses get RESOURCE_EXHAUSTED (default 4 MiB, gRPC's "
+                    "default client limit)")
     sv.add_argument("--threads", type=int, metavar="N", help="core threads per search (default: all cores)")
     sv.add_argument("--max-candidates", type=int, metavar="N", help="refuse larger search spaces (RESOURCE_EXHAUSTED)")
     sv.add_argument("--tls-cert", metavar="PEM", help="certificate chain; with --tls-key, serve TLS")
@@ -209,6 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--token-file", metavar="F", help="require `authorization: Bearer <token in F>`")
     sv.add_argument("--grace-s", type=float, default=10.0, metavar="S", help="in-flight calls may finish for S seconds on SIGTERM/SIGINT (default 10)")
     sv.set_defaults(run=_serve)
+    rp = sub.add_parser("report", parents=[common],
+                        help="an interactive HTML report of a search (Pareto front, plans, details)")
+    _space_flags(rp)
+    rp.add_argument("--html", required=True, metavar="FILE.html", help="the self-contained report")
+    rp.set_defaults(run=_report)
     _plan_commands(sub, common)
     _sweep_command(sub)
     return parser
@@ -216,8 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs ``meshplan`` with ``argv`` (default: the process arguments); returns the exit code."""
+    started = time.monotonic()
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        arguments = sys.argv[1:] if argv is None else list(argv)
+        if not arguments:
+            sys.stderr.write(parser.format_help())
+            return 2
+        args = parser.parse_args(arguments)
+        args.started_s = started
         code: int = args.run(args, sys.stdout)
         return code
     except (UsageError, InvalidInputError) as e:
@@ -239,6 +266,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
 
 
+def _remaining_s(args: argparse.Namespace) -> Optional[float]:
+    """What is left of ``--timeout-s`` (None: no timeout): the clock starts with the command, so
+    that the time spent building the inputs counts too."""
+    timeout_s: Optional[float] = args.timeout_s
+    if timeout_s is None or not 0 <= timeout_s < float("inf"):
+        return timeout_s  # the core names a bad one
+    started_s: float = args.started_s
+    return max(0.0, timeout_s - (time.monotonic() - started_s))
+
+
 def _fail(error: Exception, code: int) -> int:
     message = " ".join(str(error).split("\n")) or type(error).__name__
     print(f"meshplan: error: {message}", file=sys.stderr)
@@ -255,11 +292,35 @@ def _model(args: argparse.Namespace) -> Model:
     return model
 
 
-def _cluster(args: argparse.Namespace) -> Cluster:
-    cluster = Cluster(Gpu.preset(args.gpu), args.gpus, args.gpus_per_node, args.nvlink_domain)
+def _base_gpu(args: argparse.Namespace) -> Gpu:
+    """``--gpu`` or ``--gpu-file`` (exactly one), with the calibration file applied."""
+    if (args.gpu is None) == (getattr(args, "gpu_file", None) is None):
+        raise UsageError("give one of --gpu NAME or --gpu-file FILE")
+    if args.gpu is not None:
+        gpu = Gpu.preset(args.gpu)
+    else:
+        gpu = Gpu.from_file(_readable(args.gpu_file, "--gpu-file"))
     if getattr(args, "calibration", None):
-        cluster = calibrated(cluster, _readable(args.calibration, "--calibration"))
-    return cluster
+        # Calibration first: the file names the preset, not the what-if label.
+        gpu = calibrated(Cluster(gpu, 1), _readable(args.calibration, "--calibration")).resolved_gpu()
+    return gpu
+
+
+def _gpu_overrides(args: argparse.Namespace) -> dict[str, str]:
+    from .whatif import parse_assignments
+
+    changes: dict[str, str] = {}
+    for text in getattr(args, "gpu_set", None) or []:
+        changes.update(parse_assignments(text))
+    return changes
+
+
+def _cluster(args: argparse.Namespace) -> Cluster:
+    gpu = _base_gpu(args)
+    changes = _gpu_overrides(args)
+    if changes:
+        gpu = gpu.with_overrides(changes)
+    return Cluster(gpu, args.gpus, args.gpus_per_node, args.nvlink_domain)
 
 
 def _readable(path: str, flag: str) -> str:
@@ -277,7 +338,13 @@ def _workload(args: argparse.Namespace) -> Workload:
 
 
 def _space(args: argparse.Namespace) -> SearchSpace:
-    space = SearchSpace(
+    degrees = {
+        attr: getattr(args, attr)
+        for name in DEGREES
+        for attr in (name, f"min_{name}", f"max_{name}")
+    }
+    return SearchSpace(
+        **degrees,
         zero=args.zero,
         recompute=args.recompute,
         schedules=args.schedules,
@@ -292,10 +359,6 @@ def _space(args: argparse.Namespace) -> SearchSpace:
         max_candidates=args.max_candidates,
         orders=_core.rank_orders() if getattr(args, "all_orders", False) else getattr(args, "orders", None),
     )
-    for name in DEGREES:
-        for attr in (name, f"min_{name}", f"max_{name}"):
-            setattr(space, attr, getattr(args, attr))
-    return space
 
 
 # --- commands ----------------------------------------------------------------------------------
@@ -306,30 +369,54 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
     if args.all:
         return _search_all(args, model, cluster, workload, out)
     if args.server:
-        from .client import PlannerClient
-
+        PlannerClient = _grpc_extra("search --server", "client").PlannerClient
         token = _secret(args.server_token_file, "server token file")
         ca = None if args.server_ca is None else _pem(args.server_ca, "server CA")
         with PlannerClient(args.server, token=token, root_certificates=ca,
-                           timeout_s=args.timeout_s) as client:
+                           timeout_s=_remaining_s(args)) as client:
             result = client.search(model, cluster, workload, _space(args))
     else:
         result = search(
             model, cluster, workload, _space(args),
-            threads=args.threads, timeout_s=args.timeout_s,
+            threads=args.threads, timeout_s=_remaining_s(args),
         )
     if args.json:
-        json.dump(search_json(result), out, indent=2)
+        json.dump(_labelled(search_json(result), cluster), out, indent=2)
         out.write("\n")
     elif args.csv:
-        write_csv(result.plans, out)
+        write_csv(result.plans, out, cluster)
     else:
         out.write(_title(model, cluster, workload) + "\n\n")
         if result.plans:
             out.write(plans_table(result.plans) + "\n\n")
+        elif result.stats.candidates == 0:
+            why = why_no_candidates(_space(args).to_dict(), cluster.num_gpus,
+                                    moe=model.moe is not None, global_batch=workload.global_batch)
+            out.write(f"no plan to consider: {why}\n\n")
         else:
             out.write("no feasible plan (see what was pruned below)\n\n")
         out.write(stats_block(result.stats) + "\n")
+    return 0
+
+
+def _report(args: argparse.Namespace, out: TextIO) -> int:
+    """``report --html``: the search (top 200 plans unless --top-k) as an interactive page."""
+    from dataclasses import replace
+
+    from .report_html import write_search_html
+
+    model, cluster, workload = _model(args), _cluster(args), _workload(args)
+    space = _space(args)
+    if args.top_k is None:
+        space = replace(space, top_k=200)
+    result = search(model, cluster, workload, space, threads=args.threads,
+                    timeout_s=_remaining_s(args))
+    try:
+        write_search_html(model, cluster, workload, result, _title(model, cluster, workload),
+                          args.html)
+    except OSError as e:
+        raise InvalidInputError(f"invalid --html: {args.html} ({e.strerror})") from None
+    out.write(f"wrote {args.html} ({len(result.plans)} plans)\n")
     return 0
 
 
@@ -346,7 +433,7 @@ def _search_all(
     space = feasible_space(
         model, cluster, workload, _space(args),
         max_plans=DEFAULT_MAX_PLANS if args.max_plans is None else args.max_plans,
-        threads=args.threads, timeout_s=args.timeout_s,
+        threads=args.threads, timeout_s=_remaining_s(args),
     )
     if args.csv:
         space.write_csv(out)
@@ -369,7 +456,14 @@ def _sweep_command(sub: Any) -> None:
     g.add_argument("--gpus", required=True, type=_list_of(int, "GPU counts"), metavar="64,128")
     g.add_argument("--global-batch", required=True, type=_list_of(int, "batch sizes"), metavar="B,...")
     g.add_argument("--seq-len", required=True, type=_list_of(int, "sequence lengths"), metavar="S,...")
+    g.add_argument(
+        "--gpu-sweep", action="append", metavar="FIELD=V1,V2",
+        help="what-if hardware axis, e.g. memory_gib=80,141,192 (repeat for more axes; rows "
+        "are labelled hypothetical)",
+    )
     w = sw.add_argument_group("cluster and workload (fixed)")
+    w.add_argument("--gpu-set", action="append", metavar="FIELD=V,...",
+                   help="what-if hardware for every point, e.g. network_bandwidth_gbps=100")
     w.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the GPU preset's")
     w.add_argument("--nvlink-domain", type=int, metavar="N", help="GPUs per NVLink domain")
     w.add_argument("--precision", default="bf16", help="bf16 (default), fp16, fp8, mxfp8 or nvfp4")
@@ -387,6 +481,13 @@ def _sweep_command(sub: Any) -> None:
     o.add_argument("--out", metavar="FILE", help="write the rows here instead of stdout")
     o.add_argument("--plot", metavar="FILE.png", help="plot best tokens/s/GPU and MFU against the swept variable")
     o.add_argument("--x", choices=("model", "gpu", "gpus", "global_batch", "seq_len"), help="the plot's x axis")
+    o.add_argument("--html", metavar="FILE.html", help="also write an interactive HTML report")
+    x = sw.add_argument_group("execution")
+    x.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="search on a Ray cluster (ADDRESS: 'auto', ray://host:10001; none: a "
+                   "local Ray); pip install 'meshplan[ray]'")
+    x.add_argument("--chunk-size", type=int, metavar="N", help="queries per Ray task (default: "
+                   "about four tasks per cluster CPU)")
     prog = o.add_mutually_exclusive_group()
     prog.add_argument("--progress", dest="progress", action="store_true", default=None,
                       help="a progress bar on stderr (default: only on a terminal)")
@@ -397,7 +498,15 @@ def _sweep_command(sub: Any) -> None:
 def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     from . import sweep
 
-    points = sweep.grid(args.model, args.gpu, args.gpus, args.global_batch, args.seq_len)
+    from .whatif import parse_sweep
+
+    hardware: dict[str, list[str]] = {}
+    for text in args.gpu_sweep or []:
+        field, values = parse_sweep(text)
+        if field in hardware:
+            raise UsageError(f"--gpu-sweep: {field} given twice")
+        hardware[field] = values
+    points = sweep.grid(args.model, args.gpu, args.gpus, args.global_batch, args.seq_len, hardware)
     workload = Workload(
         1, 1, args.precision, args.optimizer, args.grad_bytes, args.lora, args.flash_attention,
         args.fused_cross_entropy,
@@ -406,8 +515,18 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     rows = sweep.sweep(
         points, workload, _space(args), gpus_per_node=args.gpus_per_node,
         nvlink_domain=args.nvlink_domain, calibration=calibration, threads=args.threads,
-        progress=args.progress,
+        progress=args.progress, timeout_s=_remaining_s(args),
+        gpu_overrides=_gpu_overrides(args),
+        executor="local" if args.ray is None else "ray", ray_address=args.ray or None,
+        chunk_size=args.chunk_size,
     )
+    if args.html:
+        from .report_html import write_sweep_html
+
+        try:
+            write_sweep_html(rows, args.html)
+        except OSError as e:
+            raise InvalidInputError(f"invalid --html: {args.html} ({e.strerror})") from None
     if args.plot:
         sweep.plot(rows, args.plot, args.x)
     try:
@@ -430,6 +549,9 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
                  r["plan"] or r["error"] or "-"]
                 for r in rows
             ]
+            if any(r["hypothetical"] for r in rows):
+                target.write("HYPOTHETICAL HARDWARE: rows marked what-if:... use GPUs that "
+                             "do not exist (preset fields overridden)\n\n")
             target.write(table(header, table_rows) + "\n")
     finally:
         if target is not out:
@@ -451,13 +573,30 @@ def _pem(path: str, what: str) -> bytes:
     return read_text(path, what).encode()
 
 
+def _grpc_extra(command: str, module: str) -> Any:
+    """``meshplan.<module>``, which needs the ``grpc`` extra; without it, a usage error that
+    says which ``pip install`` fixes it."""
+    import importlib
+
+    try:
+        return importlib.import_module(f".{module}", __package__)
+    except ImportError as e:
+        missing = e.name or "grpc"
+        raise UsageError(
+            f"{command} needs the grpc extra (missing module {missing}): "
+            "pip install 'meshplan[grpc]'"
+        ) from None
+
+
 def _serve(args: argparse.Namespace, out: TextIO) -> int:
-    from .server import ServerConfig, serve
+    server = _grpc_extra("serve", "server")
+    ServerConfig, serve = server.ServerConfig, server.serve
 
     if (args.tls_cert is None) != (args.tls_key is None):
         raise UsageError("--tls-cert and --tls-key go together")
     config = ServerConfig(
         host=args.host, port=args.port, threads=args.threads, max_candidates=args.max_candidates,
+        queue=args.queue, max_response_bytes=args.max_response_bytes,
         token=_secret(args.token_file, "token file"), grace_s=args.grace_s,
         tls_cert=None if args.tls_cert is None else _pem(args.tls_cert, "TLS certificate"),
         tls_key=None if args.tls_key is None else _pem(args.tls_key, "TLS key"),
@@ -465,9 +604,10 @@ def _serve(args: argparse.Namespace, out: TextIO) -> int:
     if args.workers is not None:
         config.workers = args.workers
     try:
-        return serve(config)
+        code: int = serve(config)
+        return code
     except ValueError as e:
-        raise InvalidInputError(f"invalid serve option: {e}") from None
+        raise InvalidInputError(str(e)) from None
     except (OSError, RuntimeError) as e:
         raise MeshplanError(f"cannot serve on {args.host}:{args.port}: {e}") from None
 
@@ -476,7 +616,7 @@ def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
     model, cluster, workload = _model(args), _cluster(args), _workload(args)
     ev = evaluate(model, cluster, workload, Plan.parse(args.plan))
     if args.json:
-        json.dump(ev.to_flat_dict(), out, indent=2)
+        json.dump(_labelled(ev.to_flat_dict(), cluster), out, indent=2)
         out.write("\n")
     else:
         out.write(_title(model, cluster, workload) + "\n\n")
@@ -546,9 +686,19 @@ def flat_row(ev: Evaluation) -> dict[str, Any]:
     return row
 
 
-def write_csv(plans: Sequence[Evaluation], out: TextIO) -> None:
-    """The plans as CSV with a header row."""
+def _labelled(data: dict[str, Any], cluster: Cluster) -> dict[str, Any]:
+    """``data`` with a ``hardware`` entry when the GPU is hypothetical (a what-if)."""
+    if cluster.resolved_gpu().hypothetical:
+        data = {"hardware": hardware_json(cluster), **data}
+    return data
+
+
+def write_csv(plans: Sequence[Evaluation], out: TextIO, cluster: Optional[Cluster] = None) -> None:
+    """The plans as CSV with a header row (``gpu`` and ``hypothetical`` columns first when
+    ``cluster``'s GPU is a what-if)."""
     rows = [flat_row(p) for p in plans]
+    if cluster is not None and cluster.resolved_gpu().hypothetical:
+        rows = [{"gpu": cluster.resolved_gpu().name, "hypothetical": True, **r} for r in rows]
     header = list(rows[0]) if rows else list(PLAN_COLUMNS + METRIC_COLUMNS)
     writer = csv.DictWriter(out, fieldnames=header, lineterminator="\n")
     writer.writeheader()
@@ -641,10 +791,19 @@ def evaluation_block(ev: Evaluation) -> str:
 
 def _title(model: Model, cluster: Cluster, workload: Workload) -> str:
     gpu = cluster.gpu.name if isinstance(cluster.gpu, Gpu) else cluster.gpu
-    return (
+    title = (
         f"{model.name} on {cluster.num_gpus} x {gpu}, global batch {workload.global_batch} x "
         f"{workload.seq_len} tokens, {workload.precision}"
     )
+    if isinstance(cluster.gpu, Gpu) and cluster.gpu.hypothetical:
+        title = f"HYPOTHETICAL HARDWARE: {cluster.gpu.description}\n{title}"
+    return title
+
+
+def hardware_json(cluster: Cluster) -> dict[str, Any]:
+    """``{"gpu": name, "hypothetical": bool, "description": ...}`` for JSON outputs."""
+    gpu = cluster.resolved_gpu()
+    return {"gpu": gpu.name, "hypothetical": gpu.hypothetical, "description": gpu.description}
 
 
 # --- validate ----------------------------------------------------------------------------------
@@ -762,7 +921,7 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     model, cluster, workload = _model(args), _cluster(args), _workload(args)
     x = explain(model, cluster, workload, Plan.parse(args.plan))
     if args.json:
-        json.dump(x.to_dict(), out, indent=2)
+        json.dump(_labelled(x.to_dict(), cluster), out, indent=2)
         out.write("\n")
     else:
         out.write(_title(model, cluster, workload) + "\n\n" + x.to_text() + "\n")
@@ -791,11 +950,14 @@ def _plot(args: argparse.Namespace, out: TextIO) -> int:
     try:
         from . import plot
     except ImportError as e:  # matplotlib is the optional `plot` extra
-        raise UsageError(f"plot needs matplotlib: pip install 'meshplan[plot]' ({e})") from None
+        missing = e.name or "matplotlib"
+        raise UsageError(
+            f"plot needs the plot extra (missing module {missing}): pip install 'meshplan[plot]'"
+        ) from None
     model, cluster, workload = _model(args), _cluster(args), _workload(args)
     if args.picture == "pareto":
         plot.pareto(model, cluster, workload, _space(args), label=args.label,
-                    threads=args.threads, out=args.out)
+                    threads=args.threads, timeout_s=_remaining_s(args), out=args.out)
     elif args.picture == "schedule":
         plot.schedule(model, cluster, workload, Plan.parse(args.plan), out=args.out)
     else:

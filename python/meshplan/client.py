@@ -18,7 +18,9 @@ from types import TracebackType
 from typing import Callable, Optional, Sequence, TypeVar, Union
 
 import grpc
+from google.rpc import error_details_pb2  # type: ignore[import-untyped]
 from grpc_health.v1 import health_pb2
+from grpc_status import rpc_status
 
 from . import wire
 from .errors import MeshplanError
@@ -33,6 +35,7 @@ from .v1 import planner_pb2_grpc as pb_grpc
 from .workload import Workload
 
 T = TypeVar("T")
+
 
 
 class RemoteError(MeshplanError):
@@ -88,7 +91,15 @@ class PlannerClient:
     ):
         self.target = target
         self.timeout_s = timeout_s
-        self._metadata = None if token is None else (("authorization", f"Bearer {token}"),)
+        # The server refuses a response larger than this channel may receive, by name, rather
+        # than build it for gRPC to drop on arrival.
+        receive = dict(options).get(
+            "grpc.max_receive_message_length", wire.DEFAULT_MAX_MESSAGE_BYTES
+        )
+        metadata = [(wire.CLIENT_LIMIT_KEY, str(receive))]
+        if token is not None:
+            metadata.append(("authorization", f"Bearer {token}"))
+        self._metadata = tuple(metadata)
         if root_certificates is not None:
             credentials = grpc.ssl_channel_credentials(root_certificates or None)
             self._channel = grpc.secure_channel(target, credentials, options=list(options))
@@ -225,14 +236,49 @@ class PlannerClient:
 
 
 def remote_error(error: grpc.RpcError) -> MeshplanError:
-    """The ``meshplan.errors`` exception a failed call stands for (the status table read
-    backwards), else a :class:`RemoteError`."""
+    """The ``meshplan.errors`` exception a failed call stands for, else a :class:`RemoteError`.
+
+    The server names the class in the ``google.rpc.ErrorInfo`` of the status (its ``reason``,
+    see :func:`meshplan.wire.error_reason`), and a bad field in a ``BadRequest`` (set as the
+    exception's ``field``). A status without them comes from gRPC itself: a passed deadline or a
+    cancelled call are still :class:`~meshplan.errors.DeadlineExceededError` and
+    :class:`~meshplan.errors.CancelledError` (the status table read backwards); anything else,
+    and the server's own refusals (busy, response too large), are :class:`RemoteError`."""
     code = error.code() if isinstance(error, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (error.details() if isinstance(error, grpc.Call) else None) or ""
-    cls = wire.error_class(code)
-    if cls is None:
+    reason, field = _error_details(error)
+    if reason is not None:
+        cls = wire.class_of_reason(reason)
+    elif code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        cls = wire.error_class(code)
+    else:
+        cls = None
+    if cls is None or wire.class_code(cls) != code:
         return RemoteError(code, details)
-    return cls(details)
+    return cls(details, field=field)
+
+
+def _error_details(error: grpc.RpcError) -> tuple[Optional[str], Optional[str]]:
+    """The ``ErrorInfo`` reason and the first ``BadRequest`` field of a failed call's status
+    (None where absent or unreadable)."""
+    if not isinstance(error, grpc.Call):
+        return None, None
+    try:
+        status = rpc_status.from_call(error)
+    except ValueError:  # a status whose details do not match its code: ignore the details
+        return None, None
+    if status is None:
+        return None, None
+    reason = field = None
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        bad = error_details_pb2.BadRequest()
+        if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
+            if info.domain == wire.ERROR_DOMAIN:
+                reason = info.reason
+        elif detail.Is(bad.DESCRIPTOR) and detail.Unpack(bad) and bad.field_violations:
+            field = bad.field_violations[0].field
+    return reason, field
 
 
 __all__ = ["PlannerClient", "RemoteError", "Presets", "GpuPreset", "remote_error"]

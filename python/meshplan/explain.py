@@ -100,6 +100,12 @@ class Explanation(Mapping[str, Any]):
         """The core's shape, as plain data (what ``--json`` prints)."""
         return dict(self._data)
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the plan and explain's numbers per axis as HTML."""
+        from .report_html import explanation_html
+
+        return explanation_html(self)
+
     def to_text(self) -> str:
         """The human rendering the CLI prints."""
         return format_explanation(self)

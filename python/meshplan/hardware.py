@@ -7,11 +7,12 @@ through :meth:`Gpu.preset`; change any of them with :func:`dataclasses.replace`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Union
 
 from . import _core
-from ._fields import checked
+from ._fields import check_fields, checked, invalid, shown
 from .errors import InvalidInputError
 
 
@@ -39,6 +40,9 @@ class Gpu:
     description: str = ""
     scaleup_topology: str = "switch"
     """``"switch"`` (NVSwitch) or ``"mesh"`` (AMD xGMI)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "gpu", _GPU_KINDS)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +79,31 @@ class Gpu:
         """The built-in GPU ``name`` (see :meth:`presets`); ``UnknownPresetError`` otherwise."""
         return cls.from_dict(_core.gpu_preset(name))
 
+    def with_overrides(self, overrides: Optional[Mapping[str, Any]] = None, **fields: Any) -> Gpu:
+        """A hypothetical GPU: this one with some fields changed (``memory_gib=141``,
+        ``scaleup_domain=72``, ``network_bandwidth_gbps=100``; dotted names such as
+        ``peak_tflops.bf16`` go in ``overrides``). Field names are checked here, values by the
+        core as a preset's are; the result is named ``what-if:<name>{field=value,...}``
+        (see :mod:`meshplan.whatif`)."""
+        from . import whatif
+
+        changes = {**(overrides or {}), **fields}
+        return Gpu.from_dict(whatif.apply(self.to_dict(), changes))
+
+    @classmethod
+    def from_file(cls, path: Union[str, "os.PathLike[str]"]) -> Gpu:
+        """A GPU from a hardware file (TOML or JSON; see :func:`meshplan.whatif.read_file`)."""
+        from . import whatif
+
+        return cls.from_dict(whatif.read_file(path))
+
+    @property
+    def hypothetical(self) -> bool:
+        """Whether this is a what-if GPU (made by :meth:`with_overrides` or a hardware file)."""
+        from . import whatif
+
+        return whatif.is_hypothetical(self.name)
+
 
 @dataclass
 class Cluster:
@@ -88,6 +117,11 @@ class Cluster:
     num_gpus: int
     gpus_per_node: Optional[int] = None
     nvlink_domain: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.gpu, (str, Gpu)):
+            raise invalid("cluster.gpu", shown(self.gpu), "a GPU preset name or a Gpu")
+        check_fields(self, "cluster", _CLUSTER_KINDS)
 
     @classmethod
     def preset(
@@ -125,3 +159,12 @@ class Cluster:
         if isinstance(gpu, Mapping):
             fields["gpu"] = Gpu.from_dict(gpu)
         return cls(**fields)
+
+
+_GPU_KINDS = {
+    "name": "str", "peak_tflops": "mapping", "memory_gib": "number",
+    "memory_bandwidth_gbps": "number", "sm_count": "int", "scaleup_bandwidth_gbps": "number",
+    "scaleup_domain": "int", "gpus_per_node": "int", "network_bandwidth_gbps": "number",
+    "calibration": "mapping", "description": "str", "scaleup_topology": "str",
+}
+_CLUSTER_KINDS = {"num_gpus": "int", "gpus_per_node": "int?", "nvlink_domain": "int?"}

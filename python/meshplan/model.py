@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from . import _core
-from ._fields import checked
-from .errors import InvalidInputError
+from ._fields import check_fields, checked, invalid, shown
+from .errors import HfConfigError, InvalidInputError
 
 
 @dataclass
@@ -34,6 +34,13 @@ class Moe:
     """Intermediate size of one shared expert (None: ``expert_ffn_hidden``)."""
     first_dense_layers: int = 0
     """Leading layers that keep a dense FFN (DeepSeek's ``first_k_dense_replace``)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "model.moe", {
+            "num_experts": "int", "top_k": "int", "expert_ffn_hidden": "int",
+            "shared_experts": "int", "shared_expert_ffn_hidden": "int?",
+            "first_dense_layers": "int",
+        })
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +67,12 @@ class Mla:
     v_head_dim: int
     q_lora_rank: Optional[int] = None
     """Query low-rank projection; None means a full-rank query projection."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "model.mla", {
+            "kv_lora_rank": "int", "qk_rope_head_dim": "int", "qk_nope_head_dim": "int",
+            "v_head_dim": "int", "q_lora_rank": "int?",
+        })
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +110,20 @@ class Model:
     moe: Optional[Moe] = None
     mla: Optional[Mla] = None
 
+    def __post_init__(self) -> None:
+        check_fields(self, "model", {
+            "name": "str", "layers": "int", "hidden": "int", "heads": "int", "kv_heads": "int",
+            "ffn_hidden": "int", "vocab": "int", "activation": "str", "head_dim": "int?",
+            "norm": "str", "tied_embeddings": "bool",
+        })
+        # The parts may come as dicts (the core's shape); anything else is an error here.
+        for part, cls in (("moe", Moe), ("mla", Mla)):
+            value = getattr(self, part)
+            if isinstance(value, Mapping):
+                setattr(self, part, cls.from_dict(value))
+            elif value is not None and not isinstance(value, cls):
+                raise invalid(f"model.{part}", shown(value), f"a {cls.__name__}, a dict or None")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -116,11 +143,7 @@ class Model:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Model:
-        fields = checked(cls, data, "model")
-        moe, mla = fields.get("moe"), fields.get("mla")
-        fields["moe"] = None if moe is None or isinstance(moe, Moe) else Moe.from_dict(moe)
-        fields["mla"] = None if mla is None or isinstance(mla, Mla) else Mla.from_dict(mla)
-        return cls(**fields)
+        return cls(**checked(cls, data, "model"))
 
     @staticmethod
     def presets() -> list[str]:
@@ -145,18 +168,40 @@ class Model:
         file raises :class:`InvalidInputError`; a config that cannot be mapped raises
         :class:`HfConfigError`.
         """
+        path = None
         if isinstance(source, Mapping):
             text = json.dumps(source)
         elif isinstance(source, str) and source.lstrip().startswith("{"):
             text = source
         elif isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
             text = read_text(source, "model config")
         else:
             raise InvalidInputError(
                 "invalid model config: expected a path, a dict or JSON text, "
                 f"got {type(source).__name__}"
             )
-        return cls.from_dict(_core.model_from_hf_config(text, name))
+        try:
+            return cls.from_dict(_core.model_from_hf_config(text, name))
+        except HfConfigError as e:
+            if path is None:
+                raise
+            raise HfConfigError(_in_file(str(e), path)) from None
+
+
+_HF_PREFIX = "cannot import Hugging Face config: "
+_HF_DOCUMENT = "config.json: "
+
+
+def _in_file(message: str, path: str) -> str:
+    """The core's message about a config text, naming the file it came from: the core only
+    knows the text, and calls the document itself ``config.json``."""
+    if not message.startswith(_HF_PREFIX):
+        return f"{path}: {message}"
+    rest = message[len(_HF_PREFIX):]
+    if rest.startswith(_HF_DOCUMENT):
+        rest = rest[len(_HF_DOCUMENT):]
+    return f"cannot import Hugging Face config {path}: {rest}"
 
 
 def read_text(path: Union[str, "os.PathLike[str]"], what: str) -> str:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from ._fields import checked
+from ._fields import check_fields, checked
 from .errors import InvalidInputError
 
 _INT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero")
@@ -44,6 +44,9 @@ class Plan:
     schedule: Optional[str] = None
     order: str = DEFAULT_ORDER
     """Rank order, innermost first: each of tp, cp, ep, dp, pp once, joined by ``-``."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "plan", _KINDS)
 
     @property
     def num_gpus(self) -> int:
@@ -110,6 +113,13 @@ class Plan:
             del fields["order"]
         parts = [f"{k}={v}" for k, v in fields.items() if v is not None]
         return ",".join(parts).replace("=True", "=true").replace("=False", "=false")
+
+
+_KINDS = {
+    **{name: "int" for name in _INT_FIELDS}, "recompute": "str", "sequence_parallel": "bool",
+    "schedule": "str?", "order": "str",
+}
+"""What :class:`Plan` checks at construction (see :func:`meshplan._fields.check_fields`)."""
 
 
 def _value(key: str, text: str) -> Any:

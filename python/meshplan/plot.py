@@ -79,13 +79,14 @@ def pareto(
     top_k: int = PARETO_TOP_K,
     label: int = 5,
     threads: Optional[int] = None,
+    timeout_s: Optional[float] = None,
     out: Optional[PathLike] = None,
 ) -> Figure:
     """Step time against peak memory of the best ``top_k`` feasible plans, the front drawn and
-    the best ``label`` plans (by throughput) labelled."""
+    the best ``label`` plans (by throughput) labelled; ``timeout_s`` bounds the search."""
     space = SearchSpace() if space is None else as_type(SearchSpace, space, "space")
     wide = dataclasses.replace(space, top_k=max(top_k, space.top_k or 0))
-    result = api.search(model, cluster, workload, wide, threads=threads)
+    result = api.search(model, cluster, workload, wide, threads=threads, timeout_s=timeout_s)
     m = api.as_model(model)
     c = as_type(Cluster, cluster, "cluster")
     fig = _figure(8.0, 5.5)

@@ -154,6 +154,12 @@ class SearchResult:
     def to_dict(self) -> dict[str, Any]:
         return {"plans": [p.to_dict() for p in self.plans], "stats": self.stats.to_dict()}
 
+    def _repr_html_(self) -> str:
+        """Jupyter: the ranked plans as an HTML table."""
+        from .report_html import search_result_html
+
+        return search_result_html(self)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SearchResult:
         fields = checked(cls, data, "result")

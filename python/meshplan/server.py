@@ -1,45 +1,65 @@
 """The gRPC planning service ``meshplan.v1.Planner`` (``meshplan serve``).
 
 Each method is a thin adapter: message → typed objects (:mod:`meshplan.wire`) → the same
-``meshplan.search`` / ``evaluate`` a local caller uses → message. The core releases the GIL, so
-the ``workers`` threads of the server run searches in parallel. ``Explain`` answers with
-:func:`meshplan.explain`'s structure as real messages.
+``meshplan.search`` / ``evaluate`` / ``explain`` a local caller uses → message. The core releases
+the GIL, so planning calls run in parallel. ``Explain`` answers with :func:`meshplan.explain`'s
+structure as real messages.
 
-- **Deadlines and cancellation.** A search gets the call's remaining time as its ``timeout_s``,
-  and a :class:`~meshplan.CancelToken` that ``context.add_callback`` cancels when the call ends
-  early (client cancel, deadline, disconnect): the core stops, the worker is free again.
+- **Planning work has its own capacity.** At most ``workers`` planning calls (Search, Evaluate,
+  Explain) run at once and at most ``queue`` more wait for one (:class:`PlanningGate`); beyond
+  that a call gets ``RESOURCE_EXHAUSTED`` at once. gRPC's thread pool holds threads beyond those,
+  so health checks, ``ListPresets`` and reflection never wait behind planning work.
+- **Deadlines and cancellation.** Every planning call gets the call's remaining time as the
+  core's ``timeout_s``, and a :class:`~meshplan.CancelToken` that ``context.add_callback``
+  cancels when the call ends early (client cancel, deadline, disconnect, shutdown): the core
+  stops, the worker is free again. Time spent waiting for a worker counts against the deadline.
 - **Errors.** :data:`meshplan.wire.STATUS_CODES` is the one table from ``meshplan.errors`` to
   status codes; anything else is ``INTERNAL`` and logged with its traceback. A request that is not
-  even a valid protobuf message is ``INVALID_ARGUMENT``.
+  even a valid protobuf message is ``INVALID_ARGUMENT``. Messages are one line, and echo at most
+  a bounded prefix of any value (:func:`meshplan.wire.bounded_message`). Each error also carries
+  ``google.rpc`` details: an ``ErrorInfo`` (domain ``meshplan``, reason the error class) and, for
+  a bad field, a ``BadRequest`` field violation naming it.
+- **Response size.** A response larger than ``max_response_bytes`` (default 4 MiB, gRPC's
+  default receive limit), or than the client's own limit when it sends one as
+  ``meshplan-max-response-bytes`` metadata, is refused with ``RESOURCE_EXHAUSTED`` naming the
+  cap — before the search runs where the size can be told from the request (``space.top_k``).
 - **Auth.** With a token, every call but health checks needs ``authorization: Bearer <token>``
   metadata, else ``UNAUTHENTICATED``; with a certificate and key, the port speaks TLS.
 - **Health and reflection** are always on (``grpc.health.v1``, server reflection).
 - **Shutdown.** :meth:`PlannerServer.stop` (and SIGTERM/SIGINT under :func:`serve`) sets every
   health status to NOT_SERVING, refuses new calls and lets in-flight ones finish within the grace
-  period.
+  period; when it ends, the calls still running are cancelled in the core, so the process exits
+  within a second of it.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable, Optional, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TextIO, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError, Message
+from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
 
 from . import wire
 from ._core import CancelToken
 from .api import evaluate, search
+from .errors import CancelledError, DeadlineExceededError, InvalidInputError, MeshplanError
 from .explain import explain
 from .v1 import planner_pb2 as pb
 from .v1 import planner_pb2_grpc as pb_grpc
@@ -47,94 +67,311 @@ from .v1 import planner_pb2_grpc as pb_grpc
 SERVICE = pb.DESCRIPTOR.services_by_name["Planner"].full_name
 """``meshplan.v1.Planner``."""
 
+RESERVED_THREADS = 8
+"""gRPC threads beyond the planning calls' (``workers + queue``): health checks, ListPresets,
+reflection and the immediate refusals of calls beyond the queue run on these."""
+MAX_STREAMS = 4
+"""Streaming calls (server reflection) open at once; more get RESOURCE_EXHAUSTED, so that idle
+streams cannot take the reserved threads."""
+DEFAULT_MAX_RESPONSE_BYTES = wire.DEFAULT_MAX_MESSAGE_BYTES
+"""gRPC's default limit on a message a client receives."""
+SEARCH_BYTES_PER_PLAN = 512
+"""An upper bound of one ranked plan in a ``SearchResponse`` (about 250 bytes measured)."""
+SEARCH_BYTES_FIXED = 4096
+"""An upper bound of a ``SearchResponse`` without its plans (the stats)."""
+
 log = logging.getLogger("meshplan.server")
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
 
 
+class Refusal(Exception):
+    """A call the server refuses on its own account (busy, shutting down, response too large),
+    with the status code it is sent as."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, reason: str):
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        """The ``google.rpc.ErrorInfo.reason`` sent with it (``SERVER_BUSY``, ...)."""
+
+
+class PlanningGate:
+    """Admits planning calls: at most ``workers`` run at once, at most ``queue`` more wait for a
+    slot (first come, roughly first served); a call beyond those is refused at once, so planning
+    work never holds more than ``workers + queue`` of the server's threads. A waiting call gives
+    up when its deadline passes or its cancel token is cancelled; :meth:`close` cancels every
+    call, running or waiting."""
+
+    def __init__(self, workers: int, queue: int):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if queue < 0:
+            raise ValueError(f"queue must be >= 0, got {queue}")
+        self.workers = workers
+        self.queue = queue
+        self._cond = threading.Condition()
+        self._running: list[CancelToken] = []
+        self._waiting: list[CancelToken] = []
+        self._closed = False
+
+    @property
+    def busy(self) -> int:
+        """Calls running or waiting."""
+        with self._cond:
+            return len(self._running) + len(self._waiting)
+
+    @contextmanager
+    def slot(self, cancel: CancelToken, deadline: Optional[float]) -> Iterator[None]:
+        """Holds a slot while the block runs. ``deadline`` is a ``time.monotonic()`` instant
+        (None: none). Raises :class:`Refusal` (busy, shutting down),
+        :class:`~meshplan.errors.DeadlineExceededError` or
+        :class:`~meshplan.errors.CancelledError` instead of waiting on."""
+        with self._cond:
+            self._check_open()
+            if len(self._running) >= self.workers and len(self._waiting) >= self.queue:
+                raise Refusal(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"server busy: {len(self._running)} planning calls running and "
+                    f"{len(self._waiting)} waiting (--workers {self.workers}, --queue "
+                    f"{self.queue}); try again later",
+                    "SERVER_BUSY",
+                )
+            self._waiting.append(cancel)
+            try:
+                while len(self._running) >= self.workers:
+                    self._check_open()
+                    if cancel.cancelled:
+                        raise CancelledError("call cancelled while waiting for a worker")
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise DeadlineExceededError(
+                            f"deadline exceeded while waiting for a worker ({self.workers} "
+                            "planning calls running)"
+                        )
+                    self._cond.wait(left)
+            finally:
+                self._waiting.remove(cancel)
+            self._running.append(cancel)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running.remove(cancel)
+                self._cond.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Refusal(grpc.StatusCode.UNAVAILABLE, "the server is shutting down",
+                          "SHUTTING_DOWN")
+
+    def wake(self) -> None:
+        """Lets waiting calls look at their cancel tokens again (a call was cancelled)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Refuses every new call and cancels every running and waiting one."""
+        with self._cond:
+            self._closed = True
+            for token in self._running + self._waiting:
+                token.cancel()
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Blocks until no call runs or waits; False when ``timeout_s`` passed first."""
+        until = time.monotonic() + timeout_s
+        with self._cond:
+            while self._running or self._waiting:
+                left = until - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+
 class PlannerServicer(pb_grpc.PlannerServicer):
     """``meshplan.v1.Planner`` over the Python API. ``max_candidates`` caps every search space
     (larger spaces get ``RESOURCE_EXHAUSTED``); ``threads`` is each search's core thread count
-    (None: ``MESHPLAN_THREADS``, else every core)."""
+    (None: ``MESHPLAN_THREADS``, else every core); ``gate`` admits the planning calls (default:
+    4 at once, 64 waiting); ``max_response_bytes`` caps every response."""
 
-    def __init__(self, *, max_candidates: Optional[int] = None, threads: Optional[int] = None):
+    def __init__(
+        self,
+        *,
+        max_candidates: Optional[int] = None,
+        threads: Optional[int] = None,
+        gate: Optional[PlanningGate] = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+    ):
         self.max_candidates = max_candidates
         self.threads = threads
+        self.gate = gate if gate is not None else PlanningGate(4, 64)
+        self.max_response_bytes = max_response_bytes
+
+    @contextmanager
+    def planning(
+        self, context: grpc.ServicerContext
+    ) -> Iterator[tuple[CancelToken, Optional[float]]]:
+        """A slot of the gate for one planning call: yields its cancel token (cancelled when
+        the call ends early) and the core's ``timeout_s`` (the call's remaining time)."""
+        cancel = CancelToken()
+
+        def ended() -> None:
+            cancel.cancel()
+            self.gate.wake()
+
+        if not context.add_callback(ended):
+            cancel.cancel()  # the call ended before it could start
+        remaining = wire.remaining_s(context.time_remaining())
+        deadline = None if remaining is None else time.monotonic() + remaining
+        with self.gate.slot(cancel, deadline):
+            yield cancel, wire.remaining_s(context.time_remaining())
 
     def Search(self, request: pb.SearchRequest, context: grpc.ServicerContext) -> pb.SearchResponse:
-        cancel = CancelToken()
-        if not context.add_callback(cancel.cancel):
-            cancel.cancel()  # the call ended before the search could start
-        result = search(
-            wire.model_from(request.model),
-            wire.cluster_from(request.cluster),
-            wire.workload_from(request.workload),
-            wire.space_from(request.space, self.max_candidates),
-            threads=self.threads,
-            timeout_s=wire.remaining_s(context.time_remaining()),
-            cancel=cancel,
-        )
-        return wire.search_response(result)
+        model = wire.model_from(request.model)
+        cluster = wire.cluster_from(request.cluster)
+        workload = wire.workload_from(request.workload)
+        space = wire.space_from(request.space, self.max_candidates)
+        top_k = int(space.to_dict()["top_k"])
+        estimate = SEARCH_BYTES_FIXED + SEARCH_BYTES_PER_PLAN * top_k
+        cap, whose = self.response_cap(context)
+        if estimate > cap:
+            raise _too_large(f"space.top_k = {top_k:,} plans may take up to {estimate:,} bytes",
+                             cap, whose, "ask for fewer plans (space.top_k)")
+        with self.planning(context) as (cancel, timeout_s):
+            result = search(model, cluster, workload, space, threads=self.threads,
+                            timeout_s=timeout_s, cancel=cancel)
+            return wire.search_response(result)
 
     def Evaluate(
         self, request: pb.EvaluateRequest, context: grpc.ServicerContext
     ) -> pb.EvaluateResponse:
-        ev = evaluate(
-            wire.model_from(request.model),
-            wire.cluster_from(request.cluster),
-            wire.workload_from(request.workload),
-            wire.plan_from(request.plan),
-        )
-        return pb.EvaluateResponse(evaluation=wire.evaluation_message(ev))
+        model = wire.model_from(request.model)
+        cluster = wire.cluster_from(request.cluster)
+        workload = wire.workload_from(request.workload)
+        plan = wire.plan_from(request.plan)
+        with self.planning(context) as (cancel, timeout_s):
+            ev = evaluate(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
+            return pb.EvaluateResponse(evaluation=wire.evaluation_message(ev))
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
     ) -> pb.ExplainResponse:
-        x = explain(
-            wire.model_from(request.model),
-            wire.cluster_from(request.cluster),
-            wire.workload_from(request.workload),
-            wire.plan_from(request.plan),
-        )
-        return wire.explain_response(x)
+        model = wire.model_from(request.model)
+        cluster = wire.cluster_from(request.cluster)
+        workload = wire.workload_from(request.workload)
+        plan = wire.plan_from(request.plan)
+        with self.planning(context) as (cancel, timeout_s):
+            x = explain(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
+            return wire.explain_response(x)
 
     def ListPresets(
         self, request: pb.ListPresetsRequest, context: grpc.ServicerContext
     ) -> pb.ListPresetsResponse:
-        return wire.presets_response()
+        return _presets()
+
+    def response_cap(self, context: grpc.ServicerContext) -> tuple[int, str]:
+        """The largest response this call may get, and whose limit it is: the server's
+        :attr:`max_response_bytes`, or the client's own receive limit when it sent a smaller
+        one as ``meshplan-max-response-bytes`` metadata (as :class:`~meshplan.client.
+        PlannerClient` does)."""
+        cap = (self.max_response_bytes, "this server's cap (--max-response-bytes)")
+        for key, value in context.invocation_metadata() or ():
+            if key == wire.CLIENT_LIMIT_KEY:
+                text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
+                number = int(text) if text.isascii() and text.isdigit() and len(text) < 20 else 0
+                if MIN_RESPONSE_BYTES <= number < cap[0]:
+                    cap = (number, f"the client's receive limit ({wire.CLIENT_LIMIT_KEY})")
+        return cap
+
+    def checked_size(self, response: Message, context: grpc.ServicerContext) -> bytes:
+        """The serialized ``response``; one over :meth:`response_cap` is refused."""
+        size = response.ByteSize()
+        cap, whose = self.response_cap(context)
+        if size > cap:
+            raise _too_large(f"the response has {size:,} bytes", cap, whose,
+                             "constrain the request")
+        return response.SerializeToString()
+
+
+MIN_RESPONSE_BYTES = 1024
+"""The smallest response cap a server or a client may set."""
+
+
+def _too_large(what: str, cap: int, whose: str, advice: str) -> Refusal:
+    return Refusal(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"response too large: {what}, more than {whose} of {cap:,} bytes; {advice}",
+        "RESPONSE_TOO_LARGE",
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def _presets() -> pb.ListPresetsResponse:
+    # The presets are built into the package: one answer for the life of the process.
+    return wire.presets_response()
+
+
+def error_status(code: grpc.StatusCode, message: str, reason: str,
+                 field: Optional[str] = None) -> grpc.Status:
+    """A status with ``google.rpc`` details: an ``ErrorInfo`` (domain ``meshplan``, ``reason``)
+    and, when ``field`` is given, a ``BadRequest`` with one field violation."""
+    status = status_pb2.Status(code=code.value[0], message=message)
+    status.details.add().Pack(error_details_pb2.ErrorInfo(reason=reason, domain=wire.ERROR_DOMAIN))
+    if field:
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=wire.bounded_message(field), description=message
+        )
+        status.details.add().Pack(error_details_pb2.BadRequest(field_violations=[violation]))
+    return rpc_status.to_status(status)
+
+
+def _status_of(error: Exception, method: str) -> grpc.Status:
+    """The status an exception of a call is sent as (see the module docs)."""
+    if isinstance(error, Refusal):
+        return error_status(error.code, wire.bounded_message(str(error)), error.reason)
+    code = wire.status_code(error)
+    message = " ".join(str(error).split()) or type(error).__name__
+    if code == grpc.StatusCode.INTERNAL:
+        log.error("internal error in %s", method, exc_info=error)
+        message = f"internal error: {type(error).__name__}: {message}"
+    field = getattr(error, "field", None)
+    return error_status(
+        code,
+        wire.bounded_message(message),
+        "INTERNAL" if code == grpc.StatusCode.INTERNAL else wire.error_reason(type(error)),
+        field if code == grpc.StatusCode.INVALID_ARGUMENT and isinstance(field, str) else None,
+    )
 
 
 def _unary(
     method: Callable[[Req, grpc.ServicerContext], Resp],
     request_type: type[Req],
+    servicer: PlannerServicer,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """The handler of one method: parses the request itself (so that bytes that are not a
-    message get INVALID_ARGUMENT rather than gRPC's INTERNAL) and maps errors by the table."""
+    message get INVALID_ARGUMENT rather than gRPC's INTERNAL), serializes the response under the
+    size cap, and maps errors by the table."""
+    name = request_type.DESCRIPTOR.full_name
 
-    def behaviour(data: bytes, context: grpc.ServicerContext) -> Resp:
+    def behaviour(data: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            request = request_type.FromString(data)
-        except DecodeError as e:
-            name = request_type.DESCRIPTOR.full_name
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid request: not a {name} ({e})")
-        try:
-            return method(request, context)
+            try:
+                request = request_type.FromString(data)
+            except DecodeError as e:
+                raise Refusal(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"invalid request: not a {name} ({e})",
+                              wire.error_reason(InvalidInputError)) from None
+            return servicer.checked_size(method(request, context), context)
         except Exception as e:  # noqa: BLE001 - the table decides; INTERNAL is the fallback
-            code = wire.status_code(e)
-            message = " ".join(str(e).split()) or type(e).__name__
-            if code == grpc.StatusCode.INTERNAL:
-                log.exception("internal error in %s", request_type.DESCRIPTOR.full_name)
-                message = f"internal error: {type(e).__name__}: {message}"
-            context.abort(code, message)
+            context.abort_with_status(_status_of(e, name))
+            raise  # abort_with_status raises; this line is for the type checker
 
     return grpc.unary_unary_rpc_method_handler(
-        behaviour, request_deserializer=None, response_serializer=_serialize
+        behaviour, request_deserializer=None, response_serializer=None
     )
-
-
-def _serialize(message: Message) -> bytes:
-    return message.SerializeToString()
 
 
 def _handlers(servicer: PlannerServicer) -> grpc.GenericRpcHandler:
@@ -148,8 +385,14 @@ def _handlers(servicer: PlannerServicer) -> grpc.GenericRpcHandler:
     # A method the proto declares but this table lacks is a bug caught here, at start-up.
     assert set(methods) == {m.name for m in service.methods}, "Planner methods out of date"
     return grpc.method_handlers_generic_handler(
-        SERVICE, {name: _unary(fn, req) for name, (fn, req) in methods.items()}
+        SERVICE, {name: _unary(fn, req, servicer) for name, (fn, req) in methods.items()}
     )
+
+
+if TYPE_CHECKING:
+    Continuation = Callable[
+        [grpc.HandlerCallDetails], Optional[grpc.RpcMethodHandler[Any, Any]]
+    ]
 
 
 class TokenAuth(grpc.ServerInterceptor):
@@ -167,11 +410,7 @@ class TokenAuth(grpc.ServerInterceptor):
         self._deny: grpc.RpcMethodHandler[Any, Any] = grpc.unary_unary_rpc_method_handler(deny)
 
     def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Optional[grpc.RpcMethodHandler[Any, Any]]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
     ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
         if handler_call_details.method.startswith("/grpc.health.v1.Health/"):
             return continuation(handler_call_details)
@@ -182,6 +421,45 @@ class TokenAuth(grpc.ServerInterceptor):
         return self._deny
 
 
+class StreamLimit(grpc.ServerInterceptor):
+    """At most ``limit`` bidirectional streams (server reflection) open at once: each holds a
+    thread while open, so idle ones must not take the threads health checks rely on. A stream
+    beyond the limit gets ``RESOURCE_EXHAUSTED``."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._open = 0
+        self._lock = threading.Lock()
+
+    def intercept_service(
+        self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
+    ) -> Optional[grpc.RpcMethodHandler[Any, Any]]:
+        handler = continuation(handler_call_details)
+        if handler is None or handler.stream_stream is None:
+            return handler
+        inner = handler.stream_stream
+
+        def behaviour(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            with self._lock:
+                admitted = self._open < self.limit
+                if admitted:
+                    self._open += 1
+            if not admitted:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"too many open streams (at most {self.limit}); close one and retry")
+            try:
+                yield from inner(requests, context)
+            finally:
+                with self._lock:
+                    self._open -= 1
+
+        return grpc.stream_stream_rpc_method_handler(
+            behaviour,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
 @dataclass
 class ServerConfig:
     """How :class:`PlannerServer` listens and limits work (the flags of ``meshplan serve``)."""
@@ -190,18 +468,46 @@ class ServerConfig:
     port: int = 50051
     """0 picks a free port (see :attr:`PlannerServer.port`)."""
     workers: int = max(4, os.cpu_count() or 1)
-    """Calls served at once; more wait in gRPC's queue."""
+    """Planning calls (Search, Evaluate, Explain) served at once."""
+    queue: int = 64
+    """Planning calls that may wait for a worker; more get RESOURCE_EXHAUSTED at once."""
     threads: Optional[int] = None
     """Core threads per search (None: ``MESHPLAN_THREADS``, else every core)."""
     max_candidates: Optional[int] = None
     """Search-space cap: larger spaces get RESOURCE_EXHAUSTED (None: no cap)."""
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    """Largest response built: larger ones get RESOURCE_EXHAUSTED naming this cap."""
     token: Optional[str] = None
     """Bearer token every call but health checks must carry (None: no auth)."""
     tls_cert: Optional[bytes] = None
     """PEM certificate chain; with ``tls_key``, the port speaks TLS."""
     tls_key: Optional[bytes] = None
     grace_s: float = 10.0
-    """How long in-flight calls may run on after :meth:`PlannerServer.stop`."""
+    """How long in-flight calls may run on after :meth:`PlannerServer.stop`; then they are
+    cancelled."""
+
+
+SERVER_LIMITS = {
+    "port": (0, 65535),
+    "workers": (1, 1024),
+    "queue": (0, 65536),
+    "max_response_bytes": (MIN_RESPONSE_BYTES, 2**31 - 1),
+}
+"""The allowed range of each integer of :class:`ServerConfig` (gRPC takes message sizes as
+32-bit integers)."""
+
+
+def _check(config: ServerConfig) -> None:
+    """Raises ``ValueError`` naming the first setting out of range."""
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise ValueError("TLS needs both a certificate and a key")
+    for name, (lo, hi) in SERVER_LIMITS.items():
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ValueError(f"invalid {name}: {value!r} (allowed: an integer from {lo} to {hi})")
+    grace = config.grace_s
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 86400:
+        raise ValueError(f"invalid grace_s: {grace!r} (allowed: 0 to 86400 seconds)")
 
 
 def _address(host: str, port: int) -> str:
@@ -217,22 +523,33 @@ class PlannerServer:
     """
 
     def __init__(self, config: ServerConfig):
-        if (config.tls_cert is None) != (config.tls_key is None):
-            raise ValueError("TLS needs both a certificate and a key")
-        if config.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {config.workers}")
+        _check(config)
         self.config = config
+        self.gate = PlanningGate(config.workers, config.queue)
         interceptors: list[grpc.ServerInterceptor] = []
         if config.token is not None:
             interceptors.append(TokenAuth(config.token))
+        interceptors.append(StreamLimit(MAX_STREAMS))
+        # Planning calls hold at most workers + queue threads (the gate refuses the rest at
+        # once); the threads beyond are there for health checks, presets and reflection.
+        threads = config.workers + config.queue + MAX_STREAMS + RESERVED_THREADS
         self._server = grpc.server(
-            ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="meshplan-rpc"),
+            ThreadPoolExecutor(max_workers=threads, thread_name_prefix="meshplan-rpc"),
             interceptors=interceptors,
-            # Never share the port with another process (a second server would steal calls).
-            options=[("grpc.so_reuseport", 0)],
+            options=[
+                # Never share the port with another process (a second server would steal calls).
+                ("grpc.so_reuseport", 0),
+                # The Planner's responses are checked against the cap before they are sent;
+                # this also bounds health and reflection, which must fit whatever the cap.
+                ("grpc.max_send_message_length",
+                 max(config.max_response_bytes, DEFAULT_MAX_RESPONSE_BYTES)),
+            ],
+            # Calls beyond this many at once (of any kind) are refused before they take memory.
+            maximum_concurrent_rpcs=threads + 256,
         )
         self.servicer = PlannerServicer(
-            max_candidates=config.max_candidates, threads=config.threads
+            max_candidates=config.max_candidates, threads=config.threads, gate=self.gate,
+            max_response_bytes=config.max_response_bytes,
         )
         self._server.add_generic_rpc_handlers((_handlers(self.servicer),))
         self.health = health.HealthServicer()
@@ -260,9 +577,23 @@ class PlannerServer:
 
     def stop(self, grace_s: Optional[float] = None) -> threading.Event:
         """Health → NOT_SERVING, refuse new calls, let in-flight ones finish for ``grace_s``
-        (default: the config's), then cancel what is left. Returns an event set when done."""
+        (default: the config's), then cancel what is left, in gRPC and in the core. Returns an
+        event set when gRPC has stopped; :meth:`drain` waits for the core to let go."""
+        grace = self.config.grace_s if grace_s is None else grace_s
         self.health.enter_graceful_shutdown()
-        return self._server.stop(self.config.grace_s if grace_s is None else grace_s)
+        done = self._server.stop(grace)
+        if grace > 0:
+            timer = threading.Timer(grace, self.gate.close)
+            timer.daemon = True
+            timer.start()
+        else:
+            self.gate.close()
+        return done
+
+    def drain(self, timeout_s: float = 1.0) -> bool:
+        """After :meth:`stop`: blocks until no planning call runs any more (their cancel tokens
+        stop the core within milliseconds); False when ``timeout_s`` passed first."""
+        return self.gate.wait_idle(timeout_s)
 
     def wait(self, timeout_s: Optional[float] = None) -> bool:
         """Blocks until the server has stopped; False when ``timeout_s`` passed first."""
@@ -271,7 +602,9 @@ class PlannerServer:
 
 def serve(config: ServerConfig, out: TextIO = sys.stderr) -> int:
     """Runs the server until SIGTERM or SIGINT, then shuts down gracefully (a second signal
-    cuts the grace period short). Prints ``meshplan: serving ... on HOST:PORT`` once listening."""
+    cuts the grace period short). Prints ``meshplan: serving ... on HOST:PORT`` once listening.
+    When the grace period ends, the calls still running are cancelled; the process ends within
+    a second of it (a call that does not stop by then is abandoned: the process exits anyway)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(
             level=logging.INFO, format="meshplan: %(levelname)s %(name)s: %(message)s"
@@ -287,7 +620,7 @@ def serve(config: ServerConfig, out: TextIO = sys.stderr) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         server.start()
-        features = [f"{config.workers} workers"]
+        features = [f"{config.workers} workers", f"queue {config.queue}"]
         if config.tls_cert is not None:
             features.append("TLS")
         if config.token is not None:
@@ -303,12 +636,21 @@ def serve(config: ServerConfig, out: TextIO = sys.stderr) -> int:
             pass
         print(f"meshplan: shutting down (grace {config.grace_s:g} s)", file=out, flush=True)
         done = server.stop()
-        while not done.wait(0.2):
+        while not done.wait(0.1):
             pass
+        if not server.drain(1.0):
+            log.warning("%d planning calls did not stop within 1 s of the grace period; "
+                        "exiting without them", server.gate.busy)
+            out.flush()
+            sys.stdout.flush()
+            os._exit(0)
         return 0
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-__all__ = ["PlannerServicer", "PlannerServer", "ServerConfig", "TokenAuth", "serve", "SERVICE"]
+__all__ = [
+    "PlannerServicer", "PlannerServer", "ServerConfig", "TokenAuth", "StreamLimit",
+    "PlanningGate", "Refusal", "serve", "error_status", "SERVICE",
+]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from . import _core
-from ._fields import checked
+from ._fields import check_bool, check_fields, check_int, check_list, check_number, checked
 from .errors import InvalidInputError
 
 DEGREES = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch")
@@ -30,6 +30,13 @@ _OTHER = (
 )
 
 
+_LIST_ITEMS = {
+    "zero": "int", "recompute": "str", "sequence_parallel": "bool", "schedules": "str",
+    "orders": "str",
+}
+"""The item type of each list of a :class:`SearchSpace`."""
+
+
 @dataclass
 class Degree:
     """Constraint on one degree: ``fixed`` (overrides the bounds), or ``min``/``max`` bounds."""
@@ -37,6 +44,10 @@ class Degree:
     fixed: Optional[int] = None
     min: Optional[int] = None
     max: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        # Only integers (the space checks the bounds, knowing which degree this is).
+        check_fields(self, "degree", {"fixed": "int?", "min": "int?", "max": "int?"})
 
     def to_dict(self) -> dict[str, Any]:
         return {"fixed": self.fixed, "min": self.min, "max": self.max}
@@ -101,12 +112,47 @@ class SearchSpace:
     max_candidates: Optional[int] = None
     """Refuse spaces with more candidates than this (``SpaceTooLargeError``)."""
 
+    def __post_init__(self) -> None:
+        for name in DEGREES:
+            given = getattr(self, name)
+            if isinstance(given, Mapping):
+                given = Degree.from_dict(given, f"space.{name}")
+                setattr(self, name, given)
+            if isinstance(given, Degree):
+                for bound in ("fixed", "min", "max"):
+                    value = getattr(given, bound)
+                    if value is not None:
+                        check_int(f"space.{name}.{bound}", value)
+            elif given is not None:
+                setattr(self, name, check_int(f"space.{name}.fixed", given))
+            for bound in ("min", "max"):
+                value = getattr(self, f"{bound}_{name}")
+                if value is not None:
+                    setattr(self, f"{bound}_{name}", check_int(f"space.{name}.{bound}", value))
+        for name, item in _LIST_ITEMS.items():
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, check_list(f"space.{name}", value, item))
+        if self.memory_headroom_gib is not None:
+            check_number("space.memory_headroom_gib", self.memory_headroom_gib)
+        for name in ("tp_within_domain", "cp_within_domain", "ep_within_domain"):
+            value = getattr(self, name)
+            if value is not None:
+                check_bool(f"space.{name}", value)
+        for name in ("top_k", "max_candidates"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, check_int(f"space.{name}", value))
+
     def to_dict(self) -> dict[str, Any]:
         """The full core shape: the core's defaults with this object's choices on top."""
         out: dict[str, Any] = _core.default_space()
         for name in DEGREES:
             degree = dict(out[name])
             given = getattr(self, name)
+            if isinstance(given, Mapping):
+                given = Degree.from_dict(given, f"space.{name}")
+                setattr(self, name, given)
             if isinstance(given, Degree):
                 degree = given.to_dict()
             elif given is not None:
@@ -144,3 +190,100 @@ class SearchSpace:
                 kwargs[key] = value
         return cls(**kwargs)
 
+
+
+# --- why a space holds no candidate ------------------------------------------------------------
+
+_OUTER = ("dp", "tp", "pp", "ep", "cp")
+
+
+def _allows(degree: Mapping[str, Any], value: int) -> bool:
+    """The core's ``Degree::allows``: ``fixed`` wins, else the bounds (None is open)."""
+    if degree.get("fixed") is not None:
+        return bool(value == degree["fixed"])
+    lo, hi = degree.get("min"), degree.get("max")
+    return (lo is None or value >= lo) and (hi is None or value <= hi)
+
+
+def _divisors(n: int) -> list[int]:
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+def _constraint_text(name: str, degree: Mapping[str, Any]) -> str:
+    if degree.get("fixed") is not None:
+        return f"{name}={degree['fixed']}"
+    lo, hi = degree.get("min"), degree.get("max")
+    if lo is not None and hi is not None:
+        return f"{lo} <= {name} <= {hi}"
+    return f"{name} >= {lo}" if lo is not None else f"{name} <= {hi}"
+
+
+def _factorisable(num_gpus: int, allowed: Mapping[str, Sequence[int]]) -> bool:
+    """Whether some ``dp·tp·pp·ep·cp = num_gpus`` takes every degree from ``allowed``."""
+    reachable = {1}
+    for name in _OUTER:
+        reachable = {
+            p * d for p in reachable for d in allowed[name] if num_gpus % (p * d) == 0
+        }
+    return num_gpus in reachable
+
+
+def why_no_candidates(
+    space: Mapping[str, Any], num_gpus: int, *, moe: bool, global_batch: int
+) -> str:
+    """Why a search over ``space`` (the core's full shape, :meth:`SearchSpace.to_dict`) on
+    ``num_gpus`` GPUs has no candidate at all, in one sentence naming the constraint: a fixed
+    degree that does not divide the GPU count, bounds no divisor meets, degrees that cannot
+    multiply to the GPU count together, a micro-batch range beyond the global batch, or
+    schedules that apply to no pipeline depth. The search's ``pruned`` counts cannot say it:
+    nothing was pruned, nothing was there."""
+    divisors = _divisors(num_gpus)
+    allowed: dict[str, list[int]] = {}
+    for name in _OUTER:
+        values = [d for d in divisors if _allows(space[name], d)]
+        if name == "ep" and not moe:
+            values = [v for v in values if v == 1]
+        allowed[name] = values
+    rule = "dp·tp·pp·ep·cp must equal the GPU count"
+    for name in _OUTER:
+        degree = space[name]
+        if allowed[name]:
+            continue
+        if name == "ep" and not moe and any(_allows(degree, d) for d in divisors):
+            return f"{_constraint_text(name, degree)} needs an MoE model (a dense model has ep = 1)"
+        if degree.get("fixed") is not None:
+            return f"{name}={degree['fixed']} does not divide the {num_gpus:,} GPUs ({rule})"
+        return (f"no divisor of the {num_gpus:,} GPUs satisfies "
+                f"{_constraint_text(name, degree)} ({rule})")
+    if not _factorisable(num_gpus, allowed):
+        given = [_constraint_text(n, space[n]) for n in _OUTER if space[n] != _OPEN_DEGREE]
+        return f"no dp·tp·pp·ep·cp = {num_gpus:,} satisfies {', '.join(given)} together"
+    mb = space["micro_batch"]
+    upper = mb.get("fixed") or mb.get("max") or 16
+    if not any(_allows(mb, v) for v in range(1, min(upper, global_batch) + 1)):
+        return (f"no micro-batch size satisfies {_constraint_text('micro_batch', mb)} and is at "
+                f"most the global batch ({global_batch:,})")
+    pps = allowed["pp"]
+    vpp = space["vpp"]
+    vpp_upper = vpp.get("fixed") or vpp.get("max") or 16
+    usable = {
+        "1f1b": _allows(vpp, 1),
+        "zb-h1": _allows(vpp, 1) and max(pps) > 1,
+        "interleaved-1f1b": max(pps) > 1 and any(_allows(vpp, v) for v in range(2, vpp_upper + 1)),
+    }
+    schedules = list(space["schedules"])
+    if not any(usable.get(s, False) for s in schedules):
+        return (f"no schedule of {', '.join(schedules)} applies: 1f1b needs vpp = 1 allowed, "
+                "zb-h1 needs pp > 1 and vpp = 1, interleaved-1f1b needs pp > 1 and vpp >= 2")
+    return "the space allows no candidate (check the fixed degrees and bounds)"
+
+
+_OPEN_DEGREE = {"fixed": None, "min": None, "max": None}

@@ -16,7 +16,7 @@ import csv
 import itertools
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Optional, Sequence, TextIO
+from typing import Any, Mapping, Optional, Sequence, TextIO
 
 from .batch import Query, search_many
 from .errors import InvalidInputError, MeshplanError
@@ -30,6 +30,7 @@ VARIABLES = ("model", "gpu", "gpus", "global_batch", "seq_len")
 
 COLUMNS = (
     *VARIABLES,
+    "hypothetical",
     "status",
     "tokens_per_s_per_gpu",
     "mfu",
@@ -66,6 +67,9 @@ class Point:
     gpus: int
     global_batch: int
     seq_len: int
+    hardware: tuple[tuple[str, Any], ...] = ()
+    """What-if GPU fields of this point (``(("memory_gib", 141), ...)``), applied to ``gpu``
+    (see :mod:`meshplan.whatif`); empty: the preset as it is."""
 
 
 def grid(
@@ -74,17 +78,32 @@ def grid(
     counts: Sequence[int],
     global_batches: Sequence[int],
     seq_lens: Sequence[int],
+    hardware: Optional[Mapping[str, Sequence[Any]]] = None,
 ) -> list[Point]:
-    """The cartesian product of the values, the last variable varying fastest."""
+    """The cartesian product of the values, the last variable varying fastest.
+
+    ``hardware`` sweeps GPU fields as further axes (``{"memory_gib": [80, 141], "scaleup_domain":
+    [8, 72]}``), varying faster than the five variables, in the mapping's order."""
     for name, values in zip(VARIABLES, (models, gpus, counts, global_batches, seq_lens)):
         if not values:
             raise InvalidInputError(f"invalid sweep.{name}: [] (allowed: one or more values)")
-    return [Point(*p) for p in itertools.product(models, gpus, counts, global_batches, seq_lens)]
+    axes = dict(hardware or {})
+    for name, values in axes.items():
+        if not values:
+            raise InvalidInputError(f"invalid sweep.{name}: [] (allowed: one or more values)")
+    settings = [tuple(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+    return [
+        Point(*p, hardware=h)
+        for p in itertools.product(models, gpus, counts, global_batches, seq_lens)
+        for h in settings
+    ]
 
 
 def _row(point: Point, outcome: Any) -> dict[str, Any]:
     row: dict[str, Any] = {name: None for name in COLUMNS}
-    row.update(vars(point))
+    row.update({k: v for k, v in vars(point).items() if k != "hardware"})
+    row["hypothetical"] = bool(point.hardware)
+    row.update({f"hw.{k}": v for k, v in point.hardware})
     if isinstance(outcome, MeshplanError):
         row.update(status="error", error=" ".join(str(outcome).split("\n")))
         return row
@@ -117,14 +136,27 @@ def sweep(
     calibration: Optional[str] = None,
     threads: Optional[int] = None,
     progress: Optional[bool] = None,
+    timeout_s: Optional[float] = None,
+    gpu_overrides: Optional[Mapping[str, Any]] = None,
+    executor: str = "local",
+    ray_address: Optional[str] = None,
+    chunk_size: Optional[int] = None,
 ) -> list[dict[str, Any]]:
     """The best plan at every point (one row each, in order; see the module docs).
 
     ``workload`` sets everything but the swept ``global_batch`` and ``seq_len`` (precision,
     optimizer, ...); ``space`` constrains every search (``top_k`` is set to 1). A point that
     cannot be searched (an unknown preset, a precision the GPU lacks) is a row with ``status``
-    ``error``, not an exception.
+    ``error``, not an exception. ``timeout_s`` bounds the whole sweep: the points not searched
+    in time are ``error`` rows (a deadline).
+
+    ``gpu_overrides`` changes every point's GPU (what-if hardware, :mod:`meshplan.whatif`); a
+    point's own ``hardware`` is applied after it. Rows of hypothetical GPUs have
+    ``hypothetical`` true, the what-if label in ``gpu`` and one ``hw.<field>`` column per swept
+    field. ``executor="ray"`` searches on a Ray cluster (see :func:`meshplan.search_many`).
     """
+    from . import whatif
+
     from .api import as_model
     from .validation import calibrated
 
@@ -137,23 +169,38 @@ def sweep(
         try:
             if p.model not in models:
                 models[p.model] = as_model(p.model)
-            if p.gpu not in gpu_types:
-                gpu_types[p.gpu] = Gpu.preset(p.gpu)
-            cluster = Cluster(gpu_types[p.gpu], p.gpus, gpus_per_node, nvlink_domain)
-            if calibration is not None:
-                cluster = calibrated(cluster, calibration)
+            key = (p.gpu, p.hardware)
+            if key not in gpu_types:
+                gpu = Gpu.preset(p.gpu)
+                if calibration is not None:
+                    # Calibration first: its file names the preset, not the what-if label.
+                    gpu = calibrated(Cluster(gpu, 1), calibration).resolved_gpu()
+                changes = {**(gpu_overrides or {}), **dict(p.hardware)}
+                gpu_types[key] = gpu.with_overrides(changes) if changes else gpu
+            gpu = gpu_types[key]
+            cluster = Cluster(gpu, p.gpus, gpus_per_node, nvlink_domain)
             work = replace(base, global_batch=p.global_batch, seq_len=p.seq_len)
             queries.append(Query(models[p.model], cluster, work, space))
         except MeshplanError as e:
             queries.append(e)
     good = [q for q in queries if isinstance(q, Query)]
-    results = iter(search_many(good, threads=threads, progress=progress))
-    return [_row(p, q if isinstance(q, MeshplanError) else next(results)) for p, q in zip(points, queries)]
+    results = iter(search_many(good, threads=threads, progress=progress, timeout_s=timeout_s,
+                               executor=executor, ray_address=ray_address,
+                               chunk_size=chunk_size))
+    rows = []
+    for p, q in zip(points, queries):
+        row = _row(p, q if isinstance(q, MeshplanError) else next(results))
+        gpu = gpu_types.get((p.gpu, p.hardware))
+        if gpu is not None and whatif.is_hypothetical(gpu.name):
+            row.update(gpu=gpu.name, hypothetical=True)
+        rows.append(row)
+    return rows
 
 
 def write_csv(rows: Sequence[dict[str, Any]], out: TextIO) -> None:
     """The rows as CSV, header :data:`COLUMNS` (empty cells where a point has no plan)."""
-    writer = csv.DictWriter(out, fieldnames=list(COLUMNS), lineterminator="\n")
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in COLUMNS))
+    writer = csv.DictWriter(out, fieldnames=[*COLUMNS, *extra], lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import grpc
 
 from . import _core
-from ._fields import as_type
+from ._fields import as_type, invalid
 from .api import as_model
 from .errors import (
     CancelledError,
@@ -53,8 +53,13 @@ backwards, so a remote error raises the same class a local call would."""
 
 def status_code(error: BaseException) -> grpc.StatusCode:
     """The status code ``error`` is sent as (``INTERNAL`` when the table has no row for it)."""
-    for cls, code in STATUS_CODES:
-        if isinstance(error, cls):
+    return class_code(type(error))
+
+
+def class_code(cls: type[BaseException]) -> grpc.StatusCode:
+    """The status code errors of class ``cls`` are sent as."""
+    for row, code in STATUS_CODES:
+        if issubclass(cls, row):
             return code
     return grpc.StatusCode.INTERNAL
 
@@ -63,6 +68,60 @@ def error_class(code: grpc.StatusCode) -> Optional[type[MeshplanError]]:
     """The ``meshplan.errors`` class a status code stands for; None for the codes without one."""
     for cls, row_code in STATUS_CODES:
         if row_code == code:
+            return cls
+    return None
+
+
+MAX_DETAILS_BYTES = 1000
+"""The longest status message the server sends, in UTF-8 bytes. Status messages travel in HTTP/2
+trailers, which clients cap (8-16 KiB by default, all trailers together); an error that echoed a
+20,000-character value whole would arrive as RESOURCE_EXHAUSTED instead of its own status."""
+MAX_WORD_CHARS = 80
+"""The longest run of non-blank characters (a value, usually) a status message keeps whole."""
+
+
+def bounded_message(text: str) -> str:
+    """``text`` as one line of at most :data:`MAX_DETAILS_BYTES` bytes: every word longer than
+    :data:`MAX_WORD_CHARS` keeps its start and says how long it was, and what is still too long
+    is cut with a note."""
+    words = []
+    for word in text.split():
+        if len(word) > MAX_WORD_CHARS:
+            word = f"{word[:MAX_WORD_CHARS]}…({len(word):,} characters)"
+        words.append(word)
+    line = " ".join(words)
+    data = line.encode("utf-8")
+    if len(data) <= MAX_DETAILS_BYTES:
+        return line
+    note = f"… (message cut: {len(text):,} characters)"
+    room = MAX_DETAILS_BYTES - len(note.encode("utf-8"))
+    return data[:room].decode("utf-8", errors="ignore") + note
+
+
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""gRPC's default limit on a message a channel receives."""
+CLIENT_LIMIT_KEY = "meshplan-max-response-bytes"
+"""Request metadata by which a client tells the server its receive limit, in bytes: the server
+refuses a larger response by name (RESOURCE_EXHAUSTED) instead of sending what gRPC would drop."""
+
+ERROR_DOMAIN = "meshplan"
+"""``google.rpc.ErrorInfo.domain`` of the errors the server sends."""
+
+
+def error_reason(cls: type[BaseException]) -> str:
+    """The ``google.rpc.ErrorInfo.reason`` of an error class: its name in UPPER_SNAKE_CASE
+    without ``Error`` (``UnknownPresetError`` → ``UNKNOWN_PRESET``)."""
+    name = cls.__name__.removesuffix("Error")
+    return "".join(f"_{c}" if c.isupper() and i else c for i, c in enumerate(name)).upper()
+
+
+def class_of_reason(reason: str) -> Optional[type[MeshplanError]]:
+    """The ``meshplan.errors`` class whose :func:`error_reason` is ``reason``, or None."""
+    from . import errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name, None)
+        if isinstance(cls, type) and issubclass(cls, MeshplanError) and error_reason(cls) == reason:
             return cls
     return None
 
@@ -286,10 +345,8 @@ def cluster_from(msg: pb.Cluster) -> Cluster:
     """The cluster of a request; its GPU is looked up in the presets."""
     for name in ("gpus_per_node", "nvlink_domain"):
         if msg.HasField(name) and getattr(msg, name) > SERVER_MAX_DOMAIN:
-            raise InvalidInputError(
-                f"invalid cluster.{name}: {getattr(msg, name)} "
-                f"(allowed: at most {SERVER_MAX_DOMAIN} on a meshplan server)"
-            )
+            raise invalid(f"cluster.{name}", str(getattr(msg, name)),
+                          f"at most {SERVER_MAX_DOMAIN} on a meshplan server")
     return Cluster(
         Gpu.preset(msg.gpu),
         msg.num_gpus,
@@ -300,11 +357,13 @@ def cluster_from(msg: pb.Cluster) -> Cluster:
 
 def workload_from(msg: Any) -> Workload:
     """The workload of a request (a ``Workload`` message)."""
-    w = Workload(msg.global_batch, msg.seq_len, lora=msg.lora)
-    for name in ("precision", "optimizer", "grad_bytes", "flash_attention", "fused_cross_entropy"):
-        if msg.HasField(name):
-            setattr(w, name, getattr(msg, name))
-    return w
+    given = {
+        name: getattr(msg, name)
+        for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
+                     "fused_cross_entropy")
+        if msg.HasField(name)
+    }
+    return Workload(msg.global_batch, msg.seq_len, lora=msg.lora, **given)
 
 
 SERVER_MAX_TOP_K = 1000
@@ -328,15 +387,11 @@ def space_from(msg: Any, max_candidates: Optional[int] = None) -> SearchSpace:
         for bound in ("fixed", "max"):
             value = full[name][bound]
             if value is not None and value > SERVER_MAX_KNOB:
-                raise InvalidInputError(
-                    f"invalid space.{name}.{bound}: {value} "
-                    f"(allowed: at most {SERVER_MAX_KNOB} on a meshplan server)"
-                )
+                raise invalid(f"space.{name}.{bound}", str(value),
+                              f"at most {SERVER_MAX_KNOB} on a meshplan server")
     if msg.HasField("top_k") and msg.top_k > SERVER_MAX_TOP_K:
-        raise InvalidInputError(
-            f"invalid space.top_k: {msg.top_k} (allowed: at most {SERVER_MAX_TOP_K} on a "
-            "meshplan server)"
-        )
+        raise invalid("space.top_k", str(msg.top_k),
+                      f"at most {SERVER_MAX_TOP_K} on a meshplan server")
     for name in _LISTS:
         values = list(getattr(msg, name))
         if values:

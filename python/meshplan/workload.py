@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ._fields import checked
+from ._fields import check_fields, checked
 
 
 @dataclass
@@ -33,6 +33,9 @@ class Workload:
     backward. False models eager ``F.cross_entropy`` on fp32-upcast logits (torchtitan):
     14 bytes per logit."""
 
+    def __post_init__(self) -> None:
+        check_fields(self, "workload", _KINDS)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "global_batch": self.global_batch,
@@ -48,3 +51,10 @@ class Workload:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Workload:
         return cls(**checked(cls, data, "workload"))
+
+
+_KINDS = {
+    "global_batch": "int", "seq_len": "int", "precision": "str", "optimizer": "str",
+    "grad_bytes": "int", "lora": "bool", "flash_attention": "bool", "fused_cross_entropy": "bool",
+}
+"""What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

@@ -18,6 +18,9 @@
 //! checks that depend on other fields (`top_k ≤ num_experts`, `kv_heads` divides `heads`, the
 //! degrees multiply to the GPU count) stay with the validation that knows both.
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use crate::error::{Error, Result};
 
 /// GPUs of one job, and so every parallel degree, NVLink domain and node size: 2^20 = 1,048,576.
@@ -197,7 +200,12 @@ pub const TABLE: &[(&str, Limit)] = &[
 
 /// The bounds of the field at `path` (a path of [`TABLE`]), if it is an integer input.
 pub fn of(path: &str) -> Option<Limit> {
-    TABLE.iter().find(|(p, _)| *p == path).map(|(_, l)| *l)
+    // Looked up on every validation (a few dozen fields per call): hashed once.
+    static BY_PATH: OnceLock<HashMap<&'static str, Limit>> = OnceLock::new();
+    BY_PATH
+        .get_or_init(|| TABLE.iter().copied().collect())
+        .get(path)
+        .copied()
 }
 
 /// The bounds of the field at `path`. Panics on a path missing from [`TABLE`] (a bug, caught by

@@ -32,7 +32,9 @@ impl Degree {
 
     fn validate(&self, field: &str) -> Result<()> {
         for (name, v) in [("fixed", self.fixed), ("min", self.min), ("max", self.max)] {
-            limits::check_opt(&format!("space.{field}.{name}"), v)?;
+            if let Some(v) = v {
+                limits::check(&format!("space.{field}.{name}"), v)?;
+            }
         }
         if let (Some(lo), Some(hi)) = (self.min, self.max) {
             if lo > hi {
