@@ -163,7 +163,7 @@ def sweep(
     base = workload or Workload(1, 1)
     space = replace(space or SearchSpace(), top_k=1)
     models: dict[str, Any] = {}
-    gpu_types: dict[str, Any] = {}
+    gpu_types: dict[tuple[str, tuple[tuple[str, Any], ...]], Gpu] = {}
     queries: list[Any] = []
     for p in points:
         try:
@@ -190,9 +190,9 @@ def sweep(
     rows = []
     for p, q in zip(points, queries):
         row = _row(p, q if isinstance(q, MeshplanError) else next(results))
-        gpu = gpu_types.get((p.gpu, p.hardware))
-        if gpu is not None and whatif.is_hypothetical(gpu.name):
-            row.update(gpu=gpu.name, hypothetical=True)
+        made = gpu_types.get((p.gpu, p.hardware))
+        if made is not None and whatif.is_hypothetical(made.name):
+            row.update(gpu=made.name, hypothetical=True)
         rows.append(row)
     return rows
 

@@ -202,7 +202,7 @@ def read_file(path: Union[str, os.PathLike[str]]) -> dict[str, Any]:
             try:
                 import tomllib
             except ImportError:  # pragma: no cover - Python < 3.11
-                import tomli as tomllib  # type: ignore[no-redef]
+                import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
             data = tomllib.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         message = " ".join(str(e).split())
