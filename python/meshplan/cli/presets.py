@@ -1,0 +1,67 @@
+"""``models`` and ``gpus``: the presets as tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, TextIO
+
+from ..hardware import Gpu
+from ..model import Model
+from ._render import table
+
+
+def add(sub: Any) -> None:
+    """``models`` and ``gpus``."""
+    m = sub.add_parser("models", help="list the model presets")
+    m.add_argument("--json", action="store_true", help="print the full presets as JSON")
+    m.set_defaults(run=_models)
+
+    g = sub.add_parser("gpus", help="list the GPU presets")
+    g.add_argument("--json", action="store_true", help="print the full presets as JSON")
+    g.set_defaults(run=_gpus)
+
+
+def _models(args: argparse.Namespace, out: TextIO) -> int:
+    models = [Model.preset(name) for name in Model.presets()]
+    if args.json:
+        json.dump([m.to_dict() for m in models], out, indent=2)
+        out.write("\n")
+        return 0
+    rows = []
+    for m in models:
+        experts = "-" if m.moe is None else f"{m.moe.num_experts} (top {m.moe.top_k})"
+        attention = "MLA" if m.mla is not None else ("MHA" if m.kv_heads == m.heads else "GQA")
+        rows.append([
+            m.name, m.layers, m.hidden, m.heads, m.kv_heads, attention,
+            m.ffn_hidden, m.vocab, m.activation, experts,
+        ])
+    header = ["name", "layers", "hidden", "heads", "kv", "attn", "ffn", "vocab", "act", "experts"]
+    out.write(table(header, rows) + "\n")
+    return 0
+
+
+def _gpus(args: argparse.Namespace, out: TextIO) -> int:
+    gpus = [Gpu.preset(name) for name in Gpu.presets()]
+    if args.json:
+        json.dump([g.to_dict() for g in gpus], out, indent=2)
+        out.write("\n")
+        return 0
+    rows = []
+    for g in gpus:
+        peak = g.peak_tflops
+        rows.append([
+            g.name,
+            f"{g.memory_gib:g}",
+            *(f"{peak[p]:g}" if p in peak else "-" for p in ("bf16", "fp8", "nvfp4")),
+            f"{g.memory_bandwidth_gbps:g}",
+            f"{g.scaleup_bandwidth_gbps:g} x{g.scaleup_domain}",
+            f"{g.network_bandwidth_gbps:g}",
+            g.description,
+        ])
+    header = [
+        "name", "HBM GiB", "bf16 TF/s", "fp8 TF/s", "nvfp4 TF/s", "HBM GB/s",
+        "NVLink GB/s x domain", "net GB/s", "description",
+    ]
+    out.write(table(header, rows) + "\n")
+    return 0
