@@ -32,6 +32,10 @@ from .errors import InvalidInputError
 PREFIX = "what-if:"
 """How the name of a hypothetical GPU starts."""
 
+OPTIONAL_CALIBRATION = ("tp_overlap", "dp_overlap")
+"""Calibration constants a GPU may leave unset: overrides of the training stack's overlap shares
+(the core's ``Stack``), which presets do not set."""
+
 NUMBER_FIELDS = (
     "memory_gib",
     "memory_bandwidth_gbps",
@@ -124,8 +128,10 @@ def apply(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, An
             out["peak_tflops"][precision] = clean[key] = _number(key, value)
         elif key.startswith("calibration."):
             constant = key.split(".", 1)[1]
-            if constant not in out["calibration"] or constant == "gemm_efficiency":
-                allowed = ", ".join(k for k in out["calibration"] if k != "gemm_efficiency")
+            known = [*out["calibration"]] + [
+                k for k in OPTIONAL_CALIBRATION if k not in out["calibration"]]
+            if constant not in known or constant == "gemm_efficiency":
+                allowed = ", ".join(k for k in known if k != "gemm_efficiency")
                 raise InvalidInputError(
                     f"invalid gpu override {shown(key)}: unknown calibration constant "
                     f"(allowed: {allowed})"

@@ -130,8 +130,6 @@ impl CalibrationOverride {
             (self.network_latency_us, &mut cal.network_latency_us),
             (self.fixed_memory_gib, &mut cal.fixed_memory_gib),
             (self.fragmentation, &mut cal.fragmentation),
-            (self.tp_overlap, &mut cal.tp_overlap),
-            (self.dp_overlap, &mut cal.dp_overlap),
             (self.ep_overlap, &mut cal.ep_overlap),
             (self.moe_imbalance, &mut cal.moe_imbalance),
             (self.layer_overhead_us, &mut cal.layer_overhead_us),
@@ -139,6 +137,15 @@ impl CalibrationOverride {
         for (value, slot) in scalars {
             if let Some(v) = value {
                 *slot = v;
+            }
+        }
+        // Overrides of the stack's overlap shares (`None` on the GPU takes the stack's value).
+        for (value, slot) in [
+            (self.tp_overlap, &mut cal.tp_overlap),
+            (self.dp_overlap, &mut cal.dp_overlap),
+        ] {
+            if value.is_some() {
+                *slot = value;
             }
         }
     }
@@ -200,7 +207,7 @@ mod tests {
             gpu.calibration.gemm_efficiency.fp8,
             before.gemm_efficiency.fp8
         );
-        assert_eq!(gpu.calibration.tp_overlap, 0.25);
+        assert_eq!(gpu.calibration.tp_overlap, Some(0.25));
         assert_eq!(gpu.calibration.dp_overlap, before.dp_overlap);
     }
 

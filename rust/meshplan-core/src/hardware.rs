@@ -116,10 +116,15 @@ pub struct Calibration {
     pub fixed_memory_gib: f64,
     /// Allocator fragmentation as a fraction of activations and transients (§2.6).
     pub fragmentation: f64,
-    /// Fraction of tensor-parallel communication hidden behind GEMMs (§3.4 ω_TP).
-    pub tp_overlap: f64,
-    /// Fraction of a micro-batch's backward that can hide DP gradient reduction (§3.6 ω_DP).
-    pub dp_overlap: f64,
+    /// Override of the stack's fraction of tensor-parallel communication hidden behind GEMMs
+    /// (§3.4 ω_TP, [`crate::stack::Stack::tp_overlap`]); `None` takes the stack's value. Framework
+    /// behaviour, so presets leave it unset unless the GPU's software cannot overlap at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_overlap: Option<f64>,
+    /// Override of the stack's fraction of a micro-batch's backward that can hide DP gradient
+    /// reduction (§3.6 ω_DP, [`crate::stack::Stack::dp_overlap`]); `None` takes the stack's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_overlap: Option<f64>,
     /// Fraction of EP all-to-all hidden behind computation (§3.7).
     pub ep_overlap: f64,
     /// Routing imbalance: busiest expert rank's load over the mean (§1.2 λ).
@@ -129,6 +134,18 @@ pub struct Calibration {
     /// again). Negligible for large layers; it is what slows small micro-batches and
     /// fine-grained MoE layers down.
     pub layer_overhead_us: f64,
+}
+
+impl Calibration {
+    /// ω_TP (§3.4): this GPU's override if it has one, else the stack's value.
+    pub fn tp_overlap_under(&self, stack: &crate::stack::Stack) -> f64 {
+        self.tp_overlap.unwrap_or(stack.tp_overlap)
+    }
+
+    /// ω_DP (§3.6): this GPU's override if it has one, else the stack's value.
+    pub fn dp_overlap_under(&self, stack: &crate::stack::Stack) -> f64 {
+        self.dp_overlap.unwrap_or(stack.dp_overlap)
+    }
 }
 
 /// A GPU type.
@@ -259,8 +276,12 @@ impl Gpu {
             1e3,
         )?;
         check_fraction("gpu.calibration.fragmentation", c.fragmentation, 0.0, 1.0)?;
-        check_fraction("gpu.calibration.tp_overlap", c.tp_overlap, 0.0, 1.0)?;
-        check_fraction("gpu.calibration.dp_overlap", c.dp_overlap, 0.0, 1.0)?;
+        if let Some(v) = c.tp_overlap {
+            check_fraction("gpu.calibration.tp_overlap", v, 0.0, 1.0)?;
+        }
+        if let Some(v) = c.dp_overlap {
+            check_fraction("gpu.calibration.dp_overlap", v, 0.0, 1.0)?;
+        }
         check_fraction("gpu.calibration.ep_overlap", c.ep_overlap, 0.0, 1.0)?;
         check_fraction("gpu.calibration.moe_imbalance", c.moe_imbalance, 1.0, 100.0)?;
         check_fraction(

@@ -55,6 +55,12 @@ pub struct Stack {
     pub routed_copy_bytes_per_hidden: f64,
     /// Bytes per element of a routed copy's `f_e/t` width moved by the expert activation (§5.3).
     pub expert_activation_bytes_per_width: f64,
+    /// Fraction of tensor-parallel communication hidden behind GEMMs (§3.4 ω_TP); a GPU's
+    /// `calibration.tp_overlap`, when set, takes precedence.
+    pub tp_overlap: f64,
+    /// Fraction of a micro-batch's backward that can hide DP/ZeRO communication (§3.6 ω_DP); a
+    /// GPU's `calibration.dp_overlap`, when set, takes precedence.
+    pub dp_overlap: f64,
     /// How pipeline ranks split the layers (§2.5).
     pub layer_split: LayerSplit,
 }
@@ -89,6 +95,18 @@ impl Stack {
                     format!("stack.{}.{field}", self.name),
                     v,
                     "a finite number > 0",
+                ));
+            }
+        }
+        for (field, v) in [
+            ("tp_overlap", self.tp_overlap),
+            ("dp_overlap", self.dp_overlap),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(Error::invalid(
+                    format!("stack.{}.{field}", self.name),
+                    v,
+                    "a number in [0, 1]",
                 ));
             }
         }
@@ -139,6 +157,30 @@ mod tests {
         assert_eq!(s.moe_layer_kernel_factor, 2.0);
         assert_eq!(s.attention_backward_ratio, 2.5);
         assert_eq!(s.layer_split, LayerSplit::MegatronEmbeddingLoss);
+        assert_eq!(s.tp_overlap, 0.7);
+        assert_eq!(s.dp_overlap, 0.3);
+    }
+
+    #[test]
+    fn an_overlap_outside_zero_to_one_is_rejected_with_its_field() {
+        let mut s = Stack::default_stack().clone();
+        s.dp_overlap = 1.5;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("dp_overlap"), "{e}");
+        s.dp_overlap = f64::NAN;
+        assert!(s.validate().is_err());
+    }
+
+    #[test]
+    fn a_gpu_override_takes_precedence_over_the_stack() {
+        let stack = Stack::default_stack();
+        let mut cal = crate::presets::gpu("h100-sxm").unwrap().calibration.clone();
+        assert_eq!(cal.tp_overlap, None);
+        assert_eq!(cal.tp_overlap_under(stack), stack.tp_overlap);
+        cal.tp_overlap = Some(0.25);
+        cal.dp_overlap = Some(0.0);
+        assert_eq!(cal.tp_overlap_under(stack), 0.25);
+        assert_eq!(cal.dp_overlap_under(stack), 0.0);
     }
 
     #[test]

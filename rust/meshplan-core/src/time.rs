@@ -132,6 +132,26 @@ impl<'a> TimeContext<'a> {
         }
     }
 
+    /// ω_TP: the share of the layers' TP collectives hidden behind GEMMs (the GPU's override,
+    /// else the stack's value; §3.4).
+    pub fn tp_overlap(&self) -> f64 {
+        self.problem
+            .cluster
+            .gpu
+            .calibration
+            .tp_overlap_under(self.stack)
+    }
+
+    /// ω_DP: the share of a micro-batch's compute that hides DP/ZeRO communication (the GPU's
+    /// override, else the stack's value; §3.6).
+    pub fn dp_overlap(&self) -> f64 {
+        self.problem
+            .cluster
+            .gpu
+            .calibration
+            .dp_overlap_under(self.stack)
+    }
+
     /// The fabric the plan's collectives run on.
     pub fn fabric(&self) -> &Fabric {
         &self.fabric
@@ -270,7 +290,7 @@ impl<'a> TimeContext<'a> {
         // Tensor parallel (§3.4).
         let tp_fwd = if plan.tp > 1 {
             let tp_points = ops.comm.tp_points as f64;
-            (1.0 - cal.tp_overlap) * tp_points * self.tp_point(ops.comm.tp_bytes)
+            (1.0 - self.tp_overlap()) * tp_points * self.tp_point(ops.comm.tp_bytes)
         } else {
             0.0
         };
@@ -420,10 +440,10 @@ impl<'a> TimeContext<'a> {
 
     /// Exposed seconds per step of `comm` on a stage whose per-micro-batch time is `st` (§3.6).
     pub fn dp_hidden(&self, comm: &DpComm, st: &LayerTime, micro_batches: u32) -> f64 {
-        let cal = &self.problem.cluster.gpu.calibration;
+        let omega = self.dp_overlap();
         let m = micro_batches as f64;
         let (t_f, t_b) = (st.fwd.total(), st.bwd.total());
-        let hide = |comm: f64, window: f64| (comm - cal.dp_overlap * window).max(0.0);
+        let hide = |comm: f64, window: f64| (comm - omega * window).max(0.0);
         match *comm {
             DpComm::None => 0.0,
             DpComm::AllReduce(ar) => hide(ar, t_b),

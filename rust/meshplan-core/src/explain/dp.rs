@@ -81,10 +81,9 @@ impl Ctx<'_> {
     }
 
     fn reduction_notes(&self, a: &mut AxisExplanation) {
-        let cal = &self.problem.cluster.gpu.calibration;
         a.notes.push(format!(
-            "bytes are for pipeline stage 0 (the last to finish its backward); {:.0}% of a reduction can hide behind the last micro-batch's backward (calibration dp_overlap)",
-            100.0 * cal.dp_overlap
+            "bytes are for pipeline stage 0 (the last to finish its backward); {:.0}% of a reduction can hide behind the last micro-batch's backward (dp_overlap)",
+            100.0 * self.dp_overlap
         ));
         if self.model().is_moe() && self.plan.ep > 1 {
             let e = self.groups.expert_dp;

@@ -288,6 +288,9 @@ struct Ctx<'a> {
     /// The stage the step time is built from (largest per-micro-batch time).
     worst: Stage,
     m: u64,
+    /// ω_TP and ω_DP as the time model applies them (GPU override, else the stack's).
+    tp_overlap: f64,
+    dp_overlap: f64,
     /// Tokens of one micro-batch on one GPU before TP sharding, `b·s/c`.
     tokens: f64,
     /// Tokens this GPU handles per step, `m·b·s/c`.
@@ -322,6 +325,8 @@ impl<'a> Ctx<'a> {
             ops,
             worst,
             m,
+            tp_overlap: tc.tp_overlap(),
+            dp_overlap: tc.dp_overlap(),
             tokens,
             tokens_per_step: m as f64 * tokens,
         }

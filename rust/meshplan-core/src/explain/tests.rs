@@ -189,7 +189,8 @@ fn tp_and_ep_seconds_are_the_time_models_before_overlap() {
                 .partition(|c| c.when.starts_with("per layer"));
             let layer_s: f64 = layers.iter().map(|c| c.seconds_per_step).sum();
             let end_s: f64 = ends.iter().map(|c| c.seconds_per_step).sum();
-            let want = (1.0 - cal.tp_overlap) * layer_s + end_s;
+            let want = (1.0 - cal.tp_overlap_under(crate::stack::Stack::default_stack())) * layer_s
+                + end_s;
             assert!(
                 close(want, x.evaluation.time_s.tp),
                 "{pl}: {want} vs {}",

@@ -97,9 +97,9 @@ impl Ctx<'_> {
                 commas(bytes)
             ),
         });
-        let omega = self.problem.cluster.gpu.calibration.tp_overlap;
+        let omega = self.tp_overlap;
         a.notes.push(format!(
-            "{:.0}% of the layers' TP time hides behind the neighbouring GEMMs (calibration tp_overlap); the embedding and LM-head ones are exposed",
+            "{:.0}% of the layers' TP time hides behind the neighbouring GEMMs (tp_overlap); the embedding and LM-head ones are exposed",
             100.0 * omega
         ));
         a.notes.extend(self.stage_note());
