@@ -10,6 +10,8 @@ import meshplan as mp
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HF_CONFIGS = FIXTURES / "hf"
+REPO_CASES = Path(__file__).parent.parent / "validation" / "cases.json"
+"""The published training runs shipped with the repository (validation/README.md)."""
 
 
 def llama2_7b() -> mp.Model:

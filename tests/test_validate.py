@@ -14,7 +14,7 @@ import meshplan as mp
 from meshplan.cli import main
 from meshplan.errors import InvalidCaseError, InvalidInputError
 
-from conftest import FIXTURES
+from conftest import REPO_CASES
 
 BASE_CASE: dict[str, Any] = {
     "id": "hand-llama2-7b-8xa100",
@@ -283,7 +283,7 @@ def test_cli_calibration_flag_applies_to_search(tmp_path: Path, capsys: pytest.C
 
 def test_every_published_case_file_row_is_accounted_for() -> None:
     """The shipped copy of the published runs: every case is evaluated or listed with a reason."""
-    report = mp.validate(FIXTURES / "validation_cases.json")
+    report = mp.validate(REPO_CASES)
     statuses = {row["status"] for row in report.cases}
     assert statuses <= {"ok", "unrepresentable"}
     assert all(row.get("reason") for row in report.cases if row["status"] == "unrepresentable")

@@ -1,6 +1,6 @@
 """Every published training run marked representable can be expressed and evaluated.
 
-``fixtures/validation_cases.json`` is a verbatim copy of ``shared/validation/cases.json``. This
+``validation/cases.json`` is the repository's copy of the published runs (see validation/README.md). This
 test checks the foundation, not fidelity: each run must map onto a Plan that ``evaluate``
 accepts (it may still come back infeasible; how close the numbers are is the fidelity work's).
 
@@ -20,11 +20,11 @@ import json
 from typing import Any
 
 import pytest
-from conftest import FIXTURES
+from conftest import REPO_CASES
 
 import meshplan as mp
 
-CASES: list[dict[str, Any]] = json.loads((FIXTURES / "validation_cases.json").read_text())
+CASES: list[dict[str, Any]] = json.loads(REPO_CASES.read_text())
 REPRESENTABLE = [c for c in CASES if c["representable"]]
 MEGATRON_GPT_VOCAB = 51200
 

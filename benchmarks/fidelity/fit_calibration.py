@@ -16,7 +16,7 @@ The result is printed as a calibration-overrides JSON (the format ``--calibratio
 the summary of the best point. Copy the values into ``rust/meshplan-core/data/gpus.toml`` with a
 comment naming this script. Run:
 
-    python benchmarks/fidelity/fit_calibration.py ../shared/validation/cases.json \\
+    python benchmarks/fidelity/fit_calibration.py validation/cases.json \\
         --elementwise 24,40,66 --attention 0.3,0.4 --overhead 100,300 --tp-overlap 0,0.4,0.7
 """
 

@@ -7,7 +7,7 @@ Runs ``meshplan.validate(CASES, search=True)`` and writes, next to this script:
 * ``scatter.png`` — predicted vs measured tokens/s per GPU (log-log), coloured by GPU, with the
   y = x line and ±20 % bands.
 
-    python benchmarks/fidelity/report.py ../shared/validation/cases.json
+    python benchmarks/fidelity/report.py validation/cases.json
 """
 
 from __future__ import annotations

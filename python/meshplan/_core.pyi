@@ -108,7 +108,7 @@ def validate(
 ) -> dict[str, Any]:
     """Validates the cost model against published runs.
 
-    ``cases_json`` is the text of a case file (shared/validation schema), ``calibration`` the text
+    ``cases_json`` is the text of a case file (schema: validation/README.md), ``calibration`` the text
     of a calibration-overrides file (TOML or JSON). Returns ``{"cases": [...], "summary": {...}}``;
     a case that does not fit the schema raises ``InvalidCaseError``.
     """

@@ -1,6 +1,6 @@
 """Holding the cost model against published training runs, and user calibration files.
 
-:func:`validate` reads a case file in the schema of ``shared/validation/cases.json`` (published
+:func:`validate` reads a case file in the schema of ``validation/cases.json`` (in this repository) (published
 runs: model, cluster, the plan that ran, what was measured), evaluates every representable case's
 plan in the Rust core and compares prediction with measurement. Unknown (null) knobs get the
 documented defaults of the core's ``validation`` module; every case row lists the ones it needed.

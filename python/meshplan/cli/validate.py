@@ -14,7 +14,7 @@ from ._render import table
 def add(sub: Any) -> None:
     """``validate``."""
     v = sub.add_parser("validate", help="hold the cost model against published training runs")
-    v.add_argument("cases", metavar="FILE", help="a case file (shared/validation/cases.json schema)")
+    v.add_argument("cases", metavar="FILE", help="a case file (schema: validation/README.md)")
     v.add_argument("--search", action="store_true", help="also search each case: rank, regret, feasible recall")
     v.add_argument("--calibration", metavar="FILE", help="calibration overrides (TOML or JSON)")
     v.add_argument("--threads", type=int, metavar="N", help="search threads (default: all cores)")

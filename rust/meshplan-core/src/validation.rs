@@ -1,5 +1,5 @@
 //! Holds the cost model against published training runs (the schema of
-//! `shared/validation/cases.json`): every representable case's published plan is evaluated and
+//! `validation/cases.json`): every representable case's published plan is evaluated and
 //! compared with what was measured; optionally the search runs on the same problem to see where
 //! the published plan ranks and how much better the planner thinks it could do.
 //!

@@ -645,7 +645,7 @@ fn search(
 }
 
 /// Validates the cost model against published runs: `cases_json` is the text of a case file
-/// (shared/validation schema), `calibration` the text of a calibration-overrides file.
+/// (schema: validation/README.md), `calibration` the text of a calibration-overrides file.
 #[pyfunction]
 #[pyo3(signature = (cases_json, search=false, calibration=None, threads=None))]
 fn validate(
