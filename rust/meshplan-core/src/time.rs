@@ -9,10 +9,11 @@
 //! behaviour (buckets, FSDP units, kernel facts) is the [`Stack`]. A stage sums its layer kinds
 //! by count. `levels` composes these into a plan's step.
 
-use crate::comm::{Collective, Fabric};
+use crate::comm::{Collective, CollectiveCost, CollectiveModel, Fabric};
 use crate::device::Device;
 use crate::gemm::{linear_s, LinearTimes};
 use crate::layer::{layer_ops, LayerOps, OpsContext, Shard, MAX_LAYER_KINDS};
+use crate::layout::Group;
 use crate::layout::Groups;
 use crate::memory::StageParams;
 use crate::model::Model;
@@ -388,53 +389,96 @@ impl<'a> TimeContext<'a> {
     }
 
     /// The DP/ZeRO collectives of a stage holding `params` (`layers` layers) at ZeRO stage
-    /// `zero`, per step and before any overlap (§3.6).
-    pub fn dp_comm(&self, zero: u8, params: &StageParams, layers: u32) -> DpComm {
+    /// `zero`: one entry per phase and parameter group, each with its calls, bytes per call and
+    /// the [`CollectiveModel`]'s cost of one call (§3.6). This is the one inventory of a plan's
+    /// DP/ZeRO communication: [`Self::dp_comm`] sums it for the step time and `explain` lists it.
+    /// Parameter groups with nothing to move (no parameters, or a group of one rank) are left
+    /// out: their cost is zero.
+    pub fn dp_collectives(&self, zero: u8, params: &StageParams, layers: u32) -> Vec<DpCollective> {
         if self.problem.workload.lora {
-            return DpComm::None; // only the (negligible) adapters are reduced
+            return Vec::new(); // only the (negligible) adapters are reduced
         }
         let gb = self.problem.workload.grad_bytes as f64;
         let wb = WIRE_BYTES;
-        let f = &self.fabric;
         let groups = [
-            (params.dense, self.groups.dense_dp),
-            (params.expert, self.groups.expert_dp),
+            (ParamGroup::Dense, params.dense, self.groups.dense_dp),
+            (ParamGroup::Expert, params.expert, self.groups.expert_dp),
         ];
-        // Gradient buckets of at most the stack's `ddp_bucket_params` parameters, each its own
-        // collective (so each pays the latency); the bandwidth term is that of the whole buffer.
-        let bucket_params = self.stack.ddp_bucket_params;
-        let coll = |kind, per_param: f64| -> f64 {
-            groups
+        // ZeRO 0-2: gradient buckets of at most the stack's `ddp_bucket_params` parameters,
+        // each its own collective (so each pays the latency). ZeRO-3: the stack's FSDP units
+        // per layer (one in Megatron-FSDP), each unit's gather and reduce-scatter a collective
+        // of its own.
+        let units = layers.max(1) as f64 * self.stack.fsdp_units_per_layer;
+        let phases: &[(DpPhase, Collective, f64)] = match zero {
+            0 => &[(DpPhase::AllReduce, Collective::AllReduce, gb)],
+            1 | 2 => &[
+                (DpPhase::ReduceScatter, Collective::ReduceScatter, gb),
+                (DpPhase::AllGather, Collective::AllGather, wb),
+            ],
+            _ => &[
+                (DpPhase::UnitAllGather, Collective::AllGather, wb),
+                (DpPhase::UnitReduceScatter, Collective::ReduceScatter, gb),
+            ],
+        };
+        let mut out = Vec::with_capacity(phases.len() * groups.len());
+        for &(phase, kind, per_param) in phases {
+            for &(params, p, group) in &groups {
+                let calls = if zero >= 3 {
+                    units
+                } else {
+                    (p / self.stack.ddp_bucket_params).ceil().max(1.0)
+                };
+                let bytes_per_call = p / calls * per_param;
+                if group.size <= 1 || bytes_per_call <= 0.0 {
+                    continue;
+                }
+                out.push(DpCollective {
+                    phase,
+                    params,
+                    kind,
+                    group,
+                    calls,
+                    bytes_per_call,
+                    cost: self.fabric.collective(kind, bytes_per_call, group),
+                });
+            }
+        }
+        out
+    }
+
+    /// The DP/ZeRO collectives of a stage holding `params` (`layers` layers) at ZeRO stage
+    /// `zero`, per step and before any overlap (§3.6): [`Self::dp_collectives`] summed by phase.
+    pub fn dp_comm(&self, zero: u8, params: &StageParams, layers: u32) -> DpComm {
+        if self.problem.workload.lora {
+            return DpComm::None;
+        }
+        let inventory = self.dp_collectives(zero, params, layers);
+        // ZeRO 0-2 phases: every call of a round; ZeRO-3: one unit's calls (the time model
+        // multiplies by the units itself).
+        let sum = |phase: DpPhase| -> f64 {
+            inventory
                 .iter()
-                .map(|(p, g)| {
-                    let buckets = (p / bucket_params).ceil().max(1.0);
-                    buckets * f.collective_s(kind, p / buckets * per_param, *g)
-                })
-                .sum()
+                .filter(|c| c.phase == phase)
+                .fold(0.0, |acc, c| acc + c.round_s())
+        };
+        let per_unit = |phase: DpPhase| -> f64 {
+            inventory
+                .iter()
+                .filter(|c| c.phase == phase)
+                .fold(0.0, |acc, c| acc + c.cost.total_s)
         };
         match zero {
-            0 => DpComm::AllReduce(coll(Collective::AllReduce, gb)),
+            0 => DpComm::AllReduce(sum(DpPhase::AllReduce)),
             1 | 2 => DpComm::Sharded {
                 per_micro_batch: zero == 2,
-                reduce_scatter: coll(Collective::ReduceScatter, gb),
-                all_gather: coll(Collective::AllGather, wb),
+                reduce_scatter: sum(DpPhase::ReduceScatter),
+                all_gather: sum(DpPhase::AllGather),
             },
-            _ => {
-                // The stack's FSDP units per layer (one in Megatron-FSDP), each unit's gather
-                // and reduce-scatter a collective of its own (so the latency is paid per unit).
-                let units = layers.max(1) as f64 * self.stack.fsdp_units_per_layer;
-                let unit = |kind, per_param: f64| -> f64 {
-                    groups
-                        .iter()
-                        .map(|(p, g)| f.collective_s(kind, p / units * per_param, *g))
-                        .sum()
-                };
-                DpComm::PerUnit {
-                    all_gather: unit(Collective::AllGather, wb),
-                    reduce_scatter: unit(Collective::ReduceScatter, gb),
-                    units,
-                }
-            }
+            _ => DpComm::PerUnit {
+                all_gather: per_unit(DpPhase::UnitAllGather),
+                reduce_scatter: per_unit(DpPhase::UnitReduceScatter),
+                units: layers.max(1) as f64 * self.stack.fsdp_units_per_layer,
+            },
         }
     }
 
@@ -519,6 +563,55 @@ impl<'a> TimeContext<'a> {
             *time = self.layer(kind);
         }
         out
+    }
+}
+
+/// Which parameters a DP/ZeRO collective moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamGroup {
+    /// Dense (non-expert) parameters, over the dense DP group dp·ep·cp.
+    Dense,
+    /// Routed-expert parameters, over the expert DP group dp·cp.
+    Expert,
+}
+
+/// When a DP/ZeRO collective runs in a step: the slots of [`DpComm`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DpPhase {
+    /// ZeRO-0: gradient all-reduce once per step, after the last micro-batch's backward.
+    AllReduce,
+    /// ZeRO-1/2: gradient reduce-scatter (once per step; every micro-batch under ZeRO-2).
+    ReduceScatter,
+    /// ZeRO-1/2: all-gather of the updated weights once per step, after the optimizer step.
+    AllGather,
+    /// ZeRO-3: a unit's weights gathered, in forward and again in backward, every micro-batch.
+    UnitAllGather,
+    /// ZeRO-3: a unit's gradients reduce-scattered in backward, every micro-batch.
+    UnitReduceScatter,
+}
+
+/// One DP/ZeRO collective of a stage as the time model charges it
+/// ([`TimeContext::dp_collectives`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DpCollective {
+    pub phase: DpPhase,
+    pub params: ParamGroup,
+    pub kind: Collective,
+    /// The ranks it runs over and where they sit.
+    pub group: Group,
+    /// Calls per round: DDP buckets (ZeRO 0-2, a round is once per step or per micro-batch)
+    /// or FSDP units (ZeRO-3, a round is one pass over the stage's layers).
+    pub calls: f64,
+    /// Buffer of one call, bytes.
+    pub bytes_per_call: f64,
+    /// One call's latency, bandwidth time and algorithm.
+    pub cost: CollectiveCost,
+}
+
+impl DpCollective {
+    /// Seconds of one round's calls before overlap.
+    pub fn round_s(&self) -> f64 {
+        self.calls * self.cost.total_s
     }
 }
 

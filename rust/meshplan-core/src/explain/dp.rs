@@ -45,10 +45,8 @@ impl Ctx<'_> {
             return self.finish(a, 0.0, 0.0);
         }
         a.collectives = self.reduction(
-            Collective::AllReduce,
+            DpPhase::AllReduce,
             "once per step, after the last micro-batch's backward",
-            1,
-            w.grad_bytes as f64,
             1,
         );
         self.reduction_notes(&mut a);
@@ -56,28 +54,38 @@ impl Ctx<'_> {
         self.finish(a, exposed, exposed)
     }
 
-    /// One collective per parameter group (dense over dp·ep·cp, experts over dp·cp) of stage 0,
-    /// `bytes_per_param` each, the parameters split into `units` calls.
-    fn reduction(
-        &self,
-        kind: Collective,
-        when: &str,
-        count: u64,
-        bytes_per_param: f64,
-        units: u32,
-    ) -> Vec<CollectiveInfo> {
-        let params = stage_params(self.model(), self.plan, &self.runs[0].stage);
-        [
-            ("dense parameters", params.dense, self.groups.dense_dp),
-            ("expert parameters", params.expert, self.groups.expert_dp),
-        ]
-        .into_iter()
-        .filter(|(_, p, g)| *p > 0.0 && g.size > 1)
-        .map(|(label, p, g)| {
-            let when = format!("{when}, {label} over {} ranks", g.size);
-            self.collective(kind, when, count, p / units as f64 * bytes_per_param, g)
-        })
-        .collect()
+    /// The rows of `phase` in the time model's DP/ZeRO inventory of stage 0
+    /// ([`TimeContext::dp_collectives`]): one per parameter group (dense over dp·ep·cp, experts
+    /// over dp·cp), its calls per round times `rounds` per step, so that the rows' seconds are
+    /// what the step time charges before overlap.
+    fn reduction(&self, phase: DpPhase, when: &str, rounds: u64) -> Vec<CollectiveInfo> {
+        self.dp_inventory
+            .iter()
+            .filter(|c| c.phase == phase)
+            .map(|c| {
+                let label = match c.params {
+                    ParamGroup::Dense => "dense parameters",
+                    ParamGroup::Expert => "expert parameters",
+                };
+                let calls = c.calls.round() as u64;
+                let split = match phase {
+                    DpPhase::UnitAllGather | DpPhase::UnitReduceScatter => {
+                        format!("{calls} FSDP units")
+                    }
+                    _ => format!("{calls} bucket{}", if calls == 1 { "" } else { "s" }),
+                };
+                let when = format!("{when}, {label} over {} ranks in {split}", c.group.size);
+                self.info(
+                    op_name(c.kind),
+                    when,
+                    rounds.saturating_mul(calls),
+                    c.bytes_per_call,
+                    wire_bytes(c.kind, c.bytes_per_call, c.group.size),
+                    (c.cost.latency_s, c.cost.bandwidth_s),
+                    1.0,
+                )
+            })
+            .collect()
     }
 
     fn reduction_notes(&self, a: &mut AxisExplanation) {
@@ -111,70 +119,52 @@ impl Ctx<'_> {
             a.notes.push("LoRA: the base weights are frozen, so nothing is reduced or gathered (the adapters are negligible)".into());
             return self.finish(a, 0.0, 0.0);
         }
-        let (gb, wb, m) = (w.grad_bytes as f64, WIRE_BYTES, self.m);
+        let m = self.m;
         a.collectives = match plan.zero {
             1 => [
                 self.reduction(
-                    Collective::ReduceScatter,
+                    DpPhase::ReduceScatter,
                     "once per step, after the last micro-batch's backward (gradients)",
-                    1,
-                    gb,
                     1,
                 ),
                 self.reduction(
-                    Collective::AllGather,
+                    DpPhase::AllGather,
                     "once per step, after the optimizer step (updated weights)",
-                    1,
-                    wb,
                     1,
                 ),
             ]
             .concat(),
             2 => [
                 self.reduction(
-                    Collective::ReduceScatter,
+                    DpPhase::ReduceScatter,
                     "every micro-batch, during its backward (gradients)",
                     m,
-                    gb,
-                    1,
                 ),
                 self.reduction(
-                    Collective::AllGather,
+                    DpPhase::AllGather,
                     "once per step, after the optimizer step (updated weights)",
-                    1,
-                    wb,
                     1,
                 ),
             ]
             .concat(),
-            _ => {
-                let units = self.runs[0].stage.layers().max(1);
-                let layers = units as u64;
-                [
-                    self.reduction(
-                        Collective::AllGather,
-                        "per layer per micro-batch, forward (the layer's weights)",
-                        m * layers,
-                        wb,
-                        units,
-                    ),
-                    self.reduction(
-                        Collective::AllGather,
-                        "per layer per micro-batch, backward (the weights again)",
-                        m * layers,
-                        wb,
-                        units,
-                    ),
-                    self.reduction(
-                        Collective::ReduceScatter,
-                        "per layer per micro-batch, backward (the layer's gradients)",
-                        m * layers,
-                        gb,
-                        units,
-                    ),
-                ]
-                .concat()
-            }
+            _ => [
+                self.reduction(
+                    DpPhase::UnitAllGather,
+                    "per unit per micro-batch, forward (the unit's weights)",
+                    m,
+                ),
+                self.reduction(
+                    DpPhase::UnitAllGather,
+                    "per unit per micro-batch, backward (the weights again)",
+                    m,
+                ),
+                self.reduction(
+                    DpPhase::UnitReduceScatter,
+                    "per unit per micro-batch, backward (the unit's gradients)",
+                    m,
+                ),
+            ]
+            .concat(),
         };
         self.reduction_notes(&mut a);
         if plan.zero >= 3 {

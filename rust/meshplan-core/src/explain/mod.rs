@@ -41,7 +41,7 @@ use crate::plan::{Axis, Plan, RankOrder, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::space::SearchSpace;
 use crate::stages::{stage_runs, Stage, StageRun};
-use crate::time::{LayerTime, Pass, TimeContext};
+use crate::time::{DpCollective, DpPhase, LayerTime, ParamGroup, Pass, TimeContext};
 use crate::traffic::{
     collective_terms, dispatch_terms, ep_bytes_per_token_per_layer, p2p_terms,
     tp_decode_allreduce_bytes_per_token, wire_bytes, WIRE_BYTES,
@@ -288,6 +288,8 @@ struct Ctx<'a> {
     /// The stage the step time is built from (largest per-micro-batch time).
     worst: Stage,
     m: u64,
+    /// Stage 0's DP/ZeRO collectives at the plan's ZeRO stage, the time model's inventory.
+    dp_inventory: Vec<DpCollective>,
     /// ω_TP and ω_DP as the time model applies them (GPU override, else the stack's).
     tp_overlap: f64,
     dp_overlap: f64,
@@ -313,6 +315,12 @@ impl<'a> Ctx<'a> {
             .max_by(|&a, &b| per_run[a].total().total_cmp(&per_run[b].total()))
             .map_or(runs[0].stage, |i| runs[i].at(runs[i].last_index()));
         let m = evaluation.micro_batches as u64;
+        let stage0 = &runs[0].stage;
+        let dp_inventory = tc.dp_collectives(
+            plan.zero,
+            &stage_params(&problem.model, plan, stage0),
+            stage0.layers(),
+        );
         let tokens = plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64;
         Ctx {
             problem,
@@ -325,6 +333,7 @@ impl<'a> Ctx<'a> {
             ops,
             worst,
             m,
+            dp_inventory,
             tp_overlap: tc.tp_overlap(),
             dp_overlap: tc.dp_overlap(),
             tokens,

@@ -237,8 +237,11 @@ fn dp_reduction_uses_the_stage_parameters_and_zero_takes_it_over() {
     let params = stage_params(&p.model, &x.plan, &stage0);
     let ar = &dp.collectives[0];
     assert_eq!(ar.op, "all-reduce");
-    assert_eq!(ar.count_per_step, 1);
-    assert_eq!(ar.message_bytes, params.dense * 4.0);
+    // One all-reduce per DDP bucket of at most 40M parameters (the stack's), as time charges.
+    let buckets = (params.dense / 40e6).ceil();
+    assert!(buckets > 1.0);
+    assert_eq!(ar.count_per_step, buckets as u64);
+    assert_eq!(ar.message_bytes, params.dense / buckets * 4.0);
     assert!(close(
         ar.bytes_per_step_per_gpu,
         2.0 * 3.0 / 4.0 * params.dense * 4.0
@@ -277,6 +280,94 @@ fn dp_reduction_uses_the_stage_parameters_and_zero_takes_it_over() {
     .unwrap();
     let m = z3.evaluation.micro_batches as u64;
     assert_eq!(axis(&z3, "zero").collectives[0].count_per_step, m * 40);
+}
+
+/// Σ of the rows whose `when` starts with `prefix`, seconds per step, and per call.
+fn rows_s(a: &AxisExplanation, prefix: &str) -> (f64, f64) {
+    a.collectives
+        .iter()
+        .filter(|c| c.when.starts_with(prefix))
+        .fold((0.0, 0.0), |(all, one), c| {
+            (
+                all + c.seconds_per_step,
+                one + c.seconds_per_step / c.count_per_step as f64,
+            )
+        })
+}
+
+#[test]
+fn dp_and_zero_rows_add_up_to_the_charged_dp_time() {
+    // With nothing hidden (dp_overlap overridden to 0) and one pipeline stage, the DP time the
+    // step charges is the rows' seconds (ZeRO-3 also exposes the first gather and the last
+    // reduce-scatter once more): explain lists what time charges, call for call.
+    for (model, gpu, n, degrees) in [
+        (
+            presets::model("llama3-70b").unwrap(),
+            "h100-sxm",
+            64,
+            "dp=8,tp=8,pp=1",
+        ),
+        (moe_400b(), "h100-sxm", 128, "dp=2,tp=8,pp=1,ep=8"),
+        (
+            presets::model("llama3-8b").unwrap(),
+            "gb200-nvl72",
+            512,
+            "dp=64,tp=2,pp=1,cp=4",
+        ),
+    ] {
+        let mut p = problem(model, gpu, n, 256, 8192);
+        p.cluster.gpu.calibration.dp_overlap = Some(0.0);
+        for zero in 0..=3u8 {
+            let pl = plan(&format!("{degrees},zero={zero}"));
+            let x = explain(&p, &pl).unwrap();
+            let a = axis(&x, if zero == 0 { "dp" } else { "zero" });
+            assert!(!a.collectives.is_empty(), "{pl}");
+            let (all, _) = rows_s(a, "");
+            let charged = x.evaluation.time_s.dp;
+            let want = if zero >= 3 {
+                let (_, ag) = rows_s(a, "per unit per micro-batch, forward");
+                let (_, rs) = rows_s(
+                    a,
+                    "per unit per micro-batch, backward (the unit's gradients)",
+                );
+                all + ag + rs
+            } else {
+                all
+            };
+            assert!(charged > 0.0, "{pl}");
+            assert!(
+                close(want, charged),
+                "{pl}: rows {want} vs charged {charged}"
+            );
+            assert!(close(a.exposed_s, charged));
+            if degrees.contains("ep=") {
+                assert!(a
+                    .collectives
+                    .iter()
+                    .any(|c| c.when.contains("expert parameters")));
+            }
+            // Each row is the CollectiveModel's cost of its calls on its group.
+            let groups = Groups::of(&x.plan, p.cluster.nvlink_domain());
+            let fabric = Fabric::of(&p.cluster);
+            for c in &a.collectives {
+                let g = if c.when.contains("expert parameters") {
+                    groups.expert_dp
+                } else {
+                    groups.dense_dp
+                };
+                let kind = match c.op.as_str() {
+                    "all-reduce" => Collective::AllReduce,
+                    "all-gather" => Collective::AllGather,
+                    _ => Collective::ReduceScatter,
+                };
+                let one = fabric.collective_s(kind, c.message_bytes, g);
+                assert!(
+                    close(c.seconds_per_step, c.count_per_step as f64 * one),
+                    "{pl}: {c:?}"
+                );
+            }
+        }
+    }
 }
 
 #[test]
