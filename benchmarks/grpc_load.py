@@ -23,7 +23,12 @@ only address it ever talks to is the loopback server it started.
 The query is the 1,024-GPU llama3-70b search of the README (h100-sxm, global batch 1024,
 sequence 8192): ``full`` leaves every knob open (the default space, ~1.2 M candidates);
 ``constrained`` is what a scheduler that already knows its framework asks (tp=8, ZeRO-1, selective
-recompute, sequence parallel on, interleaved 1F1B; ~2 k candidates).
+recompute, sequence parallel on, interleaved 1F1B; ~2 k candidates). ``mix`` is a realistic
+stream of scheduler questions: each call draws one of 360 distinct problems (4 models x 2 GPU
+types x 5 GPU counts x 3 batches x 3 lengths, every knob open) from a Zipf law (exponent
+``--zipf-s``, 1.1 by default; seeded per client), so a few problems are asked often and most
+rarely. ``--cache both`` runs every client count against a server with its response cache
+(``--cache-size``) and one without (``--cache-size 0``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import re
 import signal
 import statistics
@@ -60,7 +66,55 @@ QUERIES = {
 }
 
 
+MIX_MODELS = ("llama3-8b", "llama3-70b", "mixtral-8x7b", "qwen3-30b-a3b")
+MIX_GPUS = ("h100-sxm", "b200")
+MIX_COUNTS = (64, 128, 256, 512, 1024)
+MIX_BATCHES = (256, 512, 1024)
+MIX_LENGTHS = (2048, 4096, 8192)
+
+
+def mix_requests() -> list[pb.SearchRequest]:
+    """The distinct problems of the ``mix`` query, most popular first (the Zipf ranks)."""
+    problems = [
+        (model, gpu, count, batch, length)
+        for count in MIX_COUNTS for batch in MIX_BATCHES for length in MIX_LENGTHS
+        for model in MIX_MODELS for gpu in MIX_GPUS
+    ]
+    random.Random(15).shuffle(problems)
+    return [
+        pb.SearchRequest(
+            model=wire.model_message(model),
+            cluster=wire.cluster_message(mp.Cluster(gpu, count)),
+            workload=wire.workload_message(mp.Workload(global_batch=batch, seq_len=length)),
+            space=wire.space_message(mp.SearchSpace()),
+        )
+        for model, gpu, count, batch, length in problems
+    ]
+
+
+class Zipf:
+    """Draws ranks 0..n-1 with probability proportional to 1 / (rank + 1) ** s."""
+
+    def __init__(self, n: int, s: float, seed: int):
+        weights = [1.0 / (k + 1) ** s for k in range(n)]
+        total = sum(weights)
+        self.cumulative = []
+        acc = 0.0
+        for w in weights:
+            acc += w / total
+            self.cumulative.append(acc)
+        self.rng = random.Random(seed)
+
+    def draw(self) -> int:
+        import bisect
+
+        return min(bisect.bisect_left(self.cumulative, self.rng.random()),
+                   len(self.cumulative) - 1)
+
+
 def request_for(query: str) -> pb.SearchRequest:
+    if query == "mix":
+        return mix_requests()[0]
     return pb.SearchRequest(
         model=wire.model_message("llama3-70b"),
         cluster=wire.cluster_message(mp.Cluster("h100-sxm", 1024)),
@@ -104,10 +158,12 @@ class Run:
 
 
 def start_server(
-    workers: Optional[int], threads: Optional[int]
+    workers: Optional[int], threads: Optional[int], cache_size: Optional[int] = None
 ) -> tuple[subprocess.Popen[str], str]:
     cmd = [sys.executable, "-m", "meshplan.cli", "serve", "--host", "127.0.0.1", "--port", "0",
            "--grace-s", "5"]
+    if cache_size is not None:
+        cmd += ["--cache-size", str(cache_size)]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     if threads is not None:
@@ -120,19 +176,24 @@ def start_server(
     if match is None:
         proc.kill()
         raise SystemExit(f"grpc_load: the server did not start: {line!r}")
+    # The server logs a line per request: read them, or the pipe fills and the server blocks.
+    threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
     return proc, match.group(1)
 
 
-def run(address: str, request: pb.SearchRequest, clients: int, duration_s: float,
-        max_requests: int, timeout_s: float) -> Run:
+def run(address: str, requests: list[pb.SearchRequest], clients: int, duration_s: float,
+        max_requests: int, timeout_s: float, zipf_s: float = 1.1) -> Run:
+    """``clients`` threads calling Search for ``duration_s``; each draws its requests from
+    ``requests`` by a Zipf law (a single request: always that one)."""
     result = Run(clients, duration_s)
     lock = threading.Lock()
     started = time.monotonic()
     stop_at = started + duration_s
     issued = 0
 
-    def client() -> None:
+    def client(seed: int) -> None:
         nonlocal issued
+        zipf = Zipf(len(requests), zipf_s, seed)
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.PlannerStub(channel)
             while True:
@@ -140,6 +201,7 @@ def run(address: str, request: pb.SearchRequest, clients: int, duration_s: float
                     if time.monotonic() >= stop_at or issued >= max_requests:
                         return
                     issued += 1
+                request = requests[zipf.draw()]
                 began = time.monotonic()
                 try:
                     reply = stub.Search(request, timeout=timeout_s)
@@ -154,7 +216,7 @@ def run(address: str, request: pb.SearchRequest, clients: int, duration_s: float
                         result.requests += 1
                         result.errors[code] = result.errors.get(code, 0) + 1
 
-    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
     for t in threads:
         t.start()
     for t in threads:
@@ -184,7 +246,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", default="1,4,16", help="comma-separated client counts")
     parser.add_argument("--duration-s", type=float, default=60.0, help="seconds per run")
-    parser.add_argument("--query", choices=sorted(QUERIES), default="full")
+    parser.add_argument("--query", choices=sorted([*QUERIES, "mix"]), default="full")
+    parser.add_argument("--zipf-s", type=float, default=1.1, help="Zipf exponent of --query mix")
+    parser.add_argument("--cache", choices=("on", "off", "both"), default="on",
+                        help="the server's response cache (both: one run with, one without)")
+    parser.add_argument("--cache-size", type=int, default=1024, help="the cache's entries")
     parser.add_argument("--workers", type=int, help="server workers (default: the server's)")
     parser.add_argument("--threads", type=int, help="core threads per search (default: all)")
     parser.add_argument("--max-requests", type=int, default=100_000, help="cap per run")
@@ -196,40 +262,49 @@ def main() -> None:
         raise SystemExit(f"grpc_load: client counts must be 1..{MAX_CLIENTS}")
     if not 0 < args.duration_s <= MAX_DURATION_S:
         raise SystemExit(f"grpc_load: --duration-s must be in (0, {MAX_DURATION_S:g}]")
+    if not 0 < args.zipf_s <= 10:
+        raise SystemExit("grpc_load: --zipf-s must be in (0, 10]")
 
+    requests = mix_requests() if args.query == "mix" else [request_for(args.query)]
     convert, core_alone = conversion_s(args.query)
-    proc, address = start_server(args.workers, args.threads)
-    header = (f"query={args.query}  server={address} workers={args.workers or 'default'} "
-              f"threads={args.threads or 'all'}  cores={os.cpu_count()}  "
-              f"one search alone: core {1e3 * core_alone:.1f} ms + convert {1e3 * convert:.2f} ms")
-    try:
-        request = request_for(args.query)
-        stub = pb_grpc.PlannerStub(grpc.insecure_channel(address))
-        stub.Search(request, timeout=args.timeout_s)  # warm-up
-        if not args.json:
-            print(header)
-            print(f"{'clients':>7} {'req':>6} {'err':>4} {'req/s':>8} {'p50 ms':>9} {'p99 ms':>9} "
-                  f"{'max ms':>9} {'core ms':>9} {'wait ms':>9}")
-        for clients in counts:
-            r = run(address, request, clients, args.duration_s, args.max_requests, args.timeout_s)
-            s = r.summary(convert)
-            if args.json:
-                print(json.dumps({"query": args.query, "cores": os.cpu_count(), **s}))
-            else:
-                errors = sum(s["errors"].values())
-                print(f"{clients:>7} {s['requests']:>6} {errors:>4} {s['requests_per_s']:>8.2f} "
-                      f"{s['p50_ms']:>9.1f} {s['p99_ms']:>9.1f} {s['max_ms']:>9.1f} "
-                      f"{s['mean_core_ms']:>9.1f} {s['mean_wait_ms']:>9.1f}"
-                      + (f"  errors: {s['errors']}" if errors else ""))
-            sys.stdout.flush()
-    finally:
-        proc.send_signal(signal.SIGTERM)
+    caches = {"on": [args.cache_size], "off": [0], "both": [args.cache_size, 0]}[args.cache]
+    for cache_size in caches:
+        proc, address = start_server(args.workers, args.threads, cache_size)
+        header = (f"query={args.query}"
+                  + (f" ({len(requests)} problems, zipf s={args.zipf_s:g})"
+                     if args.query == "mix" else "")
+                  + f"  cache={cache_size}  server={address} "
+                  f"workers={args.workers or 'default'} threads={args.threads or 'all'}  "
+                  f"cores={os.cpu_count()}  one search alone: core {1e3 * core_alone:.1f} ms + "
+                  f"convert {1e3 * convert:.2f} ms")
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if proc.stderr is not None:
-            proc.stderr.close()
+            stub = pb_grpc.PlannerStub(grpc.insecure_channel(address))
+            stub.Search(request_for(args.query), timeout=args.timeout_s)  # warm-up
+            if not args.json:
+                print(header)
+                print(f"{'clients':>7} {'req':>6} {'err':>4} {'req/s':>8} {'p50 ms':>9} "
+                      f"{'p99 ms':>9} {'max ms':>9} {'core ms':>9} {'wait ms':>9}")
+            for clients in counts:
+                r = run(address, requests, clients, args.duration_s, args.max_requests,
+                        args.timeout_s, args.zipf_s)
+                s = r.summary(convert)
+                if args.json:
+                    print(json.dumps({"query": args.query, "cache_size": cache_size,
+                                      "cores": os.cpu_count(), **s}))
+                else:
+                    errors = sum(s["errors"].values())
+                    print(f"{clients:>7} {s['requests']:>6} {errors:>4} "
+                          f"{s['requests_per_s']:>8.2f} {s['p50_ms']:>9.1f} {s['p99_ms']:>9.1f} "
+                          f"{s['max_ms']:>9.1f} {s['mean_core_ms']:>9.1f} "
+                          f"{s['mean_wait_ms']:>9.1f}"
+                          + (f"  errors: {s['errors']}" if errors else ""))
+                sys.stdout.flush()
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":

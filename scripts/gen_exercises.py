@@ -281,7 +281,7 @@ def page() -> str:
         "generated: `python scripts/gen_exercises.py --write` rewrites it, and "
         "`tests/test_exercises.py` fails when it no longer matches the cost model. Bytes are "
         "exact; GB = 10⁹ bytes, GiB = 2³⁰; times come from the calibrated cost model "
-        "(COSTMODEL.md) and move with it.",
+        "(docs/costmodel.md) and move with it.",
         "",
     ]
     lines += exercise_1() + exercise_2() + exercise_3()

@@ -15,7 +15,7 @@ REPO_CASES = Path(__file__).parent.parent / "validation" / "cases.json"
 
 
 def llama2_7b() -> mp.Model:
-    """Llama-2-7B's shape (COSTMODEL §7(c)), built field by field rather than from a preset."""
+    """Llama-2-7B's shape (docs/costmodel.md §7(c)), built field by field rather than from a preset."""
     return mp.Model(
         name="llama2-7b", layers=32, hidden=4096, heads=32, kv_heads=32,
         ffn_hidden=11008, vocab=32000, activation="swiglu",

@@ -28,7 +28,7 @@ def test_exercises_page_is_current() -> None:
 @pytest.mark.skipif(not PAGE.is_file(), reason="tests run outside the source tree")
 def test_exercises_page_answers_the_worked_checks() -> None:
     text = PAGE.read_text(encoding="utf-8")
-    # COSTMODEL §7(a) and §7(b): exact bytes, and the latency-bound verdict.
+    # docs/costmodel.md §7(a) and §7(b): exact bytes, and the latency-bound verdict.
     assert "**3,932,160 B**" in text and "**0.044 %**" in text
     assert "| latency-bound | **yes** |" in text
     assert "**65,536 B** per token per MoE layer" in text and "**57,344 B** forward" in text

@@ -1,4 +1,4 @@
-"""``meshplan.explain`` and ``meshplan explain``: the four facts per axis, COSTMODEL §7(a)/(b),
+"""``meshplan.explain`` and ``meshplan explain``: the four facts per axis, docs/costmodel.md §7(a)/(b),
 and that the explained times are the evaluation's."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ EVERY_AXIS = "dp=2,tp=2,pp=2,ep=4,cp=2,zero=1,sp=on,recompute=full"
 
 
 def moe_400b() -> mp.Model:
-    """A 400B-class MoE with COSTMODEL §7(b)'s shape: h = 8192, 64 experts, top-2."""
+    """A 400B-class MoE with docs/costmodel.md §7(b)'s shape: h = 8192, 64 experts, top-2."""
     return mp.Model(
         name="moe-400b", layers=40, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672,
         vocab=128256, activation="swiglu",

@@ -278,10 +278,13 @@ def test_space_beyond_the_cap_is_resource_exhausted() -> None:
 
 
 def test_unexpected_errors_are_internal_and_logged(
-    client: PlannerClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    planner: PlannerServer, client: PlannerClient, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken(*args: Any, **kwargs: Any) -> mp.Evaluation:
         raise ZeroDivisionError("a bug")
+
+    planner.cache.clear()  # an earlier test's answer to the same question would be served
 
     monkeypatch.setattr(server, "evaluate", broken)
     with caplog.at_level(logging.ERROR, logger="meshplan.server"):
@@ -342,7 +345,7 @@ def test_the_server_side_deadline_is_passed_to_the_core(client: PlannerClient) -
     assert seen and isinstance(seen[0], (errors.DeadlineExceededError, errors.CancelledError))
 
 
-def test_no_deadline_means_no_core_timeout(client: PlannerClient,
+def test_no_deadline_means_no_core_timeout(planner: PlannerServer, client: PlannerClient,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     given: list[Any] = []
     original = server.search
@@ -352,7 +355,9 @@ def test_no_deadline_means_no_core_timeout(client: PlannerClient,
         return original(*args, **kwargs)
 
     monkeypatch.setattr(server, "search", spy)
+    planner.cache.clear()  # the same question again must reach the search, not the cache
     client.search(llama2_7b(), CLUSTER, WORKLOAD, SMALL, timeout_s=None)
+    planner.cache.clear()
     no_deadline = PlannerClient(client.target, timeout_s=None)
     no_deadline.search(llama2_7b(), CLUSTER, WORKLOAD, SMALL)
     assert given[0] is not None and 0 < given[0] <= 61  # the client's 60 s, give or take clocks

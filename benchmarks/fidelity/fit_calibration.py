@@ -25,52 +25,22 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
-from collections import defaultdict
 from typing import Any
 
 import meshplan as mp
-
-MIN_RUNS = 3
-BISECTION_STEPS = 12
+from meshplan.validation import fit_gemm_efficiency
 
 
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",")]
 
 
-def dense_errors(report: mp.ValidationReport) -> dict[tuple[str, str], list[float]]:
-    """Signed throughput errors of dense runs by (GPU, precision)."""
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for row in report.cases:
-        if row["status"] == "ok" and row.get("signed_error") is not None and row["arch"] == "dense":
-            groups[(row["gpu"], row["precision"])].append(row["signed_error"])
-    return groups
-
-
 def fit_gemm(cases: str, shared: dict[str, Any]) -> dict[str, Any]:
-    """Overrides with ``shared`` for every GPU and bisected GEMM efficiencies per group."""
-    keys = [k for k, v in dense_errors(mp.validate(cases, calibration={"*": shared})).items() if len(v) >= MIN_RUNS]
-    lo = {k: 0.15 for k in keys}
-    hi = {k: 1.0 for k in keys}
+    """Overrides with ``shared`` for every GPU and bisected GEMM efficiencies per group
+    (:func:`meshplan.validation.fit_gemm_efficiency`, which ``validate --cross-validate`` reuses)."""
     overrides: dict[str, Any] = {"*": dict(shared)}
-
-    def mid() -> None:
-        for gpu, prec in keys:
-            overrides.setdefault(gpu, {}).setdefault("gemm_efficiency", {})[prec] = round(
-                (lo[(gpu, prec)] + hi[(gpu, prec)]) / 2, 4
-            )
-
-    mid()
-    for _ in range(BISECTION_STEPS):
-        errors = dense_errors(mp.validate(cases, calibration=overrides))
-        for gpu, prec in keys:
-            value = overrides[gpu]["gemm_efficiency"][prec]
-            if statistics.median(errors[(gpu, prec)]) > 0:
-                hi[(gpu, prec)] = value  # predicted too fast: lower the efficiency
-            else:
-                lo[(gpu, prec)] = value
-        mid()
+    for (gpu, prec), value in fit_gemm_efficiency(cases, overrides).items():
+        overrides.setdefault(gpu, {}).setdefault("gemm_efficiency", {})[prec] = value
     return overrides
 
 

@@ -28,7 +28,7 @@ from .model import Mla, Model, Moe
 from .plan import Plan
 from .report import Evaluation, SearchResult, SearchStats, Violation
 from .space import Degree, SearchSpace
-from .validation import ValidationReport, calibrated, validate
+from .validation import CrossValidationReport, ValidationReport, calibrated, cross_validate, validate
 from .workload import Workload
 
 __all__ = [
@@ -43,6 +43,8 @@ __all__ = [
     "decode_traffic",
     "export",
     "validate",
+    "cross_validate",
+    "CrossValidationReport",
     "calibrated",
     "ValidationReport",
     "Model",

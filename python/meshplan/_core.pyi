@@ -138,7 +138,7 @@ def decode_traffic(
     model: dict[str, Any], cluster: dict[str, Any], tp: int, tokens_per_s: float
 ) -> dict[str, Any]:
     """Tensor-parallel all-reduce traffic of batch-1 decoding with ``tp`` GPUs at
-    ``tokens_per_s`` (COSTMODEL §7(a)): bytes per token per GPU, GB/s, the fraction of the
+    ``tokens_per_s`` (docs/costmodel.md §7(a)): bytes per token per GPU, GB/s, the fraction of the
     scale-up link, and whether the all-reduces are latency-bound."""
 
 def rank_orders() -> list[str]:

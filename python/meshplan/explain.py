@@ -136,7 +136,7 @@ def explain(
 def decode_traffic(
     model: ModelLike, cluster: Cluster, tp: int, tokens_per_s: float = 50.0
 ) -> dict[str, Any]:
-    """Tensor-parallel all-reduce traffic of decoding one token at a time (COSTMODEL §7(a)).
+    """Tensor-parallel all-reduce traffic of decoding one token at a time (docs/costmodel.md §7(a)).
 
     Returns ``all_reduces_per_token`` (two per layer), ``message_bytes`` (one token's hidden
     state), ``bytes_per_token_per_gpu``, ``gb_per_s_per_gpu`` at ``tokens_per_s``, the GPU's
@@ -154,7 +154,7 @@ def decode_traffic(
 
 
 def format_bytes(n: float) -> str:
-    """Decimal units (GB = 1e9 bytes, as COSTMODEL); exact below a megabyte."""
+    """Decimal units (GB = 1e9 bytes, as docs/costmodel.md); exact below a megabyte."""
     if n < 1e6:
         return f"{n:,.0f} B"
     if n < 1e9:

@@ -26,6 +26,15 @@ structure as real messages.
 - **Auth.** With a token, every call but health checks needs ``authorization: Bearer <token>``
   metadata, else ``UNAUTHENTICATED``; with a certificate and key, the port speaks TLS.
 - **Health and reflection** are always on (``grpc.health.v1``, server reflection).
+- **Cache.** Answers to Search, Evaluate and Explain are kept in a bounded LRU
+  (:mod:`meshplan.server_cache`) keyed by the canonicalised request with presets and calibration
+  resolved; errors (deadlines, cancellations, refusals) are never cached.
+- **Calibration.** ``calibration`` (a TOML or JSON file, as ``--calibration`` elsewhere) is
+  applied to every GPU a request names; :meth:`PlannerServicer.set_calibration` (SIGHUP under
+  :func:`serve`) reloads it and clears the cache.
+- **Operations.** Every call is counted in Prometheus series (``metrics_port``;
+  :mod:`meshplan.server_metrics`) and logged as one ``meshplan.access`` record (method, status,
+  latency, cache hit, peer), as text or JSON lines.
 - **Shutdown.** :meth:`PlannerServer.stop` (and SIGTERM/SIGINT under :func:`serve`) sets every
   health status to NOT_SERVING, refuses new calls and lets in-flight ones finish within the grace
   period; when it ends, the calls still running are cancelled in the core, so the process exits
@@ -61,6 +70,10 @@ from ._core import CancelToken
 from .api import evaluate, search
 from .errors import CancelledError, DeadlineExceededError, InvalidInputError, MeshplanError
 from .explain import explain
+from .hardware import Cluster, Gpu
+from .server_cache import DEFAULT_CACHE_ENTRIES, MAX_CACHE_ENTRIES, ResponseCache, request_key
+from .server_metrics import RequestLog, ServerMetrics, configure_logging
+from .validation import CalibrationLike, calibrated
 from .v1 import planner_pb2 as pb
 from .v1 import planner_pb2_grpc as pb_grpc
 
@@ -81,6 +94,12 @@ SEARCH_BYTES_FIXED = 4096
 """An upper bound of a ``SearchResponse`` without its plans (the stats)."""
 
 log = logging.getLogger("meshplan.server")
+
+Observer = Callable[[str, str, float, bool, str], None]
+"""Told of every Planner call: (method, status code name, latency in s, cache hit, peer)."""
+
+_call = threading.local()
+"""Per call (one thread each): ``cache_hit``, set by the servicer when the answer was cached."""
 
 Req = TypeVar("Req", bound=Message)
 Resp = TypeVar("Resp", bound=Message)
@@ -115,6 +134,11 @@ class PlanningGate:
         self._running: list[CancelToken] = []
         self._waiting: list[CancelToken] = []
         self._closed = False
+
+    def counts(self) -> tuple[int, int]:
+        """(calls running, calls waiting)."""
+        with self._cond:
+            return len(self._running), len(self._waiting)
 
     @property
     def busy(self) -> int:
@@ -195,7 +219,8 @@ class PlannerServicer(pb_grpc.PlannerServicer):
     """``meshplan.v1.Planner`` over the Python API. ``max_candidates`` caps every search space
     (larger spaces get ``RESOURCE_EXHAUSTED``); ``threads`` is each search's core thread count
     (None: ``MESHPLAN_THREADS``, else every core); ``gate`` admits the planning calls (default:
-    4 at once, 64 waiting); ``max_response_bytes`` caps every response."""
+    4 at once, 64 waiting); ``max_response_bytes`` caps every response; ``cache`` keeps answers
+    (None: none); ``calibration`` overrides the GPUs' calibration constants."""
 
     def __init__(
         self,
@@ -204,11 +229,44 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         threads: Optional[int] = None,
         gate: Optional[PlanningGate] = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        cache: Optional[ResponseCache] = None,
+        calibration: Optional[CalibrationLike] = None,
     ):
         self.max_candidates = max_candidates
         self.threads = threads
         self.gate = gate if gate is not None else PlanningGate(4, 64)
         self.max_response_bytes = max_response_bytes
+        self.cache = cache if cache is not None else ResponseCache(0)
+        self.observers: list[Observer] = []
+        """Told of every call (metrics, access log)."""
+        self._gpus: dict[str, Gpu] = {}
+        self.set_calibration(calibration)
+
+    def set_calibration(self, calibration: Optional[CalibrationLike]) -> None:
+        """Applies ``calibration`` (None: the presets' own constants) to every GPU preset and
+        clears the cache. Raises :class:`~meshplan.errors.InvalidInputError` naming a bad
+        field; the previous calibration then stays."""
+        gpus = {}
+        for name in Gpu.presets():
+            gpu = Gpu.preset(name)
+            if calibration is not None:
+                gpu = calibrated(Cluster(gpu, 1), calibration).resolved_gpu()
+            gpus[name] = gpu
+        self._gpus = gpus
+        self.cache.clear()
+
+    def cluster_of(self, msg: pb.Cluster) -> Cluster:
+        """The cluster of a request, its GPU calibrated."""
+        cluster = wire.cluster_from(msg)
+        gpu = self._gpus.get(cluster.resolved_gpu().name)
+        return cluster if gpu is None else Cluster(gpu, cluster.num_gpus,
+                                                  cluster.gpus_per_node, cluster.nvlink_domain)
+
+    def cached(self, key: bytes, compute: Callable[[], Resp]) -> Resp:
+        """The cached answer of ``key``, else ``compute()`` (kept when it returns)."""
+        response, hit = self.cache.answer(key, compute)
+        _call.cache_hit = hit
+        return response  # type: ignore[return-value]
 
     @contextmanager
     def planning(
@@ -231,7 +289,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
 
     def Search(self, request: pb.SearchRequest, context: grpc.ServicerContext) -> pb.SearchResponse:
         model = wire.model_from(request.model)
-        cluster = wire.cluster_from(request.cluster)
+        cluster = self.cluster_of(request.cluster)
         workload = wire.workload_from(request.workload)
         space = wire.space_from(request.space, self.max_candidates)
         top_k = int(space.to_dict()["top_k"])
@@ -240,32 +298,50 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         if estimate > cap:
             raise _too_large(f"space.top_k = {top_k:,} plans may take up to {estimate:,} bytes",
                              cap, whose, "ask for fewer plans (space.top_k)")
-        with self.planning(context) as (cancel, timeout_s):
-            result = search(model, cluster, workload, space, threads=self.threads,
-                            timeout_s=timeout_s, cancel=cancel)
-            return wire.search_response(result)
+
+        def compute() -> pb.SearchResponse:
+            with self.planning(context) as (cancel, timeout_s):
+                result = search(model, cluster, workload, space, threads=self.threads,
+                                timeout_s=timeout_s, cancel=cancel)
+                return wire.search_response(result)
+
+        key = request_key("Search", model=model.to_dict(), cluster=cluster.to_dict(),
+                          workload=workload.to_dict(), space=space.to_dict())
+        return self.cached(key, compute)
 
     def Evaluate(
         self, request: pb.EvaluateRequest, context: grpc.ServicerContext
     ) -> pb.EvaluateResponse:
         model = wire.model_from(request.model)
-        cluster = wire.cluster_from(request.cluster)
+        cluster = self.cluster_of(request.cluster)
         workload = wire.workload_from(request.workload)
         plan = wire.plan_from(request.plan)
-        with self.planning(context) as (cancel, timeout_s):
-            ev = evaluate(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
-            return pb.EvaluateResponse(evaluation=wire.evaluation_message(ev))
+
+        def compute() -> pb.EvaluateResponse:
+            with self.planning(context) as (cancel, timeout_s):
+                ev = evaluate(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
+                return pb.EvaluateResponse(evaluation=wire.evaluation_message(ev))
+
+        key = request_key("Evaluate", model=model.to_dict(), cluster=cluster.to_dict(),
+                          workload=workload.to_dict(), plan=plan.to_dict())
+        return self.cached(key, compute)
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
     ) -> pb.ExplainResponse:
         model = wire.model_from(request.model)
-        cluster = wire.cluster_from(request.cluster)
+        cluster = self.cluster_of(request.cluster)
         workload = wire.workload_from(request.workload)
         plan = wire.plan_from(request.plan)
-        with self.planning(context) as (cancel, timeout_s):
-            x = explain(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
-            return wire.explain_response(x)
+
+        def compute() -> pb.ExplainResponse:
+            with self.planning(context) as (cancel, timeout_s):
+                x = explain(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
+                return wire.explain_response(x)
+
+        key = request_key("Explain", model=model.to_dict(), cluster=cluster.to_dict(),
+                          workload=workload.to_dict(), plan=plan.to_dict())
+        return self.cached(key, compute)
 
     def ListPresets(
         self, request: pb.ListPresetsRequest, context: grpc.ServicerContext
@@ -347,16 +423,20 @@ def _status_of(error: Exception, method: str) -> grpc.Status:
 
 
 def _unary(
+    method_name: str,
     method: Callable[[Req, grpc.ServicerContext], Resp],
     request_type: type[Req],
     servicer: PlannerServicer,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """The handler of one method: parses the request itself (so that bytes that are not a
     message get INVALID_ARGUMENT rather than gRPC's INTERNAL), serializes the response under the
-    size cap, and maps errors by the table."""
+    size cap, maps errors by the table, and tells the servicer's observers."""
     name = request_type.DESCRIPTOR.full_name
 
     def behaviour(data: bytes, context: grpc.ServicerContext) -> bytes:
+        began = time.monotonic()
+        _call.cache_hit = False
+        code = "OK"
         try:
             try:
                 request = request_type.FromString(data)
@@ -366,8 +446,15 @@ def _unary(
                               wire.error_reason(InvalidInputError)) from None
             return servicer.checked_size(method(request, context), context)
         except Exception as e:  # noqa: BLE001 - the table decides; INTERNAL is the fallback
-            context.abort_with_status(_status_of(e, name))
+            status = _status_of(e, name)
+            code = status.code.name
+            context.abort_with_status(status)
             raise  # abort_with_status raises; this line is for the type checker
+        finally:
+            if servicer.observers:
+                took_s, hit, peer = time.monotonic() - began, bool(_call.cache_hit), context.peer()
+                for observe in servicer.observers:
+                    observe(method_name, code, took_s, hit, peer)
 
     return grpc.unary_unary_rpc_method_handler(
         behaviour, request_deserializer=None, response_serializer=None
@@ -385,7 +472,7 @@ def _handlers(servicer: PlannerServicer) -> grpc.GenericRpcHandler:
     # A method the proto declares but this table lacks is a bug caught here, at start-up.
     assert set(methods) == {m.name for m in service.methods}, "Planner methods out of date"
     return grpc.method_handlers_generic_handler(
-        SERVICE, {name: _unary(fn, req, servicer) for name, (fn, req) in methods.items()}
+        SERVICE, {name: _unary(name, fn, req, servicer) for name, (fn, req) in methods.items()}
     )
 
 
@@ -485,6 +572,14 @@ class ServerConfig:
     grace_s: float = 10.0
     """How long in-flight calls may run on after :meth:`PlannerServer.stop`; then they are
     cancelled."""
+    cache_size: int = DEFAULT_CACHE_ENTRIES
+    """Answers kept in the response cache (0: no cache)."""
+    calibration: Optional[CalibrationLike] = None
+    """Calibration overrides applied to every GPU (a TOML/JSON path or a mapping)."""
+    metrics_port: Optional[int] = None
+    """Serve Prometheus metrics over HTTP on this port (0: a free one; None: no metrics)."""
+    metrics_host: str = "127.0.0.1"
+    """Address of the metrics endpoint."""
 
 
 SERVER_LIMITS = {
@@ -492,6 +587,7 @@ SERVER_LIMITS = {
     "workers": (1, 1024),
     "queue": (0, 65536),
     "max_response_bytes": (MIN_RESPONSE_BYTES, 2**31 - 1),
+    "cache_size": (0, MAX_CACHE_ENTRIES),
 }
 """The allowed range of each integer of :class:`ServerConfig` (gRPC takes message sizes as
 32-bit integers)."""
@@ -505,6 +601,10 @@ def _check(config: ServerConfig) -> None:
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise ValueError(f"invalid {name}: {value!r} (allowed: an integer from {lo} to {hi})")
+    port = config.metrics_port
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 <= port <= 65535):
+        raise ValueError(f"invalid metrics_port: {port!r} (allowed: an integer from 0 to 65535)")
     grace = config.grace_s
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 86400:
         raise ValueError(f"invalid grace_s: {grace!r} (allowed: 0 to 86400 seconds)")
@@ -547,10 +647,20 @@ class PlannerServer:
             # Calls beyond this many at once (of any kind) are refused before they take memory.
             maximum_concurrent_rpcs=threads + 256,
         )
+        self.cache = ResponseCache(config.cache_size)
         self.servicer = PlannerServicer(
             max_candidates=config.max_candidates, threads=config.threads, gate=self.gate,
-            max_response_bytes=config.max_response_bytes,
+            max_response_bytes=config.max_response_bytes, cache=self.cache,
+            calibration=config.calibration,
         )
+        self.servicer.observers.append(RequestLog())
+        self.metrics: Optional[ServerMetrics] = None
+        """The Prometheus series (when ``config.metrics_port`` is set)."""
+        self.metrics_port: Optional[int] = None
+        """The metrics endpoint's port as bound, once started."""
+        if config.metrics_port is not None:
+            self.metrics = ServerMetrics(self.gate.counts, self.cache)
+            self.servicer.observers.append(self.metrics)
         self._server.add_generic_rpc_handlers((_handlers(self.servicer),))
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
@@ -569,6 +679,9 @@ class PlannerServer:
         """``host:port`` as bound (the real port when ``config.port`` was 0)."""
 
     def start(self) -> PlannerServer:
+        if self.metrics is not None and self.config.metrics_port is not None:
+            self.metrics_port = self.metrics.serve_http(self.config.metrics_host,
+                                                        self.config.metrics_port)
         self._server.start()
         serving = health_pb2.HealthCheckResponse.SERVING
         for name in ("", SERVICE):
@@ -588,6 +701,9 @@ class PlannerServer:
             timer.start()
         else:
             self.gate.close()
+        if self.metrics is not None:
+            # Its HTTP loop takes up to half a second to notice: not on the shutdown path.
+            threading.Thread(target=self.metrics.stop_http, daemon=True).start()
         return done
 
     def drain(self, timeout_s: float = 1.0) -> bool:
@@ -600,15 +716,17 @@ class PlannerServer:
         return self._server.wait_for_termination(timeout_s) is False
 
 
-def serve(config: ServerConfig, out: TextIO = sys.stderr) -> int:
+def serve(config: ServerConfig, out: TextIO = sys.stderr, log_format: Optional[str] = None) -> int:
     """Runs the server until SIGTERM or SIGINT, then shuts down gracefully (a second signal
-    cuts the grace period short). Prints ``meshplan: serving ... on HOST:PORT`` once listening.
+    cuts the grace period short). SIGHUP reloads ``config.calibration`` (when it is a file) and
+    clears the cache. ``log_format``: ``text`` or ``json`` lines on stderr (None: text, unless
+    logging is configured already). Prints ``meshplan: serving ... on HOST:PORT`` once listening.
     When the grace period ends, the calls still running are cancelled; the process ends within
     a second of it (a call that does not stop by then is abandoned: the process exits anyway)."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO, format="meshplan: %(levelname)s %(name)s: %(message)s"
-        )
+    if log_format is not None:
+        configure_logging(log_format)
+    elif not logging.getLogger().handlers:
+        configure_logging("text")
     server = PlannerServer(config)
     stopping = threading.Event()
 
@@ -617,7 +735,12 @@ def serve(config: ServerConfig, out: TextIO = sys.stderr) -> int:
             server.stop(0)
         stopping.set()
 
+    def on_hangup(signum: int, frame: Optional[FrameType]) -> None:
+        reload.set()
+
+    reload = threading.Event()
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hangup)
     try:
         server.start()
         features = [f"{config.workers} workers", f"queue {config.queue}"]
@@ -627,13 +750,18 @@ def serve(config: ServerConfig, out: TextIO = sys.stderr) -> int:
             features.append("token auth")
         if config.max_candidates is not None:
             features.append(f"max {config.max_candidates:,} candidates")
+        features.append(f"cache {config.cache_size:,}" if config.cache_size else "no cache")
+        if server.metrics_port is not None:
+            features.append(f"metrics on {_address(config.metrics_host, server.metrics_port)}")
         print(f"meshplan: serving {SERVICE} on {server.address} ({', '.join(features)})",
               file=out, flush=True)
         if config.host not in ("127.0.0.1", "localhost", "::1") and config.token is None:
             log.warning("listening on %s without a token: anyone who reaches it may plan",
                         server.address)
         while not stopping.wait(0.5):
-            pass
+            if reload.is_set():
+                reload.clear()
+                _reload_calibration(server, config)
         print(f"meshplan: shutting down (grace {config.grace_s:g} s)", file=out, flush=True)
         done = server.stop()
         while not done.wait(0.1):
@@ -648,6 +776,15 @@ def serve(config: ServerConfig, out: TextIO = sys.stderr) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def _reload_calibration(server: PlannerServer, config: ServerConfig) -> None:
+    """SIGHUP: reads the calibration again; a bad one is logged and the old one kept."""
+    try:
+        server.servicer.set_calibration(config.calibration)
+        log.info("calibration reloaded; cache cleared")
+    except (MeshplanError, OSError) as e:
+        log.error("calibration not reloaded (the previous one stays): %s", " ".join(str(e).split()))
 
 
 __all__ = [

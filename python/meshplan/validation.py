@@ -15,14 +15,22 @@ JSON) table per GPU preset name, or ``"*"`` for every GPU::
 
 Use it with :func:`calibrated` (a :class:`~meshplan.Cluster` whose GPU carries the overrides),
 ``validate(..., calibration=...)``, or ``--calibration FILE`` on the command line.
+
+:func:`fit_gemm_efficiency` fits the per-(GPU, precision) GEMM efficiencies to a case file (the
+fit of ``benchmarks/fidelity/fit_calibration.py``), and :func:`cross_validate` measures how well
+the fitted constants predict runs they were not fitted to: it leaves one group of cases out at a
+time (a GPU type, a model, or a source), refits without it and predicts it.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import statistics
+from collections import defaultdict
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import _core
 from ._fields import as_type
@@ -79,6 +87,13 @@ class ValidationReport:
         raise KeyError(case_id)
 
 
+def _cases_text(cases: CasesLike) -> str:
+    if isinstance(cases, (str, os.PathLike)):
+        with open(os.fspath(cases), encoding="utf-8") as f:
+            return f.read()
+    return json.dumps(list(cases))
+
+
 def validate(
     cases: CasesLike,
     *,
@@ -94,14 +109,240 @@ def validate(
     A case that does not fit the schema raises :class:`~meshplan.errors.InvalidCaseError`
     naming the case and the field.
     """
-    if isinstance(cases, (str, os.PathLike)):
-        with open(os.fspath(cases), encoding="utf-8") as f:
-            text = f.read()
-    else:
-        text = json.dumps(list(cases))
+    text = _cases_text(cases)
     cal = None if calibration is None else calibration_text(calibration)
     raw = _core.validate(text, search, cal, threads)
     return ValidationReport(cases=list(raw["cases"]), summary=dict(raw["summary"]))
 
 
-__all__ = ["validate", "calibrated", "calibration_text", "ValidationReport", "CalibrationLike"]
+FIT_MIN_RUNS = 3
+"""Dense runs a (GPU, precision) group needs for its GEMM efficiency to be fitted."""
+
+FIT_BISECTION_STEPS = 12
+"""Bisection steps of the GEMM-efficiency fit (the interval [0.15, 1] shrinks 4096-fold)."""
+
+CROSS_VALIDATION_GROUPS = ("gpu", "model", "source")
+"""What :func:`cross_validate` can leave out: a GPU type, a model, or a source."""
+
+
+def calibration_mapping(calibration: Optional[CalibrationLike]) -> dict[str, Any]:
+    """The overrides of ``calibration`` as a mapping (JSON when the text starts with ``{``, TOML
+    otherwise, as the core reads it); ``{}`` for None."""
+    if calibration is None:
+        return {}
+    if isinstance(calibration, Mapping):
+        return copy.deepcopy(dict(calibration))
+    text = calibration_text(calibration)
+    if text.lstrip().startswith("{"):
+        return dict(json.loads(text))
+    try:
+        import tomllib
+    except ImportError:  # pragma: no cover - Python < 3.11
+        import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
+    return dict(tomllib.loads(text))
+
+
+def _case_list(cases: CasesLike) -> list[dict[str, Any]]:
+    return list(json.loads(_cases_text(cases)))
+
+
+def source_family(case: Mapping[str, Any]) -> str:
+    """The source a case belongs to: the prefix of its id before the first ``-`` (ids are named
+    ``<source>-...``: ``mbridge``, ``dgxc``, ``narayanan21``, ``torchtitan``, ...), so that the
+    releases of one performance table form one group."""
+    return str(case["id"]).split("-", 1)[0]
+
+
+def _group_of(by: str) -> Callable[[Mapping[str, Any]], str]:
+    if by == "gpu":
+        return lambda c: str(c["cluster"]["gpu"])
+    if by == "model":
+        return lambda c: str(c["model"]["name"])
+    if by == "source":
+        return source_family
+    raise ValueError(f"cross-validation group {by!r}: allowed {', '.join(CROSS_VALIDATION_GROUPS)}")
+
+
+def _with_gemm(base: Mapping[str, Any], values: Mapping[tuple[str, str], float]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for (gpu, precision), value in values.items():
+        out.setdefault(gpu, {}).setdefault("gemm_efficiency", {})[precision] = value
+    return out
+
+
+def _dense_errors(report: ValidationReport) -> dict[tuple[str, str], list[float]]:
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for row in report.cases:
+        if row["status"] == "ok" and row.get("signed_error") is not None and row["arch"] == "dense":
+            groups[(row["gpu"], row["precision"])].append(row["signed_error"])
+    return groups
+
+
+def fit_gemm_efficiency(
+    cases: CasesLike,
+    calibration: Optional[CalibrationLike] = None,
+    *,
+    min_runs: int = FIT_MIN_RUNS,
+    steps: int = FIT_BISECTION_STEPS,
+) -> dict[tuple[str, str], float]:
+    """GEMM efficiency per (GPU, precision) fitted to the *dense* runs of ``cases``.
+
+    Each group with at least ``min_runs`` evaluated dense runs is bisected on [0.15, 1] so that
+    the median signed throughput error of its dense runs is zero (dense only, so that errors of
+    the MoE terms do not leak into the GEMM efficiency); all groups move together, one
+    ``validate`` per step. Every other constant is the data file's, overridden by
+    ``calibration``. Groups with fewer runs are absent from the result.
+    """
+    case_list = _case_list(cases)
+    base = calibration_mapping(calibration)
+    first = _dense_errors(validate(case_list, calibration=base or None))
+    keys = sorted(k for k, v in first.items() if len(v) >= min_runs)
+    lo = {k: 0.15 for k in keys}
+    hi = {k: 1.0 for k in keys}
+    mid = {k: round((lo[k] + hi[k]) / 2, 4) for k in keys}
+    for _ in range(steps):
+        errors = _dense_errors(validate(case_list, calibration=_with_gemm(base, mid)))
+        for k in keys:
+            if statistics.median(errors[k]) > 0:
+                hi[k] = mid[k]  # predicted too fast: lower the efficiency
+            else:
+                lo[k] = mid[k]
+        mid = {k: round((lo[k] + hi[k]) / 2, 4) for k in keys}
+    return mid
+
+
+def _percentile(values: Sequence[float], q: float) -> Optional[float]:
+    """Linear-interpolation percentile (NumPy's default), as the core's summary computes it."""
+    if not values:
+        return None
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo, hi = int(pos // 1), int(-(-pos // 1))
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def throughput_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The core's throughput statistics (``n``, ``median_ape``, ``p90_ape``, ``within_10pct``,
+    ``within_20pct``, ``median_signed_error``) of the scored rows among ``rows``."""
+    scored = [r for r in rows if r.get("ape") is not None and r.get("signed_error") is not None]
+    apes = [r["ape"] for r in scored]
+    n = len(apes)
+    return {
+        "n": n,
+        "median_ape": _percentile(apes, 0.5),
+        "p90_ape": _percentile(apes, 0.9),
+        "within_10pct": sum(a <= 0.10 for a in apes) / n if n else None,
+        "within_20pct": sum(a <= 0.20 for a in apes) / n if n else None,
+        "median_signed_error": _percentile([r["signed_error"] for r in scored], 0.5),
+    }
+
+
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``throughput``, ``by_gpu`` and ``by_arch`` of case rows, as in :attr:`ValidationReport.summary`."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    by_gpu: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    by_arch: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in ok:
+        by_gpu[r["gpu"]].append(r)
+        by_arch[r["arch"]].append(r)
+    return {
+        "throughput": throughput_stats(ok),
+        "by_gpu": {k: throughput_stats(v) for k, v in sorted(by_gpu.items())},
+        "by_arch": {k: throughput_stats(v) for k, v in sorted(by_arch.items())},
+    }
+
+
+@dataclass
+class CrossValidationReport:
+    """Leave-one-group-out predictions of every case, and how each fold was fitted.
+
+    ``cases`` are the rows of :func:`validate`, each predicted by the fold that held its group out
+    (with a ``group`` field); ``summary`` has ``throughput``, ``by_gpu`` and ``by_arch`` over them
+    and ``by_group`` (each held-out group's statistics); ``folds`` lists per group the training
+    and held-out case counts, the GEMM efficiencies used for the held-out group and where each
+    came from (``fitted`` on the other groups' runs, or ``fleet median`` of the fitted values at
+    that precision when the other groups have too few runs of that GPU and precision).
+    """
+
+    by: str
+    cases: list[dict[str, Any]]
+    summary: dict[str, Any]
+    folds: list[dict[str, Any]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"by": self.by, "cases": self.cases, "summary": self.summary, "folds": self.folds}
+
+
+def cross_validate(
+    cases: CasesLike,
+    by: str,
+    *,
+    calibration: Optional[CalibrationLike] = None,
+) -> CrossValidationReport:
+    """Leave-one-group-out cross-validation of the fitted constants on ``cases``.
+
+    ``by`` is ``"gpu"`` (cluster GPU type), ``"model"`` (model name) or ``"source"``
+    (:func:`source_family`). For each group, the GEMM efficiency of every (GPU, precision) is
+    refitted by :func:`fit_gemm_efficiency` on the *other* groups' runs, and the group is
+    predicted with them; a (GPU, precision) the other groups cannot fit (fewer than
+    :data:`FIT_MIN_RUNS` dense runs: always so for the held-out GPU under ``by="gpu"``) gets
+    the median of that fold's fitted values at the same precision (or of all of them), never the
+    data file's in-sample value. The five constants shared by every GPU
+    (``elementwise_bytes_per_hidden``, ``attention_efficiency``, ``layer_overhead_us``,
+    ``tp_overlap``, ``dp_overlap``) keep the data file's values (or ``calibration``'s): they were
+    fitted once on all cases on a grid that is too slow to rerun per fold, so they remain
+    in-sample. Raises ValueError for an unknown ``by``.
+    """
+    group = _group_of(by)
+    case_list = _case_list(cases)
+    base = calibration_mapping(calibration)
+    names = sorted({group(c) for c in case_list})
+    rows: list[dict[str, Any]] = []
+    folds: list[dict[str, Any]] = []
+    for name in names:
+        held = [c for c in case_list if group(c) == name]
+        train = [c for c in case_list if group(c) != name]
+        fitted = fit_gemm_efficiency(train, base) if train else {}
+        used: dict[tuple[str, str], float] = {}
+        origin: dict[str, str] = {}
+        # The (GPU, precision) of each held-out row as the core resolved it (defaults filled in).
+        first = validate(held, calibration=base or None)
+        for row in first.cases:
+            if row["status"] != "ok":
+                continue
+            key = (str(row["gpu"]), str(row["precision"]))
+            if key in used:
+                continue
+            if key in fitted:
+                used[key], how = fitted[key], "fitted"
+            else:
+                same = [v for (_, p), v in fitted.items() if p == key[1]]
+                pool = same or list(fitted.values())
+                if not pool:
+                    continue  # nothing fitted at all: the data file's value stays
+                used[key], how = round(statistics.median(pool), 4), "fleet median"
+            origin[f"{key[0]}/{key[1]}"] = how
+        report = validate(held, calibration=_with_gemm(base, used) or None)
+        for row in report.cases:
+            rows.append({**row, "group": name})
+        folds.append({
+            "group": name,
+            "n_train": len(train),
+            "n_held_out": len(held),
+            "gemm_efficiency": {f"{g}/{p}": v for (g, p), v in sorted(used.items())},
+            "origin": origin,
+        })
+    summary = summarize(rows)
+    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r["status"] == "ok":
+            by_group[r["group"]].append(r)
+    summary["by_group"] = {k: throughput_stats(v) for k, v in sorted(by_group.items())}
+    return CrossValidationReport(by=by, cases=rows, summary=summary, folds=folds)
+
+
+__all__ = [
+    "validate", "calibrated", "calibration_text", "calibration_mapping", "ValidationReport",
+    "CalibrationLike", "fit_gemm_efficiency", "cross_validate", "CrossValidationReport",
+    "summarize", "throughput_stats", "source_family", "CROSS_VALIDATION_GROUPS",
+]

@@ -6,7 +6,8 @@ import argparse
 from typing import Any, TextIO
 
 from ..errors import InvalidInputError, MeshplanError
-from ._common import UsageError, grpc_extra, pem, secret
+from ..server_cache import DEFAULT_CACHE_ENTRIES
+from ._common import UsageError, grpc_extra, pem, readable, secret
 
 
 def add(sub: Any) -> None:
@@ -28,6 +29,17 @@ def add(sub: Any) -> None:
     sv.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
     sv.add_argument("--token-file", metavar="F", help="require `authorization: Bearer <token in F>`")
     sv.add_argument("--grace-s", type=float, default=10.0, metavar="S", help="in-flight calls may finish for S seconds on SIGTERM/SIGINT (default 10)")
+    sv.add_argument("--cache-size", type=int, default=DEFAULT_CACHE_ENTRIES, metavar="N",
+                    help=f"answers kept in the response cache (default {DEFAULT_CACHE_ENTRIES:,}; "
+                    "0: no cache)")
+    sv.add_argument("--calibration", metavar="FILE",
+                    help="calibration overrides for every GPU (TOML or JSON); SIGHUP reloads it")
+    sv.add_argument("--metrics-port", type=int, metavar="PORT",
+                    help="serve Prometheus metrics on http://HOST:PORT/metrics (0: a free port)")
+    sv.add_argument("--metrics-host", default="127.0.0.1",
+                    help="address of the metrics endpoint (default: loopback only)")
+    sv.add_argument("--log-format", choices=("text", "json"), default="text",
+                    help="stderr log lines, one per request: text (default) or json")
     sv.set_defaults(run=_serve)
 
 
@@ -43,11 +55,19 @@ def _serve(args: argparse.Namespace, out: TextIO) -> int:
         token=secret(args.token_file, "token file"), grace_s=args.grace_s,
         tls_cert=None if args.tls_cert is None else pem(args.tls_cert, "TLS certificate"),
         tls_key=None if args.tls_key is None else pem(args.tls_key, "TLS key"),
+        cache_size=args.cache_size, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        calibration=None if args.calibration is None else readable(args.calibration, "--calibration"),
     )
+    if args.metrics_port is not None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise UsageError("--metrics-port needs the metrics extra (missing module "
+                             "prometheus_client): pip install 'meshplan[metrics]'") from None
     if args.workers is not None:
         config.workers = args.workers
     try:
-        code: int = serve(config)
+        code: int = serve(config, log_format=args.log_format)
         return code
     except ValueError as e:
         raise InvalidInputError(str(e)) from None

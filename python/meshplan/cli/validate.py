@@ -6,7 +6,8 @@ import argparse
 import json
 from typing import Any, Mapping, TextIO
 
-from ..validation import ValidationReport, validate
+from ..errors import InvalidInputError
+from ..validation import CROSS_VALIDATION_GROUPS, CrossValidationReport, ValidationReport, cross_validate, validate
 from ._common import readable
 from ._render import table
 
@@ -19,6 +20,11 @@ def add(sub: Any) -> None:
     v.add_argument("--calibration", metavar="FILE", help="calibration overrides (TOML or JSON)")
     v.add_argument("--threads", type=int, metavar="N", help="search threads (default: all cores)")
     v.add_argument("--worst", type=int, default=10, metavar="K", help="largest errors listed (default 10)")
+    v.add_argument(
+        "--cross-validate", choices=CROSS_VALIDATION_GROUPS, metavar="GROUP",
+        help="leave one gpu|model|source out at a time: refit the GEMM efficiencies without it, "
+        "predict it, and show in-sample and leave-one-out figures side by side",
+    )
     v.add_argument("--json", action="store_true", help="print the full report as JSON")
     v.set_defaults(run=_validate)
 
@@ -26,6 +32,17 @@ def add(sub: Any) -> None:
 def _validate(args: argparse.Namespace, out: TextIO) -> int:
     cases = readable(args.cases, "FILE")
     calibration = None if args.calibration is None else readable(args.calibration, "--calibration")
+    if args.cross_validate is not None:
+        if args.search:
+            raise InvalidInputError("--search: cannot be combined with --cross-validate (run them separately)")
+        in_sample = validate(cases, calibration=calibration, threads=args.threads)
+        cv = cross_validate(cases, args.cross_validate, calibration=calibration)
+        if args.json:
+            json.dump({"in_sample": in_sample.summary, "cross_validation": cv.to_dict()}, out, indent=2)
+            out.write("\n")
+        else:
+            out.write(cross_validation_text(in_sample, cv))
+        return 0
     report = validate(cases, search=args.search, calibration=calibration, threads=args.threads)
     if args.json:
         json.dump(report.to_dict(), out, indent=2)
@@ -33,6 +50,34 @@ def _validate(args: argparse.Namespace, out: TextIO) -> int:
     else:
         out.write(validation_text(report, args.worst))
     return 0
+
+
+def _side_by_side(name: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> list[Any]:
+    return [name, a["n"], _pct(a["median_ape"]), _pct(b["median_ape"]), _pct(a["p90_ape"]), _pct(b["p90_ape"])]
+
+
+def cross_validation_text(in_sample: ValidationReport, cv: CrossValidationReport) -> str:
+    """In-sample and leave-one-group-out figures side by side, then each fold."""
+    s, c = in_sample.summary, cv.summary
+    lines = [
+        f"leave one {cv.by} out: GEMM efficiency per (GPU, precision) refitted on the other groups' "
+        "dense runs; the five shared constants keep their data-file values (fitted in sample).",
+        "",
+    ]
+    header = ["throughput APE", "n", "median in", f"median LO-{cv.by}-O", "p90 in", f"p90 LO-{cv.by}-O"]
+    body = [_side_by_side("all", s["throughput"], c["throughput"])]
+    body += [_side_by_side(f"gpu {k}", v, c["by_gpu"][k]) for k, v in s["by_gpu"].items() if k in c["by_gpu"]]
+    body += [_side_by_side(f"arch {k}", v, c["by_arch"][k]) for k, v in s["by_arch"].items() if k in c["by_arch"]]
+    lines += [table(header, body), "", f"held-out {cv.by} groups:"]
+    lines.append(table(
+        [cv.by, "n", "median APE", "p90 APE", "GEMM efficiency used"],
+        [[f["group"], c["by_group"].get(f["group"], {"n": 0})["n"],
+          _pct(c["by_group"].get(f["group"], {}).get("median_ape")),
+          _pct(c["by_group"].get(f["group"], {}).get("p90_ape")),
+          ", ".join(f"{k}={v} ({f['origin'][k]})" for k, v in f["gemm_efficiency"].items()) or "-"]
+         for f in cv.folds],
+    ))
+    return "\n".join(lines) + "\n"
 
 
 def _pct(value: Any) -> str:

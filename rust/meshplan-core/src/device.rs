@@ -1,4 +1,4 @@
-//! The device model of one GPU at one training precision (COSTMODEL §5.2–5.3), built from the
+//! The device model of one GPU at one training precision (docs/costmodel.md §5.2–5.3), built from the
 //! GPU's datasheet and calibration alone, independently of any workload or plan: the GEMM
 //! roofline of the linear layers ([`GemmDevice`]) and of 16-bit attention GEMMs, the flash
 //! attention rate and the achieved HBM bandwidth. Training's time model (`time`) and a serving

@@ -1,5 +1,5 @@
 //! Scores one plan: the feasibility rules (divisibility, schedule, NVLink domain, memory —
-//! COSTMODEL §8.2), per-rank memory (§2) and step time (§3–§5), and the headline metrics.
+//! docs/costmodel.md §8.2), per-rank memory (§2) and step time (§3–§5), and the headline metrics.
 //! The rules are [`Rule`]s checked in order; memory and time come from the three evaluation
 //! levels of `levels`, each run once (the search memoises the same levels).
 

@@ -1,4 +1,4 @@
-//! Training FLOPs per token (COSTMODEL §1): `6·N_active + 6·L·a·(d_qk + d_v)·s_ctx`.
+//! Training FLOPs per token (docs/costmodel.md §1): `6·N_active + 6·L·a·(d_qk + d_v)·s_ctx`.
 //!
 //! Convention: meshplan's MFU counts model FLOPs with the causal discount of Megatron
 //! (`s_ctx = s/2`, [MEG-FLOPS]), excluding recomputation and flash attention's internal
@@ -9,7 +9,7 @@ use crate::model::Model;
 use crate::plan::Recompute;
 use crate::workload::Workload;
 
-/// How core-attention FLOPs are counted (COSTMODEL §9 item 1).
+/// How core-attention FLOPs are counted (docs/costmodel.md §9 item 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttentionCounting {
     /// `s_ctx = s/2`: the causal mask halves the work (Megatron).

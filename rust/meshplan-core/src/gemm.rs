@@ -1,4 +1,4 @@
-//! Time of one GEMM from its shape (COSTMODEL §5.2): a roofline of the compute time at a
+//! Time of one GEMM from its shape (docs/costmodel.md §5.2): a roofline of the compute time at a
 //! shape-dependent efficiency and the HBM time of its operands.
 //!
 //! Efficiency = calibrated large-GEMM efficiency × tile quantisation (padding of M and N to

@@ -1,4 +1,4 @@
-//! One description of a transformer layer and everything it does under a shard (COSTMODEL §1.1,
+//! One description of a transformer layer and everything it does under a shard (docs/costmodel.md §1.1,
 //! §2.3–2.4, §3.4–3.8, §5.2–5.3): its GEMMs, its core attention, its element-wise traffic, its
 //! parameters, its saved activations and its communication.
 //!
@@ -72,7 +72,7 @@ impl LayerSpec {
     }
 
     /// Matmul parameters of one such layer touched per token (top-k routed experts, shared
-    /// experts; not the router), COSTMODEL §1.2.
+    /// experts; not the router), docs/costmodel.md §1.2.
     pub fn active_matmul_params(&self, model: &Model) -> u64 {
         let h = model.hidden as u64;
         let mlp = match &self.mlp {
@@ -244,7 +244,7 @@ impl Shard {
 }
 
 /// Per-GPU parameters of one layer: the part sharded over the dense data-parallel group and the
-/// routed experts (sharded over the expert data-parallel group), COSTMODEL §2.3.
+/// routed experts (sharded over the expert data-parallel group), docs/costmodel.md §2.3.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct LayerParams {
     pub dense: f64,
@@ -431,7 +431,7 @@ pub struct CoreAttention {
 }
 
 /// MoE token dispatch of one layer (each way, forward): `tokens` tokens, each copied to `top_k`
-/// experts, `bytes_per_copy` each (COSTMODEL §3.7).
+/// experts, `bytes_per_copy` each (docs/costmodel.md §3.7).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dispatch {
     pub tokens: f64,

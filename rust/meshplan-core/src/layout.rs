@@ -1,5 +1,5 @@
 //! Rank layout: where the groups of each parallel axis land, given the plan's rank order
-//! (COSTMODEL §3.3; Megatron's default `tp-cp-ep-dp-pp`, TP innermost). For a group we need how
+//! (docs/costmodel.md §3.3; Megatron's default `tp-cp-ep-dp-pp`, TP innermost). For a group we need how
 //! many of its members share one NVLink domain (`P1`) and how many domains it spans
 //! (`P2 = P / P1`): that decides which fabric each collective is costed on (§3.2). The dense
 //! data-parallel group is the dp, ep and cp axes together, the expert data-parallel group dp and

@@ -1,5 +1,5 @@
 //! Evaluation as three typed levels, each keyed by the knobs it depends on (DESIGN "Flow of one
-//! query"; COSTMODEL §2–§5):
+//! query"; docs/costmodel.md §2–§5):
 //!
 //! 1. [`DegreeLevel`] — the degrees and rank order (and the ZeRO stages scored): groups,
 //!    pipeline ranks grouped by shape ([`Pipeline`]), parameters and model states per shape,

@@ -2,7 +2,7 @@
 //!
 //! Given a [`Model`], a [`Cluster`] and a [`Workload`], [`search`] enumerates every factorisation
 //! of the GPU count into `dp·tp·pp·ep·cp` with the knobs that go with them, prunes what cannot
-//! run, scores the rest with the cost model of `COSTMODEL.md` and returns ranked plans;
+//! run, scores the rest with the cost model of `docs/costmodel.md` and returns ranked plans;
 //! [`evaluate`] scores one given plan. Pure Rust: no Python, no I/O beyond the embedded presets.
 //!
 //! The modules and the flow of one query are drawn in `docs/architecture.md`: shared building

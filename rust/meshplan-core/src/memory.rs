@@ -1,4 +1,4 @@
-//! Peak memory per GPU of one pipeline rank (COSTMODEL §2): model states by ZeRO stage (§2.2–2.3),
+//! Peak memory per GPU of one pipeline rank (docs/costmodel.md §2): model states by ZeRO stage (§2.2–2.3),
 //! stored activations × in-flight micro-batches (§2.4–2.5), transients, fixed memory and
 //! fragmentation (§2.6).
 //!

@@ -1,4 +1,4 @@
-//! The device mesh as a value (COSTMODEL §3.3): axes with their sizes, innermost first, so that
+//! The device mesh as a value (docs/costmodel.md §3.3): axes with their sizes, innermost first, so that
 //! rank `r` has coordinate `(r / stride_i) mod size_i` on axis `i`. A plan's degrees and rank
 //! order (`dp=..,tp=..`, `order = "tp-cp-ep-dp-pp"`) are one spelling of a mesh ([`Plan::mesh`]);
 //! what each communication group spans is data over it ([`GROUP_AXES`]), so a second mesh over

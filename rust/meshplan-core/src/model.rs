@@ -1,5 +1,5 @@
 //! The model descriptor: a decoder-only transformer (dense or MoE, GQA, optional MLA), its
-//! validation, and parameter counts (COSTMODEL §2.1). Its layers are described once, as runs of
+//! validation, and parameter counts (docs/costmodel.md §2.1). Its layers are described once, as runs of
 //! layer kinds ([`crate::layer`]: `Model::layer_kinds`, `Model::layer_stack`); the totals sum over
 //! them.
 
@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::limits;
 
-/// Feed-forward activation: SwiGLU has three `h×f` matrices, GeLU two (COSTMODEL §1.1).
+/// Feed-forward activation: SwiGLU has three `h×f` matrices, GeLU two (docs/costmodel.md §1.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Activation {
@@ -307,7 +307,7 @@ impl Model {
             + self.hidden as u128
     }
 
-    /// Matmul parameters touched per token `N_active` (COSTMODEL §1.2): attention, dense FFN,
+    /// Matmul parameters touched per token `N_active` (docs/costmodel.md §1.2): attention, dense FFN,
     /// top-k routed experts, shared experts, LM head; not the input embedding.
     pub fn active_matmul_params(&self) -> u64 {
         let kinds = self.layer_kinds();
@@ -345,14 +345,14 @@ mod tests {
 
     #[test]
     fn llama3_70b_has_70_55b_params() {
-        // COSTMODEL §7(a): 70.55 B parameters.
+        // docs/costmodel.md §7(a): 70.55 B parameters.
         let p = llama3_70b().total_params() as f64 / 1e9;
         assert!((p - 70.55).abs() < 0.01, "{p}");
     }
 
     #[test]
     fn llama2_7b_has_6_738b_params() {
-        // COSTMODEL §7(c): 6.738 B parameters.
+        // docs/costmodel.md §7(c): 6.738 B parameters.
         let m = Model {
             name: "llama2-7b".into(),
             layers: 32,

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::limits;
 
-/// Activation recomputation mode (COSTMODEL §1.3, §2.4).
+/// Activation recomputation mode (docs/costmodel.md §1.3, §2.4).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
 )]
@@ -47,7 +47,7 @@ impl Recompute {
     }
 }
 
-/// Pipeline schedule (COSTMODEL §4).
+/// Pipeline schedule (docs/costmodel.md §4).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
 )]
@@ -121,7 +121,7 @@ const ORDER_ALLOWED: &str =
     "each of tp, cp, ep, dp, pp exactly once, joined by '-', innermost first, e.g. tp-cp-ep-dp-pp";
 
 /// The rank order of the device mesh: the five axes from innermost (consecutive ranks, the
-/// fastest fabric) to outermost, as Megatron's `order` string (COSTMODEL §3.3). Written as
+/// fastest fabric) to outermost, as Megatron's `order` string (docs/costmodel.md §3.3). Written as
 /// `"tp-cp-ep-dp-pp"` (the default) in every serialised form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RankOrder([Axis; 5]);
@@ -274,7 +274,7 @@ impl Plan {
         })
     }
 
-    /// Dense-layer data-parallel degree `d_p = dp·ep` (COSTMODEL mapping box).
+    /// Dense-layer data-parallel degree `d_p = dp·ep` (docs/costmodel.md §0).
     pub fn dense_dp(&self) -> u32 {
         // Saturating: at most the GPU count once validated, but never a wrap before that.
         self.dp.saturating_mul(self.ep)

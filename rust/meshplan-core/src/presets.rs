@@ -202,14 +202,14 @@ mod tests {
 
     #[test]
     fn llama3_70b_has_70_55b_params() {
-        // COSTMODEL §7(a).
+        // docs/costmodel.md §7(a).
         let p = billions(model("llama3-70b").unwrap().total_params());
         assert!((p - 70.55).abs() < 0.01, "{p}");
     }
 
     #[test]
     fn llama2_7b_has_6_738b_params() {
-        // COSTMODEL §7(c).
+        // docs/costmodel.md §7(c).
         let p = billions(model("llama2-7b").unwrap().total_params());
         assert!((p - 6.738).abs() < 0.001, "{p}");
     }
@@ -424,7 +424,7 @@ mod tests {
     #[test]
     fn gpu_datasheet_values() {
         let h100 = gpu("h100-sxm").unwrap();
-        // Dense, not the 1,979 sparse figure (COSTMODEL §6 gotcha 1).
+        // Dense, not the 1,979 sparse figure (docs/costmodel.md §6 gotcha 1).
         assert_eq!(h100.peak_tflops.bf16, Some(989.4));
         // Per direction, not the 900 GB/s bidirectional sum (gotcha 2).
         assert_eq!(h100.scaleup_bandwidth_gbps, 450.0);

@@ -1,4 +1,4 @@
-//! The feasibility rules (COSTMODEL §8.2) as data: each [`Rule`] has the key reports count it
+//! The feasibility rules (docs/costmodel.md §8.2) as data: each [`Rule`] has the key reports count it
 //! under and the [`Scope`] of plans it removes at once, which is what lets the search count a
 //! whole degree tuple, micro-batch or (micro-batch, schedule) cell with one check. The checks
 //! themselves are `evaluate::structural_rules` (in this order) and the memory test.

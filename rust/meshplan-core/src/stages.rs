@@ -1,5 +1,5 @@
 //! How layers are split over pipeline ranks and how many micro-batches each rank holds in flight
-//! (COSTMODEL §2.5, §4).
+//! (docs/costmodel.md §2.5, §4).
 //!
 //! Uneven splits follow Megatron's `account_for_embedding/loss_in_pipeline_split`: when `L` is not
 //! a multiple of the rank count, the first and last ranks (which also carry the embedding and the
@@ -173,7 +173,7 @@ pub fn stage_runs(model: &Model, pp: u32) -> Vec<StageRun> {
     runs
 }
 
-/// Micro-batches' worth of activations rank `stage` holds at its peak (COSTMODEL §2.5):
+/// Micro-batches' worth of activations rank `stage` holds at its peak (docs/costmodel.md §2.5):
 /// 1F1B and ZB-H1 `min(p − j, m)`; interleaved 1F1B counts warm-up chunks,
 /// `2(p − j − 1) + (v − 1)·p + 1` chunks of `1/v` of the rank's layers, capped at `m·v`.
 pub fn in_flight(plan: &Plan, micro_batches: u32, stage: u32) -> f64 {

@@ -1,4 +1,4 @@
-//! Bytes that cross the wire per token for the collectives of one axis (COSTMODEL §3, §7): the
+//! Bytes that cross the wire per token for the collectives of one axis (docs/costmodel.md §3, §7): the
 //! closed forms behind the worked checks and the `explain` output.
 
 use crate::comm::{Collective, CollectiveModel, Fabric};
@@ -9,7 +9,7 @@ use crate::model::Model;
 pub const WIRE_BYTES: f64 = 2.0;
 
 /// Bytes each rank sends for one collective of `kind` over `ranks` ranks on a buffer of
-/// `bytes` (COSTMODEL §3.1: `2(P−1)/P` all-reduce, `(P−1)/P` all-gather, reduce-scatter and
+/// `bytes` (docs/costmodel.md §3.1: `2(P−1)/P` all-reduce, `(P−1)/P` all-gather, reduce-scatter and
 /// uniform all-to-all).
 pub fn wire_bytes(kind: Collective, bytes: f64, ranks: u32) -> f64 {
     if ranks <= 1 {
@@ -50,7 +50,7 @@ pub fn p2p_terms(fabric: &Fabric, bytes: f64, same_domain: bool) -> (f64, f64) {
 
 /// Ring all-reduce bytes each GPU sends per generated token in TP decode: two all-reduces per
 /// layer (after the attention output and the FFN down projection) of one hidden state,
-/// `2·(t−1)/t` of it each (COSTMODEL §7(a), [NAR21 §3.2]).
+/// `2·(t−1)/t` of it each (docs/costmodel.md §7(a), [NAR21 §3.2]).
 pub fn tp_decode_allreduce_bytes_per_token(model: &Model, tp: u32) -> f64 {
     let t = tp as f64;
     let per_all_reduce = 2.0 * (t - 1.0) / t * model.hidden as f64 * WIRE_BYTES;
@@ -59,7 +59,7 @@ pub fn tp_decode_allreduce_bytes_per_token(model: &Model, tp: u32) -> f64 {
 
 /// Expert-parallel all-to-all bytes per token per MoE layer for one forward pass: dispatch of
 /// `top_k` hidden vectors plus their combine (total), and the share that leaves the rank under
-/// uniform routing over `ep` ranks, `(e−1)/e` (COSTMODEL §3.7, §7(b)).
+/// uniform routing over `ep` ranks, `(e−1)/e` (docs/costmodel.md §3.7, §7(b)).
 pub fn ep_bytes_per_token_per_layer(hidden: u32, top_k: u32, ep: u32) -> (f64, f64) {
     let total = 2.0 * top_k as f64 * hidden as f64 * WIRE_BYTES;
     let e = ep as f64;

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::hardware::Precision;
 use crate::limits;
 
-/// Optimizer whose state sits beside the weights (COSTMODEL §2.2).
+/// Optimizer whose state sits beside the weights (docs/costmodel.md §2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Optimizer {

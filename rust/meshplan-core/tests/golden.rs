@@ -1,4 +1,4 @@
-//! Worked checks of COSTMODEL §7 through the public API: (a) and (b) traffic, (c) FSDP vs TP = 8
+//! Worked checks of docs/costmodel.md §7 through the public API: (a) and (b) traffic, (c) FSDP vs TP = 8
 //! for a 7B Llama-2-shaped model on 8× A100 40GB.
 
 use meshplan_core::traffic::{ep_bytes_per_token_per_layer, tp_decode_allreduce_bytes_per_token};

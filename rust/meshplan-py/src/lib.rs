@@ -726,7 +726,7 @@ fn limits(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(out)
 }
 
-/// Tensor-parallel all-reduce traffic of batch-1 decoding (COSTMODEL §7(a)).
+/// Tensor-parallel all-reduce traffic of batch-1 decoding (docs/costmodel.md §7(a)).
 #[pyfunction]
 fn decode_traffic(
     py: Python<'_>,

@@ -1,0 +1,92 @@
+"""Cross-validation of the fitted constants (``meshplan validate --cross-validate``) and the
+GEMM-efficiency fit it reuses, on the repository's published runs (validation/cases.json)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import REPO_CASES
+
+import meshplan as mp
+from meshplan.cli import main
+from meshplan.validation import fit_gemm_efficiency, source_family, summarize
+
+CASES: list[dict[str, Any]] = json.loads(REPO_CASES.read_text())
+
+
+def test_summarize_reproduces_the_core_summary_bit_for_bit() -> None:
+    """The Python statistics used for cross-validation are the core's (same percentiles)."""
+    report = mp.validate(REPO_CASES)
+    s = summarize(report.cases)
+    assert s["throughput"] == report.summary["throughput"]
+    assert s["by_gpu"] == report.summary["by_gpu"]
+    assert s["by_arch"] == report.summary["by_arch"]
+
+
+def test_fit_recovers_a_perturbed_efficiency_and_zeroes_the_median_error() -> None:
+    """Starting from an h100-sxm bf16 efficiency 20 % too low, the fit comes back near the
+    shipped value and its dense runs' median signed error is about zero."""
+    dgxc = [c for c in CASES if source_family(c) == "dgxc"]
+    shipped = fit_gemm_efficiency(dgxc)
+    worse = {"h100-sxm": {"gemm_efficiency": {"bf16": 0.5}}}
+    refit = fit_gemm_efficiency(dgxc, worse)
+    key = ("h100-sxm", "bf16")
+    assert key in shipped and key in refit
+    assert abs(refit[key] - shipped[key]) < 0.01
+    cal = {"h100-sxm": {"gemm_efficiency": {"bf16": refit[key]}}}
+    rows = [r for r in mp.validate(dgxc, calibration=cal).cases if r["status"] == "ok" and r["arch"] == "dense"]
+    signed = sorted(r["signed_error"] for r in rows)
+    assert abs(signed[len(signed) // 2]) < 0.02
+
+
+def test_leave_one_gpu_out_never_uses_the_held_out_gpus_own_fit() -> None:
+    cv = mp.cross_validate(REPO_CASES, "gpu")
+    assert {f["group"] for f in cv.folds} == {c["cluster"]["gpu"] for c in CASES}
+    scored = {r["group"] for r in cv.cases if r["status"] == "ok"}
+    assert len(scored) >= 5
+    for fold in (f for f in cv.folds if f["group"] in scored):
+        # The held-out GPU has no runs in its training set, so its efficiency is a fleet median.
+        assert fold["origin"] and set(fold["origin"].values()) == {"fleet median"}, fold
+        assert all(k.startswith(fold["group"] + "/") for k in fold["gemm_efficiency"])
+    # Every case is predicted exactly once, by the fold that held it out.
+    assert sorted(r["id"] for r in cv.cases) == sorted(c["id"] for c in CASES)
+    assert all(r["group"] == r["gpu"] for r in cv.cases if r["status"] == "ok")
+    in_sample = mp.validate(REPO_CASES).summary["throughput"]
+    assert cv.summary["throughput"]["n"] == in_sample["n"]
+    # Out of sample is worse than in sample on these runs (the constants were fitted to them).
+    assert cv.summary["throughput"]["median_ape"] > in_sample["median_ape"]
+
+
+def test_leave_one_source_out_groups_by_id_prefix() -> None:
+    cv = mp.cross_validate(CASES, "source")
+    assert "mbridge" in cv.summary["by_group"] and "narayanan21" in cv.summary["by_group"]
+    n = sum(s["n"] for s in cv.summary["by_group"].values())
+    assert n == cv.summary["throughput"]["n"]
+
+
+def test_unknown_group_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="allowed gpu, model, source"):
+        mp.cross_validate(CASES[:3], "vendor")
+
+
+def test_cli_cross_validate_prints_both_columns_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(REPO_CASES), "--cross-validate", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "median in" in out and "median LO-gpu-O" in out and "fleet median" in out
+    assert main(["validate", str(REPO_CASES), "--cross-validate", "gpu", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["cross_validation"]["by"] == "gpu"
+    assert doc["in_sample"]["throughput"] == mp.validate(REPO_CASES).summary["throughput"]
+
+
+def test_cli_rejects_search_with_cross_validate(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["validate", str(REPO_CASES), "--cross-validate", "gpu", "--search"])
+    err = capsys.readouterr().err
+    assert code != 0 and "--search" in err and "\n" == err[-1] and err.count("\n") == 1
+
+
+def test_cli_rejects_an_unknown_group(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(REPO_CASES), "--cross-validate", "vendor"]) != 0
+    assert "invalid choice: 'vendor'" in capsys.readouterr().err
