@@ -3,10 +3,11 @@
 //! many of its members share one NVLink domain (`P1`) and how many domains it spans
 //! (`P2 = P / P1`): that decides which fabric each collective is costed on (§3.2). The dense
 //! data-parallel group is the dp, ep and cp axes together, the expert data-parallel group dp and
-//! cp (§2.3). The groups are rows of [`crate::mesh::GROUP_AXES`] placed on a
-//! [`crate::mesh::Mesh`] value.
+//! cp (§2.3). The dense groups are rows of [`crate::mesh::GROUP_AXES`] placed on a
+//! [`crate::mesh::Mesh`] value, the expert DP group is the `edp` of its
+//! [`crate::mesh::ExpertMesh`].
 
-use crate::mesh::{group_axes, GroupRole, Mesh};
+use crate::mesh::{group_axes, ExpertDim, ExpertMesh, GroupRole, Mesh};
 use crate::plan::Plan;
 pub use crate::plan::{Axis, RankOrder};
 
@@ -192,6 +193,9 @@ impl Groups {
     /// NVLink domain (already the job's [`domain_block`]).
     pub fn on(mesh: &Mesh, domain: u32) -> Self {
         let of = |role| group(mesh, group_axes(role), domain);
+        // The expert DP group is the expert mesh's `edp` over the same ranks.
+        let expert = ExpertMesh::over(*mesh);
+        let expert_dp = group(expert.dense(), ExpertMesh::spans(ExpertDim::Edp), domain);
         let pp_all = of(GroupRole::Pp);
         // Two consecutive stages share a domain iff the pipeline axis has more than one member per domain.
         let pp = if mesh.size(Axis::Pp) > 1 {
@@ -207,7 +211,7 @@ impl Groups {
             cp: of(GroupRole::Cp),
             ep: of(GroupRole::Ep),
             dense_dp: of(GroupRole::DenseDp),
-            expert_dp: of(GroupRole::ExpertDp),
+            expert_dp,
             pp,
         }
     }

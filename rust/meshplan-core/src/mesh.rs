@@ -1,9 +1,10 @@
 //! The device mesh as a value (docs/costmodel.md §3.3): axes with their sizes, innermost first, so that
 //! rank `r` has coordinate `(r / stride_i) mod size_i` on axis `i`. A plan's degrees and rank
 //! order (`dp=..,tp=..`, `order = "tp-cp-ep-dp-pp"`) are one spelling of a mesh ([`Plan::mesh`]);
-//! what each communication group spans is data over it ([`GROUP_AXES`]), so a second mesh over
-//! the same ranks (an expert mesh with its own TP and DP) is one more table, not new fields in
-//! every module. `layout` places the groups of a mesh on the NVLink domains.
+//! what each communication group spans is data over it ([`GROUP_AXES`]). The MoE layers' experts
+//! see the same ranks as a second mesh, [`ExpertMesh`] (`etp × ep × edp × pp`, [`Plan::expert_mesh`]),
+//! whose expert-DP group is the expert gradient reduction. `layout` places the groups of both on
+//! the NVLink domains.
 
 use crate::plan::{Axis, Plan, RankOrder};
 
@@ -65,6 +66,73 @@ impl Plan {
     pub fn mesh(&self) -> Mesh {
         Mesh::new(self.order, |axis| axis.size(self))
     }
+
+    /// The plan's expert mesh over the same ranks (today `etp = tp`, `edp = dp·cp`).
+    pub fn expert_mesh(&self) -> ExpertMesh {
+        ExpertMesh::over(self.mesh())
+    }
+}
+
+/// A dimension of the expert mesh.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExpertDim {
+    /// Expert tensor parallelism: each expert's weights split this many ways.
+    Etp,
+    /// Expert parallelism: the routed experts split this many ways (token all-to-all).
+    Ep,
+    /// Expert data parallelism: replicas of each expert shard (expert gradient reduction).
+    Edp,
+    /// The pipeline (shared with the dense layers).
+    Pp,
+}
+
+/// The expert mesh: the ranks of a plan's [`Mesh`] as the MoE layers' experts see them,
+/// `etp × ep × edp × pp`. Without parallel folding each expert dimension spans axes of the one
+/// rank order ([`ExpertMesh::spans`]: `etp = tp`, `edp = dp·cp`, EP carved out of the dense
+/// data parallelism), so its groups land where the dense mesh's do; a folded expert mesh (its
+/// own `etp`, `edp`) changes `spans` into a factoring of its own, and the callers do not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExpertMesh {
+    dense: Mesh,
+}
+
+impl ExpertMesh {
+    /// The dimensions, innermost (in the default rank order) first.
+    pub const DIMS: [ExpertDim; 4] = [ExpertDim::Etp, ExpertDim::Ep, ExpertDim::Edp, ExpertDim::Pp];
+
+    /// The expert mesh over the ranks of `dense`.
+    pub fn over(dense: Mesh) -> Self {
+        ExpertMesh { dense }
+    }
+
+    /// The dense mesh whose ranks this one factors (its rank order and strides).
+    pub fn dense(&self) -> &Mesh {
+        &self.dense
+    }
+
+    /// The dense axes `dim` spans over the same ranks.
+    pub fn spans(dim: ExpertDim) -> &'static [Axis] {
+        match dim {
+            ExpertDim::Etp => &[Axis::Tp],
+            ExpertDim::Ep => &[Axis::Ep],
+            ExpertDim::Edp => &[Axis::Cp, Axis::Dp],
+            ExpertDim::Pp => &[Axis::Pp],
+        }
+    }
+
+    /// The size of `dim` (saturating).
+    pub fn size(&self, dim: ExpertDim) -> u32 {
+        ExpertMesh::spans(dim)
+            .iter()
+            .fold(1u32, |n, &a| n.saturating_mul(self.dense.size(a)))
+    }
+
+    /// Ranks of the mesh (saturating): the dense mesh's.
+    pub fn num_ranks(&self) -> u64 {
+        ExpertMesh::DIMS
+            .iter()
+            .fold(1u64, |n, &d| n.saturating_mul(self.size(d) as u64))
+    }
 }
 
 /// A communication group of a plan.
@@ -84,24 +152,26 @@ pub enum GroupRole {
     Pp,
 }
 
-/// The mesh axes each group spans. The expert groups are today's expert mesh over the same
-/// ranks: EP carved out of DP (the dense DP group spans cp·ep·dp, the expert DP group cp·dp)
-/// and expert TP equal to TP.
-pub const GROUP_AXES: [(GroupRole, &[Axis]); 6] = [
+/// The dense mesh axes each dense group spans (the dense DP group spans cp·ep·dp: EP ranks are
+/// extra data parallelism for the dense layers). The expert groups are the expert mesh's
+/// ([`ExpertMesh`]): EP is its `ep`, the expert DP group its `edp`.
+pub const GROUP_AXES: [(GroupRole, &[Axis]); 5] = [
     (GroupRole::Tp, &[Axis::Tp]),
     (GroupRole::Cp, &[Axis::Cp]),
     (GroupRole::Ep, &[Axis::Ep]),
     (GroupRole::DenseDp, &[Axis::Cp, Axis::Ep, Axis::Dp]),
-    (GroupRole::ExpertDp, &[Axis::Cp, Axis::Dp]),
     (GroupRole::Pp, &[Axis::Pp]),
 ];
 
-/// The axes `role` spans.
+/// The axes of the dense mesh `role` spans (the expert DP group: the expert mesh's `edp`).
 pub fn group_axes(role: GroupRole) -> &'static [Axis] {
-    GROUP_AXES
-        .iter()
-        .find(|(r, _)| *r == role)
-        .map_or(&[], |(_, axes)| axes)
+    match role {
+        GroupRole::ExpertDp => ExpertMesh::spans(ExpertDim::Edp),
+        _ => GROUP_AXES
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map_or(&[], |(_, axes)| axes),
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +209,38 @@ mod tests {
         assert_eq!(mesh.num_ranks(), 128);
         assert_eq!(mesh.order(), plan.order);
         assert_eq!(mesh.size(Axis::Ep), 2);
+    }
+
+    #[test]
+    fn the_expert_mesh_factors_the_same_ranks() {
+        let plan = Plan {
+            dp: 4,
+            tp: 8,
+            pp: 2,
+            ep: 2,
+            cp: 3,
+            vpp: 1,
+            micro_batch: 1,
+            zero: 0,
+            recompute: Default::default(),
+            sequence_parallel: false,
+            schedule: None,
+            order: RankOrder::parse("tp-cp-ep-dp-pp").unwrap(),
+        };
+        let e = plan.expert_mesh();
+        let sizes: Vec<u32> = ExpertMesh::DIMS.iter().map(|&d| e.size(d)).collect();
+        assert_eq!(sizes, vec![8, 2, 12, 2]);
+        assert_eq!(e.num_ranks(), plan.mesh().num_ranks());
+        assert_eq!(e.num_ranks(), 384);
+        assert_eq!(group_axes(GroupRole::ExpertDp), &[Axis::Cp, Axis::Dp]);
+        // Every dense axis belongs to exactly one expert dimension.
+        for a in plan.order.axes() {
+            let n = ExpertMesh::DIMS
+                .iter()
+                .filter(|&&d| ExpertMesh::spans(d).contains(&a))
+                .count();
+            assert_eq!(n, 1, "{a:?}");
+        }
     }
 
     #[test]

@@ -15,11 +15,12 @@ impl Ctx<'_> {
                 format!("Nothing: ep = {e} on a dense model (expert parallelism needs experts).");
             return self.axis("ep", e, state, g);
         };
+        let expert = plan.expert_mesh();
         let state = format!(
-            "Routed experts: {} of the {} experts per GPU (each also split {} ways by TP); every token is sent to its top-{} experts' GPUs and back. Attention and dense layers are not split by EP: for them the EP ranks are extra data parallelism.",
+            "Routed experts: {} of the {} experts per GPU (each also split {} ways by expert TP = TP); every token is sent to its top-{} experts' GPUs and back. Attention and dense layers are not split by EP: for them the EP ranks are extra data parallelism.",
             moe.num_experts / e,
             moe.num_experts,
-            plan.tp,
+            expert.size(ExpertDim::Etp),
             moe.top_k
         );
         let mut a = self.axis("ep", e, state, g);

@@ -35,7 +35,7 @@ use crate::layer::LayerOps;
 use crate::layout::{domain_block, group, group_ranks, strides, Group, Groups};
 use crate::limits::{MAX_LISTED_RANKS, MAX_LISTED_STAGES};
 use crate::memory::stage_params;
-use crate::mesh::{group_axes, GroupRole};
+use crate::mesh::{group_axes, ExpertDim, ExpertMesh, GroupRole};
 use crate::model::Model;
 use crate::plan::{Axis, Plan, RankOrder, Recompute, Schedule};
 use crate::report::Evaluation;
@@ -223,8 +223,12 @@ pub fn mesh(problem: &Problem, plan: &Plan) -> Mesh {
     if plan.ep * plan.cp > 1 && plan.dense_dp() * plan.cp > 1 {
         sets.push(("dense_dp".into(), group_axes(GroupRole::DenseDp).to_vec()));
     }
-    if plan.ep > 1 && plan.dp * plan.cp > 1 {
-        sets.push(("expert_dp".into(), group_axes(GroupRole::ExpertDp).to_vec()));
+    let expert = plan.expert_mesh();
+    if expert.size(ExpertDim::Ep) > 1 && expert.size(ExpertDim::Edp) > 1 {
+        sets.push((
+            "expert_dp".into(),
+            ExpertMesh::spans(ExpertDim::Edp).to_vec(),
+        ));
     }
     Mesh {
         order: plan.order,
