@@ -806,7 +806,8 @@ def serve(config: ServerConfig, out: TextIO = sys.stderr, log_format: Optional[s
         server.start()
         features = [f"{config.workers} workers", f"queue {config.queue}"]
         if config.threads is not None:
-            features.append(f"{config.threads} core threads per call")
+            features.append(f"{config.threads} core thread{'s' if config.threads != 1 else ''} "
+                            "per call")
         if config.tls_cert is not None:
             features.append("TLS")
         if config.token is not None:
