@@ -44,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -159,9 +160,11 @@ class Run:
 
 def start_server(
     workers: Optional[int], threads: Optional[int], cache_size: Optional[int] = None
-) -> tuple[subprocess.Popen[str], str]:
+) -> tuple[subprocess.Popen[str], str, str, Optional[str]]:
+    """Starts ``meshplan serve`` on loopback: (process, address, the features it announced,
+    its metrics address or None)."""
     cmd = [sys.executable, "-m", "meshplan.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-           "--grace-s", "5"]
+           "--grace-s", "5", "--metrics-port", "0"]
     if cache_size is not None:
         cmd += ["--cache-size", str(cache_size)]
     if workers is not None:
@@ -172,13 +175,56 @@ def start_server(
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.stderr is not None
     line = proc.stderr.readline()
-    match = re.search(r" on (127\.0\.0\.1:\d+) ", line)
+    match = re.search(r" on (127\.0\.0\.1:\d+) \((.*)\)$", line.strip())
     if match is None:
         proc.kill()
         raise SystemExit(f"grpc_load: the server did not start: {line!r}")
     # The server logs a line per request: read them, or the pipe fills and the server blocks.
     threading.Thread(target=lambda: proc.stderr and proc.stderr.read(), daemon=True).start()
-    return proc, match.group(1)
+    metrics = re.search(r"metrics on (127\.0\.0\.1:\d+)", match.group(2))
+    return proc, match.group(1), match.group(2), metrics.group(1) if metrics else None
+
+
+def scrape(metrics_address: str) -> dict[str, Any]:
+    """The server's ``/metrics`` of the Search calls and the cache: request, error and latency
+    counts, the latency sum (s) and histogram buckets (upper bound s → cumulative count), cache
+    hits, misses and shared answers. All cumulative: subtract two scrapes for a run."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"http://{metrics_address}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+    def value(name: str, **labels: str) -> float:
+        return sum(s.value for s in samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    return {
+        "requests": value("meshplan_requests_total", method="Search"),
+        "errors": value("meshplan_errors_total", method="Search"),
+        "latency_count": value("meshplan_request_duration_seconds_count", method="Search"),
+        "latency_sum_s": value("meshplan_request_duration_seconds_sum", method="Search"),
+        "buckets": {float(s.labels["le"]): s.value for s in samples
+                    if s.name == "meshplan_request_duration_seconds_bucket"
+                    and s.labels.get("method") == "Search"},
+        "cache_hits": value("meshplan_cache_hits_total"),
+        "cache_misses": value("meshplan_cache_misses_total"),
+        "cache_shared": value("meshplan_cache_shared_total"),
+    }
+
+
+def metrics_of_run(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """What the server's metrics say of the calls between two scrapes: counts, the mean latency
+    and the histogram bucket the 99th percentile falls in (its upper bound, ms)."""
+    delta = {k: after[k] - before[k] for k in after if k not in ("buckets", "latency_sum_s")}
+    count = delta["latency_count"]
+    buckets = sorted((le, n - before["buckets"].get(le, 0)) for le, n in after["buckets"].items())
+    p99_le_s = next((le for le, n in buckets if count and n >= 0.99 * count), float("inf"))
+    delta["latency_mean_ms"] = round(1e3 * (after["latency_sum_s"] - before["latency_sum_s"])
+                                     / max(count, 1), 1)
+    delta["latency_p99_bucket_le_ms"] = 1e3 * p99_le_s
+    return delta
 
 
 def run(address: str, requests: list[pb.SearchRequest], clients: int, duration_s: float,
@@ -252,7 +298,8 @@ def main() -> None:
                         help="the server's response cache (both: one run with, one without)")
     parser.add_argument("--cache-size", type=int, default=1024, help="the cache's entries")
     parser.add_argument("--workers", type=int, help="server workers (default: the server's)")
-    parser.add_argument("--threads", type=int, help="core threads per search (default: all)")
+    parser.add_argument("--threads", type=int,
+                        help="core threads per planning call (default: the server's)")
     parser.add_argument("--max-requests", type=int, default=100_000, help="cap per run")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="each call's deadline")
     parser.add_argument("--json", action="store_true", help="print JSON lines")
@@ -269,12 +316,12 @@ def main() -> None:
     convert, core_alone = conversion_s(args.query)
     caches = {"on": [args.cache_size], "off": [0], "both": [args.cache_size, 0]}[args.cache]
     for cache_size in caches:
-        proc, address = start_server(args.workers, args.threads, cache_size)
+        proc, address, features, metrics_address = start_server(args.workers, args.threads,
+                                                                cache_size)
         header = (f"query={args.query}"
                   + (f" ({len(requests)} problems, zipf s={args.zipf_s:g})"
                      if args.query == "mix" else "")
-                  + f"  cache={cache_size}  server={address} "
-                  f"workers={args.workers or 'default'} threads={args.threads or 'all'}  "
+                  + f"  server={address} ({features})  "
                   f"cores={os.cpu_count()}  one search alone: core {1e3 * core_alone:.1f} ms + "
                   f"convert {1e3 * convert:.2f} ms")
         try:
@@ -285,12 +332,18 @@ def main() -> None:
                 print(f"{'clients':>7} {'req':>6} {'err':>4} {'req/s':>8} {'p50 ms':>9} "
                       f"{'p99 ms':>9} {'max ms':>9} {'core ms':>9} {'wait ms':>9}")
             for clients in counts:
+                load_before = os.getloadavg()[0]
+                before = scrape(metrics_address) if metrics_address else {}
                 r = run(address, requests, clients, args.duration_s, args.max_requests,
                         args.timeout_s, args.zipf_s)
                 s = r.summary(convert)
+                after = scrape(metrics_address) if metrics_address else {}
+                server = metrics_of_run(before, after) if after else {}
+                load = {"load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
                 if args.json:
                     print(json.dumps({"query": args.query, "cache_size": cache_size,
-                                      "cores": os.cpu_count(), **s}))
+                                      "cores": os.cpu_count(), **s, "server_metrics": server,
+                                      **load}))
                 else:
                     errors = sum(s["errors"].values())
                     print(f"{clients:>7} {s['requests']:>6} {errors:>4} "
@@ -298,6 +351,9 @@ def main() -> None:
                           f"{s['max_ms']:>9.1f} {s['mean_core_ms']:>9.1f} "
                           f"{s['mean_wait_ms']:>9.1f}"
                           + (f"  errors: {s['errors']}" if errors else ""))
+                    print(f"        load (1 min) {load['load_1min_before']:.2f} -> "
+                          f"{load['load_1min_after']:.2f};  server /metrics: "
+                          + ", ".join(f"{k}={v:g}" for k, v in server.items()))
                 sys.stdout.flush()
         finally:
             proc.send_signal(signal.SIGTERM)

@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.wrappers_pb2 import StringValue
 
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -213,7 +215,191 @@ def test_the_cache_stores_no_exception_and_stays_bounded_under_threads() -> None
         t.join(30)
     stats = cache.stats()
     assert stats.entries == len(cache) <= 4
-    assert stats.hits + stats.misses == 8 * 300 + 1
+    assert stats.hits + stats.misses + stats.shared == 8 * 300 + 1
+
+
+class Gated:
+    """A compute that blocks until released, counting its calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self) -> StringValue:
+        self.calls += 1
+        self.started.set()
+        assert self.release.wait(30)
+        return StringValue(value=f"computed {self.calls}")
+
+
+def test_identical_calls_in_flight_share_one_computation() -> None:
+    cache = ResponseCache(4)
+    key = request_key("Search", n=1)
+    compute = Gated()
+    joined = threading.Event()
+    answers: list[tuple[StringValue, bool]] = []
+
+    def wait(done: threading.Event) -> None:
+        joined.set()
+        assert done.wait(30)
+
+    leader = threading.Thread(target=lambda: answers.append(cache.answer(key, compute)))
+    leader.start()
+    assert compute.started.wait(30)
+    assert cache.in_flight() == 1
+    waiter = threading.Thread(target=lambda: answers.append(cache.answer(key, compute, wait)))
+    waiter.start()
+    assert joined.wait(30)
+    compute.release.set()
+    leader.join(30)
+    waiter.join(30)
+    assert compute.calls == 1
+    assert sorted(hit for _, hit in answers) == [False, True]
+    assert answers[0][0] == answers[1][0] == StringValue(value="computed 1")
+    stats = cache.stats()
+    assert (stats.hits, stats.misses, stats.shared, stats.entries) == (0, 1, 1, 1)
+    assert cache.in_flight() == 0
+
+
+def test_a_waiter_computes_itself_when_the_leader_fails_on_its_own_deadline() -> None:
+    cache = ResponseCache(4)
+    key = request_key("Search", n=2)
+    leader_started, leader_fail, joined = threading.Event(), threading.Event(), threading.Event()
+    calls = {"n": 0}
+
+    def compute() -> StringValue:
+        calls["n"] += 1
+        if calls["n"] == 1:  # the leader: its own deadline runs out
+            leader_started.set()
+            assert leader_fail.wait(30)
+            raise DeadlineExceededError("deadline exceeded after 10 ms")
+        return StringValue(value="recomputed")
+
+    def wait(done: threading.Event) -> None:
+        joined.set()
+        assert done.wait(30)
+
+    errors: list[BaseException] = []
+    answers: list[tuple[StringValue, bool]] = []
+
+    def lead() -> None:
+        try:
+            cache.answer(key, compute)
+        except DeadlineExceededError as e:
+            errors.append(e)
+
+    leader = threading.Thread(target=lead)
+    leader.start()
+    assert leader_started.wait(30)
+    waiter = threading.Thread(target=lambda: answers.append(cache.answer(key, compute, wait)))
+    waiter.start()
+    assert joined.wait(30)
+    leader_fail.set()
+    leader.join(30)
+    waiter.join(30)
+    assert len(errors) == 1
+    assert answers == [(StringValue(value="recomputed"), False)]
+    stats = cache.stats()
+    assert (calls["n"], stats.misses, stats.shared, stats.entries) == (2, 2, 0, 1)
+
+
+def blocking_search(monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, int], threading.Event,
+                                                              threading.Event]:
+    """Replaces the server's search by one that blocks until released: (calls, started,
+    release)."""
+    original = server_module.search
+    calls = {"n": 0}
+    started, release = threading.Event(), threading.Event()
+
+    def search(*args: Any, **kwargs: Any) -> mp.SearchResult:
+        calls["n"] += 1
+        started.set()
+        assert release.wait(30)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(server_module, "search", search)
+    return calls, started, release
+
+
+def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
+    until = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < until, "condition not met in time"
+        time.sleep(0.005)
+
+
+def test_two_identical_concurrent_searches_run_the_core_once(
+    served: tuple[PlannerServer, pb_grpc.PlannerStub], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, stub = served
+    calls, started, release = blocking_search(monkeypatch)
+    replies: list[pb.SearchResponse] = []
+    first = threading.Thread(target=lambda: replies.append(stub.Search(search_request(),
+                                                                       timeout=30)))
+    first.start()
+    assert started.wait(30)
+    second = threading.Thread(target=lambda: replies.append(stub.Search(search_request(),
+                                                                        timeout=30)))
+    second.start()
+    # The second call waits for the first's answer (the gate counts it as waiting).
+    wait_until(lambda: server.gate.counts() == (1, 1))
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert calls["n"] == 1
+    assert len(replies) == 2 and replies[0] == replies[1] and replies[0].plans
+    stats = server.cache.stats()
+    assert (stats.misses, stats.shared, stats.hits) == (1, 1, 0)
+    samples = scrape(server)
+    assert samples[("meshplan_cache_misses_total", ())] == 1
+    assert samples[("meshplan_cache_shared_total", ())] == 1
+    assert samples[("meshplan_requests_total", (("method", "Search"),))] == 2
+
+
+def test_a_waiter_gets_deadline_exceeded_at_its_own_deadline(
+    served: tuple[PlannerServer, pb_grpc.PlannerStub], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, stub = served
+    calls, started, release = blocking_search(monkeypatch)
+    replies: list[pb.SearchResponse] = []
+    first = threading.Thread(target=lambda: replies.append(stub.Search(search_request(),
+                                                                       timeout=30)))
+    first.start()
+    assert started.wait(30)
+    began = time.monotonic()
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Search(search_request(), timeout=0.3)
+    assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - began < 5.0  # not held until the leader finishes
+    wait_until(lambda: server.gate.counts() == (1, 0))  # the waiter left the gate
+    release.set()
+    first.join(30)
+    assert calls["n"] == 1 and len(replies) == 1 and replies[0].plans
+    stats = server.cache.stats()
+    assert (stats.misses, stats.shared, stats.entries) == (1, 0, 1)
+    assert stub.Search(search_request(), timeout=30) == replies[0]
+    assert server.cache.stats().hits == 1
+
+
+def test_a_cancelled_waiter_leaves_and_the_leader_still_answers(
+    served: tuple[PlannerServer, pb_grpc.PlannerStub], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, stub = served
+    calls, started, release = blocking_search(monkeypatch)
+    replies: list[pb.SearchResponse] = []
+    first = threading.Thread(target=lambda: replies.append(stub.Search(search_request(),
+                                                                       timeout=30)))
+    first.start()
+    assert started.wait(30)
+    future = stub.Search.future(search_request(), timeout=30)
+    wait_until(lambda: server.gate.counts() == (1, 1))
+    future.cancel()
+    wait_until(lambda: server.gate.counts() == (1, 0))
+    release.set()
+    first.join(30)
+    assert calls["n"] == 1 and len(replies) == 1
+    assert server.cache.stats().shared == 0
 
 
 def test_cache_size_bounds_are_named() -> None:

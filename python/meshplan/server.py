@@ -28,7 +28,9 @@ structure as real messages.
 - **Health and reflection** are always on (``grpc.health.v1``, server reflection).
 - **Cache.** Answers to Search, Evaluate and Explain are kept in a bounded LRU
   (:mod:`meshplan.server_cache`) keyed by the canonicalised request with presets and calibration
-  resolved; errors (deadlines, cancellations, refusals) are never cached.
+  resolved; errors (deadlines, cancellations, refusals) are never cached. Identical calls that
+  arrive while one computes the answer wait for it (single flight; counted by the gate as waiting,
+  each within its own deadline) instead of computing it again.
 - **Calibration.** ``calibration`` (a TOML or JSON file, as ``--calibration`` elsewhere) is
   applied to every GPU a request names; :meth:`PlannerServicer.set_calibration` (SIGHUP under
   :func:`serve`) reloads it and clears the cache.
@@ -97,6 +99,10 @@ log = logging.getLogger("meshplan.server")
 
 Observer = Callable[[str, str, float, bool, str], None]
 """Told of every Planner call: (method, status code name, latency in s, cache hit, peer)."""
+
+SHARED_POLL_S = 0.02
+"""How often a call waiting for an identical call's answer looks at its deadline, cancellation
+and the server's shutdown."""
 
 _call = threading.local()
 """Per call (one thread each): ``cache_hit``, set by the servicer when the answer was cached."""
@@ -185,6 +191,33 @@ class PlanningGate:
                 self._running.remove(cancel)
                 self._cond.notify_all()
 
+    @contextmanager
+    def sharing(self, cancel: CancelToken) -> Iterator[None]:
+        """Counts a call that waits for an identical call's answer (single flight) as waiting,
+        so that such calls hold no more threads than the queue allows: refused like
+        :meth:`slot` when the queue is full; cancelled by :meth:`close`."""
+        with self._cond:
+            self._check_open()
+            if len(self._running) >= self.workers and len(self._waiting) >= self.queue:
+                raise Refusal(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"server busy: {len(self._running)} planning calls running and "
+                    f"{len(self._waiting)} waiting (--workers {self.workers}, --queue "
+                    f"{self.queue}); try again later",
+                    "SERVER_BUSY",
+                )
+            self._waiting.append(cancel)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._waiting.remove(cancel)
+                self._cond.notify_all()
+
+    def check_open(self) -> None:
+        """Raises :class:`Refusal` (``UNAVAILABLE``) once the gate is closed."""
+        self._check_open()
+
     def _check_open(self) -> None:
         if self._closed:
             raise Refusal(grpc.StatusCode.UNAVAILABLE, "the server is shutting down",
@@ -262,11 +295,38 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         return cluster if gpu is None else Cluster(gpu, cluster.num_gpus,
                                                   cluster.gpus_per_node, cluster.nvlink_domain)
 
-    def cached(self, key: bytes, compute: Callable[[], Resp]) -> Resp:
-        """The cached answer of ``key``, else ``compute()`` (kept when it returns)."""
-        response, hit = self.cache.answer(key, compute)
+    def cached(self, key: bytes, compute: Callable[[], Resp],
+               context: grpc.ServicerContext) -> Resp:
+        """The cached answer of ``key``; else the answer of an identical call computing it now
+        (waited for within this call's deadline); else ``compute()`` (kept when it returns)."""
+
+        def wait(done: threading.Event) -> None:
+            self.wait_for_identical(done, context)
+
+        response, hit = self.cache.answer(key, compute, wait)
         _call.cache_hit = hit
         return response  # type: ignore[return-value]
+
+    def wait_for_identical(self, done: threading.Event, context: grpc.ServicerContext) -> None:
+        """Blocks until ``done`` is set (an identical call's computation ended), counted by the
+        gate as a waiting call. Raises :class:`~meshplan.errors.DeadlineExceededError` when this
+        call's deadline passes first, :class:`~meshplan.errors.CancelledError` when it is
+        cancelled, :class:`Refusal` when the server shuts down."""
+        cancel = CancelToken()
+        if not context.add_callback(cancel.cancel):
+            cancel.cancel()  # the call ended before it could wait
+        remaining = wire.remaining_s(context.time_remaining())
+        deadline = None if remaining is None else time.monotonic() + remaining
+        with self.gate.sharing(cancel):
+            while not done.wait(SHARED_POLL_S if deadline is None else
+                                max(0.0, min(SHARED_POLL_S, deadline - time.monotonic()))):
+                self.gate.check_open()
+                if cancel.cancelled:
+                    raise CancelledError("call cancelled while waiting for an identical call's "
+                                         "answer")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise DeadlineExceededError("deadline exceeded while waiting for an "
+                                                "identical call's answer")
 
     @contextmanager
     def planning(
@@ -307,7 +367,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
 
         key = request_key("Search", model=model.to_dict(), cluster=cluster.to_dict(),
                           workload=workload.to_dict(), space=space.to_dict())
-        return self.cached(key, compute)
+        return self.cached(key, compute, context)
 
     def Evaluate(
         self, request: pb.EvaluateRequest, context: grpc.ServicerContext
@@ -324,7 +384,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
 
         key = request_key("Evaluate", model=model.to_dict(), cluster=cluster.to_dict(),
                           workload=workload.to_dict(), plan=plan.to_dict())
-        return self.cached(key, compute)
+        return self.cached(key, compute, context)
 
     def Explain(
         self, request: pb.ExplainRequest, context: grpc.ServicerContext
@@ -341,7 +401,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
 
         key = request_key("Explain", model=model.to_dict(), cluster=cluster.to_dict(),
                           workload=workload.to_dict(), plan=plan.to_dict())
-        return self.cached(key, compute)
+        return self.cached(key, compute, context)
 
     def ListPresets(
         self, request: pb.ListPresetsRequest, context: grpc.ServicerContext
@@ -559,7 +619,8 @@ class ServerConfig:
     queue: int = 64
     """Planning calls that may wait for a worker; more get RESOURCE_EXHAUSTED at once."""
     threads: Optional[int] = None
-    """Core threads per search (None: ``MESHPLAN_THREADS``, else every core)."""
+    """Core threads per planning call (None: ``MESHPLAN_THREADS``, else every core). With
+    ``workers`` >= the cores, 1 keeps calls from oversubscribing the machine (docs/grpc.md)."""
     max_candidates: Optional[int] = None
     """Search-space cap: larger spaces get RESOURCE_EXHAUSTED (None: no cap)."""
     max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
@@ -744,6 +805,9 @@ def serve(config: ServerConfig, out: TextIO = sys.stderr, log_format: Optional[s
     try:
         server.start()
         features = [f"{config.workers} workers", f"queue {config.queue}"]
+        if config.threads is not None:
+            features.append(f"{config.threads} core thread{'s' if config.threads != 1 else ''} "
+                            "per call")
         if config.tls_cert is not None:
             features.append("TLS")
         if config.token is not None:

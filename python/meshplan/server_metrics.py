@@ -10,10 +10,11 @@ Series (all prefixed ``meshplan_``):
 
 - ``requests_total{method}``, ``request_duration_seconds{method}`` (histogram),
   ``errors_total{method,code}`` (gRPC status code name);
-- ``cache_hits_total``, ``cache_misses_total``, ``cache_evictions_total``, ``cache_entries``,
+- ``cache_hits_total``, ``cache_misses_total`` (answers computed), ``cache_shared_total`` (calls
+  that waited for an identical call's computation), ``cache_evictions_total``, ``cache_entries``,
   ``cache_bytes``;
 - ``planning_calls_running`` (searches, evaluations and explanations in flight) and
-  ``planning_calls_waiting`` (queued for a worker).
+  ``planning_calls_waiting`` (queued for a worker or for an identical call's answer).
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ class _LiveCollector:
         stats = self.cache.stats() if self.cache is not None else None
         for name, text, value in (
             ("hits", "Answers served from the response cache.", 0 if stats is None else stats.hits),
-            ("misses", "Cacheable calls computed afresh.", 0 if stats is None else stats.misses),
+            ("misses", "Cacheable answers computed afresh.", 0 if stats is None else stats.misses),
+            ("shared", "Calls answered by waiting for an identical call's computation.",
+             0 if stats is None else stats.shared),
             ("evictions", "Cache entries dropped (size bound or calibration change).",
              0 if stats is None else stats.evictions),
         ):
