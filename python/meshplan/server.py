@@ -160,14 +160,7 @@ class PlanningGate:
         :class:`~meshplan.errors.CancelledError` instead of waiting on."""
         with self._cond:
             self._check_open()
-            if len(self._running) >= self.workers and len(self._waiting) >= self.queue:
-                raise Refusal(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"server busy: {len(self._running)} planning calls running and "
-                    f"{len(self._waiting)} waiting (--workers {self.workers}, --queue "
-                    f"{self.queue}); try again later",
-                    "SERVER_BUSY",
-                )
+            self._refuse_if_full()
             self._waiting.append(cancel)
             try:
                 while len(self._running) >= self.workers:
@@ -198,14 +191,7 @@ class PlanningGate:
         :meth:`slot` when the queue is full; cancelled by :meth:`close`."""
         with self._cond:
             self._check_open()
-            if len(self._running) >= self.workers and len(self._waiting) >= self.queue:
-                raise Refusal(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"server busy: {len(self._running)} planning calls running and "
-                    f"{len(self._waiting)} waiting (--workers {self.workers}, --queue "
-                    f"{self.queue}); try again later",
-                    "SERVER_BUSY",
-                )
+            self._refuse_if_full()
             self._waiting.append(cancel)
         try:
             yield
@@ -217,6 +203,18 @@ class PlanningGate:
     def check_open(self) -> None:
         """Raises :class:`Refusal` (``UNAVAILABLE``) once the gate is closed."""
         self._check_open()
+
+    def _refuse_if_full(self) -> None:
+        """Raises :class:`Refusal` (``RESOURCE_EXHAUSTED``) when every worker runs and the queue
+        is full (the condition's lock held)."""
+        if len(self._running) >= self.workers and len(self._waiting) >= self.queue:
+            raise Refusal(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"server busy: {len(self._running)} planning calls running and "
+                f"{len(self._waiting)} waiting (--workers {self.workers}, --queue "
+                f"{self.queue}); try again later",
+                "SERVER_BUSY",
+            )
 
     def _check_open(self) -> None:
         if self._closed:
