@@ -352,11 +352,12 @@ def test_a_config_that_is_not_json_is_reported_under_its_own_name(
 @pytest.mark.parametrize("timeout_s", [1.0, 2.0])
 def test_timeout_s_returns_within_ten_percent(capsys: pytest.CaptureFixture[str],
                                               timeout_s: float) -> None:
-    # A search of seconds (every knob open at the largest bounds, on 2^20 GPUs: on 16,384 the
-    # restructured core of issue 16 finishes in about 2 s); the clock starts with the command, so
+    # A search of many seconds (DeepSeek-V3 on 2^20 GPUs, every knob open at the largest bounds:
+    # about 20 s on an idle core with LTO; Llama 3.1 405B on as many takes under 2 s, which a
+    # fast machine finishes inside the 2 s timeout); the clock starts with the command, so
     # parsing and building the inputs count too.
-    argv = ["search", "--model", "llama3.1-405b", "--gpu", "h100-sxm", "--gpus", "1048576",
-            "--global-batch", "2048", "--seq-len", "8192", "--max-vpp", "4096",
+    argv = ["search", "--model", "deepseek-v3", "--gpu", "h100-sxm", "--gpus", "1048576",
+            "--global-batch", "65536", "--seq-len", "4096", "--max-vpp", "4096",
             "--max-micro-batch", "4096", "--allow-tp-cross-domain", "--all-orders"]
     for extra in ([], ["--all", "--csv"]):
         began = time.monotonic()
