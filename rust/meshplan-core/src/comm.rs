@@ -1,4 +1,4 @@
-//! α–β costs of collectives on the fabric a group lands on (COSTMODEL §3.1–3.2): ring-style
+//! α–β costs of collectives on the fabric a group lands on (docs/costmodel.md §3.1–3.2): ring-style
 //! bandwidth terms (`2(P−1)/P` all-reduce, `(P−1)/P` all-gather, reduce-scatter, all-to-all),
 //! hierarchical NVLink-then-network decomposition, and log-depth latency terms.
 //!

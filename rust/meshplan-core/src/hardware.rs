@@ -1,5 +1,5 @@
 //! Hardware descriptors: a GPU type (peak FLOP/s per precision, HBM, fabrics, calibration
-//! constants) and a cluster of them (COSTMODEL §6). Values live in `data/gpus.toml`.
+//! constants) and a cluster of them (docs/costmodel.md §6). Values live in `data/gpus.toml`.
 
 use serde::{Deserialize, Serialize};
 
@@ -87,7 +87,7 @@ pub enum ScaleupTopology {
     #[default]
     Switch,
     /// Full mesh (AMD xGMI): each peer pair has its own link of `scaleup_bandwidth_gbps / (domain-1)`,
-    /// so a group of P GPUs gets `(P-1)` links (COSTMODEL §6 gotcha 3).
+    /// so a group of P GPUs gets `(P-1)` links (docs/costmodel.md §6 gotcha 3).
     Mesh,
 }
 

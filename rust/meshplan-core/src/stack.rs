@@ -1,5 +1,5 @@
 //! Training-stack behaviour: how a framework runs a plan, apart from the GPU it runs on (issue 16;
-//! COSTMODEL §2.5, §3.6, §5.3). Device calibration (per GPU and precision) is in
+//! docs/costmodel.md §2.5, §3.6, §5.3). Device calibration (per GPU and precision) is in
 //! [`crate::hardware::Calibration`] and [`crate::device`]; what a framework does — its DDP
 //! buckets, FSDP units, kernel counts, casts, loss kernel, layer split — is a [`Stack`], read from
 //! `data/stacks.toml` (each value with its source there). [`Stack::default_stack`] is
@@ -129,7 +129,7 @@ impl Stack {
         })
     }
 
-    /// The default stack, `megatron-core` (its values reproduce the cost model of COSTMODEL.md).
+    /// The default stack, `megatron-core` (its values reproduce the cost model of docs/costmodel.md).
     pub fn default_stack() -> &'static Stack {
         Stack::named(DEFAULT_STACK).expect("data/stacks.toml has a valid megatron-core table")
     }

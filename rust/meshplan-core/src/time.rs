@@ -1,4 +1,4 @@
-//! Step time of a plan (COSTMODEL §3–§5): per-layer compute from GEMM shapes (§5.2), flash
+//! Step time of a plan (docs/costmodel.md §3–§5): per-layer compute from GEMM shapes (§5.2), flash
 //! attention and element-wise work (§5.3); exposed TP/SP collectives (§3.4), CP ring exchange
 //! (§3.8) and EP all-to-all (§3.7) on the fabric each group lands on (§3.2–3.3); the pipeline
 //! schedule's steady state and bubble (§4) with fill/drain p2p (§3.5); exposed DP/ZeRO

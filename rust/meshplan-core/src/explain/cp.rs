@@ -1,4 +1,4 @@
-//! The context-parallel axis of `explain` (COSTMODEL §3.8): the ring exchange of K/V blocks.
+//! The context-parallel axis of `explain` (docs/costmodel.md §3.8): the ring exchange of K/V blocks.
 
 use super::*;
 

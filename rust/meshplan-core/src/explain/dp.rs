@@ -1,4 +1,4 @@
-//! The data-parallel axis and ZeRO of `explain` (COSTMODEL §2.2–2.3, §3.6): the gradient
+//! The data-parallel axis and ZeRO of `explain` (docs/costmodel.md §2.2–2.3, §3.6): the gradient
 //! reduction (all-reduce, or reduce-scatter + all-gather), its buckets, FSDP units, and how much
 //! of it the backward pass hides.
 

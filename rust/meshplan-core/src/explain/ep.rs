@@ -1,4 +1,4 @@
-//! The expert-parallel axis of `explain` (COSTMODEL §3.7): token dispatch and combine of the
+//! The expert-parallel axis of `explain` (docs/costmodel.md §3.7): token dispatch and combine of the
 //! MoE layers.
 
 use super::*;

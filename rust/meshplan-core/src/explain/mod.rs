@@ -1,4 +1,4 @@
-//! Explains one plan axis by axis (DESIGN "people learning the field"; COSTMODEL §3, §7): for
+//! Explains one plan axis by axis (DESIGN "people learning the field"; docs/costmodel.md §3, §7): for
 //! DP, TP, PP, EP, CP and ZeRO, what state is sharded, which collectives run (how often, how
 //! big, bytes per token and per step per GPU), which fabric carries them (the rank layout of
 //! §3.3) and how much of their time the step exposes.
@@ -517,7 +517,7 @@ fn op_name(kind: Collective) -> &'static str {
     }
 }
 
-/// Tensor-parallel all-reduce traffic of batch-1 decoding (COSTMODEL §7(a)).
+/// Tensor-parallel all-reduce traffic of batch-1 decoding (docs/costmodel.md §7(a)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DecodeTraffic {
     pub model: String,

@@ -1,4 +1,4 @@
-//! The pipeline axis of `explain` (COSTMODEL §3.5, §4): the p2p hops and the per-stage times
+//! The pipeline axis of `explain` (docs/costmodel.md §3.5, §4): the p2p hops and the per-stage times
 //! the schedule is built from.
 
 use super::*;

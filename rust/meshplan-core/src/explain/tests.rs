@@ -1,5 +1,5 @@
 //! Tests of `explain`: the axes add up to the step, bytes match the worked examples of
-//! COSTMODEL §7, the mesh follows the rank order.
+//! docs/costmodel.md §7, the mesh follows the rank order.
 
 use super::*;
 use crate::model::{Activation, Moe, Norm};

@@ -1,4 +1,4 @@
-//! The tensor-parallel axis of `explain` (COSTMODEL §3.4): the all-reduce points (or SP's
+//! The tensor-parallel axis of `explain` (docs/costmodel.md §3.4): the all-reduce points (or SP's
 //! reduce-scatter + all-gather pairs) of each layer kind, the embedding and the LM head.
 
 use super::*;
