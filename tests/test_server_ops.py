@@ -480,3 +480,16 @@ def test_bad_operations_flags_are_one_line_errors(flags: list[str], message: str
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_planning_threads_default_to_one_when_the_workers_fill_the_cores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from meshplan.server import planning_threads
+    monkeypatch.delenv("MESHPLAN_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert planning_threads(ServerConfig(workers=2)) == 1
+    assert planning_threads(ServerConfig(workers=4)) == 1
+    assert planning_threads(ServerConfig(workers=1)) is None  # fewer workers than cores
+    assert planning_threads(ServerConfig(workers=4, threads=2)) == 2  # the flag wins
+    monkeypatch.setenv("MESHPLAN_THREADS", "2")
+    assert planning_threads(ServerConfig(workers=4)) is None  # the core reads the variable

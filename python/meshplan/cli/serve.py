@@ -24,8 +24,8 @@ def add(sub: Any) -> None:
                     help="larger responses get RESOURCE_EXHAUSTED (default 4 MiB, gRPC's "
                     "default client limit)")
     sv.add_argument("--threads", type=int, metavar="N",
-                    help="core threads per planning call (default: MESHPLAN_THREADS, else all "
-                    "cores; 1 when --workers >= cores avoids oversubscription)")
+                    help="core threads per planning call (default: MESHPLAN_THREADS when set; else 1 "
+                    "when --workers >= cores, which avoids oversubscription; else all cores)")
     sv.add_argument("--max-candidates", type=int, metavar="N", help="refuse larger search spaces (RESOURCE_EXHAUSTED)")
     sv.add_argument("--tls-cert", metavar="PEM", help="certificate chain; with --tls-key, serve TLS")
     sv.add_argument("--tls-key", metavar="PEM", help="private key of --tls-cert")
