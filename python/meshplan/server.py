@@ -662,9 +662,10 @@ SERVER_LIMITS = {
     "queue": (0, 65536),
     "max_response_bytes": (MIN_RESPONSE_BYTES, 2**31 - 1),
     "cache_size": (0, MAX_CACHE_ENTRIES),
+    "metrics_port": (0, 65535),
 }
 """The allowed range of each integer of :class:`ServerConfig` (gRPC takes message sizes as
-32-bit integers)."""
+32-bit integers); ``metrics_port`` may also be None (no metrics)."""
 
 
 def _check(config: ServerConfig) -> None:
@@ -673,12 +674,10 @@ def _check(config: ServerConfig) -> None:
         raise ValueError("TLS needs both a certificate and a key")
     for name, (lo, hi) in SERVER_LIMITS.items():
         value = getattr(config, name)
+        if value is None and name == "metrics_port":
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise ValueError(f"invalid {name}: {value!r} (allowed: an integer from {lo} to {hi})")
-    port = config.metrics_port
-    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
-                             or not 0 <= port <= 65535):
-        raise ValueError(f"invalid metrics_port: {port!r} (allowed: an integer from 0 to 65535)")
     grace = config.grace_s
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace <= 86400:
         raise ValueError(f"invalid grace_s: {grace!r} (allowed: 0 to 86400 seconds)")
