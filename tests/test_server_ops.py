@@ -329,19 +329,26 @@ def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
         time.sleep(0.005)
 
 
+def search_in_thread(
+    stub: pb_grpc.PlannerStub, replies: list[pb.SearchResponse]
+) -> threading.Thread:
+    """A started thread that sends :func:`search_request` and appends the answer to ``replies``."""
+    thread = threading.Thread(
+        target=lambda: replies.append(stub.Search(search_request(), timeout=30))
+    )
+    thread.start()
+    return thread
+
+
 def test_two_identical_concurrent_searches_run_the_core_once(
     served: tuple[PlannerServer, pb_grpc.PlannerStub], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server, stub = served
     calls, started, release = blocking_search(monkeypatch)
     replies: list[pb.SearchResponse] = []
-    first = threading.Thread(target=lambda: replies.append(stub.Search(search_request(),
-                                                                       timeout=30)))
-    first.start()
+    first = search_in_thread(stub, replies)
     assert started.wait(30)
-    second = threading.Thread(target=lambda: replies.append(stub.Search(search_request(),
-                                                                        timeout=30)))
-    second.start()
+    second = search_in_thread(stub, replies)
     # The second call waits for the first's answer (the gate counts it as waiting).
     wait_until(lambda: server.gate.counts() == (1, 1))
     release.set()
@@ -363,9 +370,7 @@ def test_a_waiter_gets_deadline_exceeded_at_its_own_deadline(
     server, stub = served
     calls, started, release = blocking_search(monkeypatch)
     replies: list[pb.SearchResponse] = []
-    first = threading.Thread(target=lambda: replies.append(stub.Search(search_request(),
-                                                                       timeout=30)))
-    first.start()
+    first = search_in_thread(stub, replies)
     assert started.wait(30)
     began = time.monotonic()
     with pytest.raises(grpc.RpcError) as error:
@@ -388,9 +393,7 @@ def test_a_cancelled_waiter_leaves_and_the_leader_still_answers(
     server, stub = served
     calls, started, release = blocking_search(monkeypatch)
     replies: list[pb.SearchResponse] = []
-    first = threading.Thread(target=lambda: replies.append(stub.Search(search_request(),
-                                                                       timeout=30)))
-    first.start()
+    first = search_in_thread(stub, replies)
     assert started.wait(30)
     future = stub.Search.future(search_request(), timeout=30)
     wait_until(lambda: server.gate.counts() == (1, 1))
