@@ -178,22 +178,27 @@ pub fn group_axes(role: GroupRole) -> &'static [Axis] {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_plan_spells_a_mesh_along_its_order() {
-        let plan = Plan {
-            dp: 4,
-            tp: 8,
-            pp: 2,
-            ep: 2,
-            cp: 1,
+    /// A plan of degrees `[dp, tp, pp, ep, cp]` laid out along `order`.
+    fn plan([dp, tp, pp, ep, cp]: [u32; 5], order: &str) -> Plan {
+        Plan {
+            dp,
+            tp,
+            pp,
+            ep,
+            cp,
             vpp: 1,
             micro_batch: 1,
             zero: 0,
             recompute: Default::default(),
             sequence_parallel: false,
             schedule: None,
-            order: RankOrder::parse("tp-dp-ep-cp-pp").unwrap(),
-        };
+            order: RankOrder::parse(order).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_plan_spells_a_mesh_along_its_order() {
+        let plan = plan([4, 8, 2, 2, 1], "tp-dp-ep-cp-pp");
         let mesh = plan.mesh();
         let sizes: Vec<(Axis, u32)> = mesh.axes().iter().map(|a| (a.axis, a.size)).collect();
         assert_eq!(
@@ -213,20 +218,7 @@ mod tests {
 
     #[test]
     fn the_expert_mesh_factors_the_same_ranks() {
-        let plan = Plan {
-            dp: 4,
-            tp: 8,
-            pp: 2,
-            ep: 2,
-            cp: 3,
-            vpp: 1,
-            micro_batch: 1,
-            zero: 0,
-            recompute: Default::default(),
-            sequence_parallel: false,
-            schedule: None,
-            order: RankOrder::parse("tp-cp-ep-dp-pp").unwrap(),
-        };
+        let plan = plan([4, 8, 2, 2, 3], "tp-cp-ep-dp-pp");
         let e = plan.expert_mesh();
         let sizes: Vec<u32> = ExpertMesh::DIMS.iter().map(|&d| e.size(d)).collect();
         assert_eq!(sizes, vec![8, 2, 12, 2]);
