@@ -594,6 +594,32 @@ fn optional_control(
     }
 }
 
+/// The shared body of the one-plan calls (evaluate, explain): converts the problem dict, the
+/// plan and the optional controls, then [`run`]s `work` on the validated problem, stoppable by
+/// the controls' cancel flag when any was given (else under the default controls).
+fn run_on_plan<R, F>(
+    py: Python<'_>,
+    problem: &Bound<'_, PyAny>,
+    plan: &Bound<'_, PyAny>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
+    work: F,
+) -> PyResult<Py<PyAny>>
+where
+    R: Serialize + Send,
+    F: FnOnce(Problem, Plan, Control) -> core::Result<R> + Send,
+{
+    let inputs = (
+        arg::<ProblemArg>(problem, "")?,
+        arg::<Plan>(plan, "plan")?,
+        optional_control(py, timeout_s, cancel)?,
+    );
+    let flag = inputs.2.as_ref().and_then(|c| c.cancel.clone());
+    run(py, inputs, flag, |(problem, plan, control)| {
+        work(problem.validate()?, plan, control.unwrap_or_default())
+    })
+}
+
 /// Scores one plan (feasible or not) on a problem dict.
 #[pyfunction]
 #[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
@@ -604,21 +630,16 @@ fn evaluate(
     timeout_s: Option<&Bound<'_, PyAny>>,
     cancel: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let inputs = (
-        arg::<ProblemArg>(problem, "")?,
-        arg::<Plan>(plan, "plan")?,
-        optional_control(py, timeout_s, cancel)?,
-    );
-    let flag = inputs.2.as_ref().and_then(|c| c.cancel.clone());
-    run(py, inputs, flag, |(problem, plan, control)| {
-        let control = control.unwrap_or_default();
-        core::evaluate_with(
-            &problem.validate()?,
-            &plan,
-            &SearchSpace::default(),
-            &control,
-        )
-    })
+    run_on_plan(
+        py,
+        problem,
+        plan,
+        timeout_s,
+        cancel,
+        |problem, plan, control| {
+            core::evaluate_with(&problem, &plan, &SearchSpace::default(), &control)
+        },
+    )
 }
 
 /// Searches `space` (None: the default space) for the best plans of a problem dict.
@@ -704,15 +725,14 @@ fn explain(
     timeout_s: Option<&Bound<'_, PyAny>>,
     cancel: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Py<PyAny>> {
-    let inputs = (
-        arg::<ProblemArg>(problem, "")?,
-        arg::<Plan>(plan, "plan")?,
-        optional_control(py, timeout_s, cancel)?,
-    );
-    let flag = inputs.2.as_ref().and_then(|c| c.cancel.clone());
-    run(py, inputs, flag, |(problem, plan, control)| {
-        core::explain_with(&problem.validate()?, &plan, &control.unwrap_or_default())
-    })
+    run_on_plan(
+        py,
+        problem,
+        plan,
+        timeout_s,
+        cancel,
+        |problem, plan, control| core::explain_with(&problem, &plan, &control),
+    )
 }
 
 /// Every integer input's inclusive bounds by field path (`core::limits::TABLE`), in the
