@@ -22,6 +22,7 @@ import grpc
 import pytest
 from conftest import llama2_7b
 from google.rpc import error_details_pb2
+from grpc_fuzz import peak_rss_mib
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
@@ -80,11 +81,8 @@ class Served:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_mib(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        raise AssertionError("no VmHWM")
+        """Peak resident memory of the server process (``VmHWM``), in MiB."""
+        return peak_rss_mib(self.proc.pid)
 
     def healthy(self) -> bool:
         with grpc.insecure_channel(self.address) as channel:
