@@ -23,7 +23,7 @@ use crate::memory::{
 };
 use crate::plan::{Plan, Schedule};
 use crate::report::{MemoryBreakdown, TimeBreakdown};
-use crate::stages::{add_repeated, in_flight, last_of_equal_max, stage_runs, Stage, StageRun};
+use crate::stages::{in_flight, last_of_equal_max, stage_runs, Stage, StageRun};
 use crate::time::{
     breakdown, DpComm, LayerParts, LayerTime, LayerTimes, PipelineTimes, TimeContext,
 };
@@ -262,28 +262,6 @@ impl KnobLevel {
     }
 }
 
-/// The sums of one stage's per-micro-batch time the pipeline terms read.
-#[derive(Debug, Clone, Copy)]
-struct StageTotals {
-    /// Forward plus backward.
-    total: f64,
-    /// Backward.
-    backward: f64,
-    /// Forward plus backward less the weight-gradient GEMMs (what zero-bubble defers).
-    total_less_wgrad: f64,
-}
-
-impl StageTotals {
-    fn of(t: &LayerTime) -> Self {
-        let total = t.total();
-        StageTotals {
-            total,
-            backward: t.bwd.total(),
-            total_less_wgrad: total - t.wgrad,
-        }
-    }
-}
-
 /// Level 2 of time: one (micro-batch, sequence parallel, recompute) under a degree level,
 /// everything but the schedule's terms.
 pub(crate) struct KnobTimes {
@@ -323,7 +301,7 @@ impl KnobTimes {
             .iter()
             .map(|s| tc.stage(s, &layers))
             .collect();
-        let totals: Vec<StageTotals> = shape_times.iter().map(StageTotals::of).collect();
+        let backward: Vec<f64> = shape_times.iter().map(|t| t.bwd.total()).collect();
         let dp = (0..z)
             .map(|zi| {
                 let exposed: Vec<f64> = shape_times
@@ -337,43 +315,17 @@ impl KnobTimes {
                     .runs
                     .iter()
                     .zip(&pipeline.shape_of)
-                    .map(|(r, &k)| {
-                        (exposed[k] - r.stage.index as f64 * totals[k].backward).max(0.0)
-                    })
+                    .map(|(r, &k)| (exposed[k] - r.stage.index as f64 * backward[k]).max(0.0))
                     .fold(0.0, f64::max)
             })
             .collect();
-        // `PipelineTimes::of_runs` over the runs, from the shapes' sums (same values, same
-        // order; the sums are the rank-by-rank sums, `add_repeated`).
-        let worst = pipeline
-            .shape_of
-            .iter()
-            .copied()
-            .max_by(|&a, &b| totals[a].total.total_cmp(&totals[b].total))
-            .map_or_else(LayerTime::default, |k| shape_times[k]);
-        let (mut sum, mut deferred): (f64, f64) = (
-            std::iter::empty::<f64>().sum(),
-            std::iter::empty::<f64>().sum(),
-        );
-        for (r, &k) in pipeline.runs.iter().zip(&pipeline.shape_of) {
-            sum = add_repeated(sum, totals[k].total, r.count);
-            deferred = add_repeated(deferred, totals[k].total_less_wgrad, r.count);
-        }
-        let pipeline_times = PipelineTimes {
-            worst,
-            sum,
-            deferred,
-        };
-        debug_assert_eq!(
-            pipeline_times,
-            PipelineTimes::of_runs(
-                &pipeline
-                    .runs
-                    .iter()
-                    .zip(&pipeline.shape_of)
-                    .map(|(r, &k)| (shape_times[k], r.count))
-                    .collect::<Vec<_>>()
-            )
+        let pipeline_times = PipelineTimes::of_runs(
+            &pipeline
+                .runs
+                .iter()
+                .zip(&pipeline.shape_of)
+                .map(|(r, &k)| (shape_times[k], r.count))
+                .collect::<Vec<_>>(),
         );
         KnobTimes {
             pipeline: pipeline_times,
