@@ -574,6 +574,12 @@ def run(
     return report
 
 
+MAX_RSS_MIB = 1024
+"""The most peak resident memory a server process under test may reach. It starts near 100 MiB;
+a request that made the server size something by a degree's value (the reproducers of issue 9)
+took gigabytes."""
+
+
 def peak_rss_mib(pid: int) -> float:
     """The peak resident set of process ``pid`` (``VmHWM``), in MiB (Linux)."""
     with open(f"/proc/{pid}/status") as f:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from grpc_fuzz import Generator, Reflected, peak_rss_mib, presets, run
+from grpc_fuzz import MAX_RSS_MIB, Generator, Reflected, peak_rss_mib, presets, run
 
 REQUESTS = 10_500
 CLIENTS = 8
@@ -28,9 +28,6 @@ DEADLINE_S = 2.0
 SLACK_S = 1.0
 """A call may end this long after its deadline (the client's own scheduling on a busy machine);
 a server that kept working past the deadline would be seconds late, not this."""
-MAX_RSS_MIB = 1024
-"""Peak resident memory of the server process. It starts near 100 MiB; a request that made the
-server size something by a degree's value (the reproducers of issue 9) took gigabytes."""
 SERVING = re.compile(r"^meshplan: serving meshplan\.v1\.Planner on (\S+) ")
 
 
