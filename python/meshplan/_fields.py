@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-import os
 from collections.abc import Sequence
 from typing import Any, Mapping, SupportsIndex, TypeVar, cast
 
@@ -197,9 +196,3 @@ def check_fields(obj: Any, where: str, kinds: Mapping[str, str]) -> None:
         else:
             raise AssertionError(f"unknown kind {kind!r} of {path}")
         setattr(obj, name, value)
-
-
-def check_path_like(where: str, value: object, allowed: str) -> None:
-    """``value`` is a string or an ``os.PathLike`` (else the error says ``allowed``)."""
-    if not isinstance(value, (str, os.PathLike)):
-        raise _bad(where, value, allowed)
