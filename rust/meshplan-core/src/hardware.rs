@@ -178,7 +178,8 @@ pub struct Gpu {
     pub calibration: Calibration,
 }
 
-fn check_fraction(field: &str, v: f64, lo: f64, hi: f64) -> Result<()> {
+/// An error naming `field` unless `v` is a number in `[lo, hi]`.
+pub(crate) fn check_fraction(field: &str, v: f64, lo: f64, hi: f64) -> Result<()> {
     if !(v.is_finite() && v >= lo && v <= hi) {
         return Err(Error::invalid(
             field,
@@ -189,7 +190,8 @@ fn check_fraction(field: &str, v: f64, lo: f64, hi: f64) -> Result<()> {
     Ok(())
 }
 
-fn check_positive(field: &str, v: f64) -> Result<()> {
+/// An error naming `field` unless `v` is a finite number > 0.
+pub(crate) fn check_positive(field: &str, v: f64) -> Result<()> {
     if !(v.is_finite() && v > 0.0) {
         return Err(Error::invalid(field, v, "a finite number > 0"));
     }

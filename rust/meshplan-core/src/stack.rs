@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::hardware::{check_fraction, check_positive};
 
 /// The default stack's name.
 pub const DEFAULT_STACK: &str = "megatron-core";
@@ -90,25 +91,13 @@ impl Stack {
                 self.expert_activation_bytes_per_width,
             ),
         ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(Error::invalid(
-                    format!("stack.{}.{field}", self.name),
-                    v,
-                    "a finite number > 0",
-                ));
-            }
+            check_positive(&format!("stack.{}.{field}", self.name), v)?;
         }
         for (field, v) in [
             ("tp_overlap", self.tp_overlap),
             ("dp_overlap", self.dp_overlap),
         ] {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(Error::invalid(
-                    format!("stack.{}.{field}", self.name),
-                    v,
-                    "a number in [0, 1]",
-                ));
-            }
+            check_fraction(&format!("stack.{}.{field}", self.name), v, 0.0, 1.0)?;
         }
         Ok(())
     }
