@@ -31,6 +31,11 @@ MAX_EXPLAINED = 40
 front); the others show their metrics and breakdowns only."""
 
 
+MAX_SCHEDULE_BLOCKS = 2000
+"""Blocks of a simulated schedule a report draws: a longer schedule is cut to its first
+blocks by start time, to keep the file small."""
+
+
 def _json_block(data: Any) -> str:
     # "</" cannot end the script element early once escaped; the JSON stays valid.
     return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
@@ -57,8 +62,8 @@ def _pipeline_blocks(pipeline: Mapping[str, Any]) -> Optional[list[list[Any]]]:
     except ImportError:  # pragma: no cover - the test extra installs matplotlib
         return None
     blocks = schedule_timeline(pipeline)
-    if len(blocks) > 2000:  # keep the file small: draw the first part of a long schedule
-        blocks = sorted(blocks, key=lambda b: b.start)[:2000]
+    if len(blocks) > MAX_SCHEDULE_BLOCKS:
+        blocks = sorted(blocks, key=lambda b: b.start)[:MAX_SCHEDULE_BLOCKS]
     return [[b.stage, b.kind, b.micro_batch, round(b.start, 6), round(b.end, 6)] for b in blocks]
 
 
