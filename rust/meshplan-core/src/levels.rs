@@ -132,16 +132,12 @@ impl<'p> DegreeLevel<'p> {
             }
             let optimizer = zero
                 .iter()
+                // Every shape is some run's, so the most of the shapes is the most of the ranks.
                 .map(|&z| {
-                    let per_shape: Vec<f64> = pipeline
+                    pipeline
                         .params
                         .iter()
                         .map(|p| tc.optimizer_with(z, p))
-                        .collect();
-                    pipeline
-                        .shape_of
-                        .iter()
-                        .map(|&k| per_shape[k])
                         .fold(0.0, f64::max)
                 })
                 .collect();
