@@ -12,7 +12,7 @@ value an ``int`` in decimal, anything else its ``repr()``, cut to 64 characters 
 exception's ``field``, ``value`` and ``allowed`` attributes hold the three parts.
 """
 
-from typing import Any, Callable, Optional, final
+from typing import Any, Callable, Mapping, Optional, Sequence, final
 
 __all__ = [
     "__version__",
@@ -26,6 +26,7 @@ __all__ = [
     "evaluate",
     "search",
     "validate",
+    "summarise",
     "apply_calibration",
     "explain",
     "decode_traffic",
@@ -112,6 +113,10 @@ def validate(
     of a calibration-overrides file (TOML or JSON). Returns ``{"cases": [...], "summary": {...}}``;
     a case that does not fit the schema raises ``InvalidCaseError``.
     """
+
+def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The summary (``throughput``, ``memory``, ``by_gpu``, ``by_arch``) of case rows as
+    :func:`validate` returns them (extra keys ignored), computed as ``validate`` computes its own."""
 
 def apply_calibration(gpu: dict[str, Any], calibration: str) -> dict[str, Any]:
     """``gpu`` (core ``Gpu`` shape) with the overrides of ``calibration`` (TOML or JSON text,

@@ -211,45 +211,17 @@ def fit_gemm_efficiency(
     return mid
 
 
-def _percentile(values: Sequence[float], q: float) -> Optional[float]:
-    """Linear-interpolation percentile (NumPy's default), as the core's summary computes it."""
-    if not values:
-        return None
-    v = sorted(values)
-    pos = q * (len(v) - 1)
-    lo, hi = int(pos // 1), int(-(-pos // 1))
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``throughput``, ``by_gpu`` and ``by_arch`` of case rows, as in
+    :attr:`ValidationReport.summary` (the core's own summary of them)."""
+    summary = _core.summarise(rows)
+    return {k: summary[k] for k in ("throughput", "by_gpu", "by_arch")}
 
 
 def throughput_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The core's throughput statistics (``n``, ``median_ape``, ``p90_ape``, ``within_10pct``,
-    ``within_20pct``, ``median_signed_error``) of the scored rows among ``rows``."""
-    scored = [r for r in rows if r.get("ape") is not None and r.get("signed_error") is not None]
-    apes = [r["ape"] for r in scored]
-    n = len(apes)
-    return {
-        "n": n,
-        "median_ape": _percentile(apes, 0.5),
-        "p90_ape": _percentile(apes, 0.9),
-        "within_10pct": sum(a <= 0.10 for a in apes) / n if n else None,
-        "within_20pct": sum(a <= 0.20 for a in apes) / n if n else None,
-        "median_signed_error": _percentile([r["signed_error"] for r in scored], 0.5),
-    }
-
-
-def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``throughput``, ``by_gpu`` and ``by_arch`` of case rows, as in :attr:`ValidationReport.summary`."""
-    ok = [r for r in rows if r["status"] == "ok"]
-    by_gpu: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    by_arch: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
-    for r in ok:
-        by_gpu[r["gpu"]].append(r)
-        by_arch[r["arch"]].append(r)
-    return {
-        "throughput": throughput_stats(ok),
-        "by_gpu": {k: throughput_stats(v) for k, v in sorted(by_gpu.items())},
-        "by_arch": {k: throughput_stats(v) for k, v in sorted(by_arch.items())},
-    }
+    ``within_20pct``, ``median_signed_error``) of the scored rows among the ``ok`` ``rows``."""
+    return dict(_core.summarise(rows)["throughput"])
 
 
 @dataclass

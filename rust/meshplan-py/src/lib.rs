@@ -696,6 +696,17 @@ fn validate(
     })
 }
 
+/// The summary of case rows (dicts as `validate` returns them, extra keys ignored): the same
+/// `throughput`, `memory`, `by_gpu` and `by_arch` as `validate`'s own, for rows pooled from
+/// elsewhere (cross-validation folds).
+#[pyfunction]
+fn summarise(py: Python<'_>, rows: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let rows = arg::<Vec<core::validation::CaseRow>>(rows, "rows")?;
+    run(py, rows, None, |rows| {
+        Ok(core::validation::summarise(&rows, false))
+    })
+}
+
 /// A GPU dict with the calibration overrides of `calibration` (TOML or JSON text) applied.
 #[pyfunction]
 fn apply_calibration(
@@ -995,6 +1006,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
     m.add_function(wrap_pyfunction!(search, m)?)?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add_function(wrap_pyfunction!(summarise, m)?)?;
     m.add_function(wrap_pyfunction!(apply_calibration, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(decode_traffic, m)?)?;
