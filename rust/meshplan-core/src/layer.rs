@@ -16,9 +16,9 @@ use crate::model::{Mla, Model, Moe};
 use crate::traffic::WIRE_BYTES;
 
 /// Bytes per element of stored 16-bit activations.
-const ACT_BYTES: f64 = 2.0;
-/// Bytes per fp32 element (router logits).
-const FP32_BYTES: f64 = 4.0;
+pub(crate) const ACT_BYTES: f64 = 2.0;
+/// Bytes per fp32 element (router logits, the loss's logits).
+pub(crate) const FP32_BYTES: f64 = 4.0;
 
 /// The token mixer of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -14,7 +14,7 @@
 use crate::hardware::Precision;
 use crate::layer::{
     activation_bytes_per_token, params_per_rank, selective_op_bytes_per_token, LayerParams, Shard,
-    MAX_LAYER_KINDS,
+    ACT_BYTES, FP32_BYTES, MAX_LAYER_KINDS,
 };
 use crate::layout::Groups;
 use crate::model::Model;
@@ -25,12 +25,8 @@ use crate::Problem;
 
 /// Bytes per GiB.
 pub const GIB: f64 = (1u64 << 30) as f64;
-/// Bytes per element of stored activations and working weights (bf16/fp16).
-const ACT_BYTES: f64 = 2.0;
 /// Bytes per element of the working (compute-precision) weight copy.
 const WEIGHT_BYTES: f64 = 2.0;
-/// Bytes per fp32 element (router logits, softmax of the loss).
-const FP32_BYTES: f64 = 4.0;
 
 /// Bytes per element of a linear layer's saved input at `precision` (see
 /// [`crate::layer::activation_bytes_per_token`]).

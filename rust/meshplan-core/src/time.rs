@@ -12,7 +12,7 @@
 use crate::comm::{Collective, CollectiveCost, CollectiveModel, Fabric};
 use crate::device::Device;
 use crate::gemm::{linear_s, LinearTimes};
-use crate::layer::{layer_ops, LayerOps, OpsContext, Shard, MAX_LAYER_KINDS};
+use crate::layer::{layer_ops, LayerOps, OpsContext, Shard, FP32_BYTES, MAX_LAYER_KINDS};
 use crate::layout::Group;
 use crate::layout::Groups;
 use crate::memory::StageParams;
@@ -360,7 +360,7 @@ impl<'a> TimeContext<'a> {
             let v_local = model.vocab as f64 / t;
             let head = linear_s(&self.device.gemm, tok, v_local, h);
             // Softmax cross-entropy over fp32 logits: a few passes over tok × V/t.
-            let ce = self.stack.cross_entropy_passes * 4.0 * tok * v_local / mem_bw;
+            let ce = self.stack.cross_entropy_passes * FP32_BYTES * tok * v_local / mem_bw;
             out.fwd.compute += head.fwd + ce;
             let w = if self.problem.workload.lora {
                 0.0
