@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from ._fields import check_fields, checked
 
@@ -32,6 +32,9 @@ class Workload:
     """Fused loss (Megatron's vocab-parallel cross-entropy): 8 bytes per logit at the loss
     backward. False models eager ``F.cross_entropy`` on fp32-upcast logits (torchtitan):
     14 bytes per logit."""
+    bucket_params: Optional[int] = None
+    """Parameters per data-parallel gradient bucket (Megatron ``--ddp-bucket-size``); None takes
+    the stack's default (Megatron-Core: ``max(40 M, 1 M · data-parallel ranks)``)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
@@ -46,6 +49,7 @@ class Workload:
             "lora": self.lora,
             "flash_attention": self.flash_attention,
             "fused_cross_entropy": self.fused_cross_entropy,
+            **({} if self.bucket_params is None else {"bucket_params": self.bucket_params}),
         }
 
     @classmethod
@@ -56,5 +60,6 @@ class Workload:
 _KINDS = {
     "global_batch": "int", "seq_len": "int", "precision": "str", "optimizer": "str",
     "grad_bytes": "int", "lora": "bool", "flash_attention": "bool", "fused_cross_entropy": "bool",
+    "bucket_params": "int?",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

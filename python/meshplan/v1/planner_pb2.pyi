@@ -282,6 +282,7 @@ class Workload(_message.Message):
     LORA_FIELD_NUMBER: _builtins.int
     FLASH_ATTENTION_FIELD_NUMBER: _builtins.int
     FUSED_CROSS_ENTROPY_FIELD_NUMBER: _builtins.int
+    BUCKET_PARAMS_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -298,6 +299,10 @@ class Workload(_message.Message):
     """Fused (flash) attention; default true."""
     fused_cross_entropy: _builtins.bool
     """Fused cross-entropy loss (8 bytes per logit); false: eager fp32 loss (14); default true."""
+    bucket_params: _builtins.int
+    """Parameters per data-parallel gradient bucket; default: the stack's (Megatron-Core:
+    max(40 M, 1 M per data-parallel rank)).
+    """
     def __init__(
         self,
         *,
@@ -309,11 +314,14 @@ class Workload(_message.Message):
         lora: _builtins.bool = ...,
         flash_attention: _builtins.bool | None = ...,
         fused_cross_entropy: _builtins.bool | None = ...,
+        bucket_params: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
+    _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
     _WhichOneofReturnType__flash_attention: _TypeAlias = _typing.Literal["flash_attention"]  # noqa: Y015
     _WhichOneofArgType__flash_attention: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention"]  # noqa: Y015
     _WhichOneofReturnType__fused_cross_entropy: _TypeAlias = _typing.Literal["fused_cross_entropy"]  # noqa: Y015
@@ -324,6 +332,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__optimizer: _TypeAlias = _typing.Literal["_optimizer", b"_optimizer"]  # noqa: Y015
     _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
     _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bucket_params) -> _WhichOneofReturnType__bucket_params | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__flash_attention) -> _WhichOneofReturnType__flash_attention | None: ...
     @_typing.overload
@@ -1026,6 +1036,8 @@ class Collective(_message.Message):
     BYTES_PER_STEP_PER_GPU_FIELD_NUMBER: _builtins.int
     SECONDS_PER_STEP_FIELD_NUMBER: _builtins.int
     LATENCY_BOUND_FIELD_NUMBER: _builtins.int
+    LATENCY_SECONDS_PER_STEP_FIELD_NUMBER: _builtins.int
+    ALGORITHM_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     """e.g. "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"."""
     when: _builtins.str
@@ -1037,6 +1049,12 @@ class Collective(_message.Message):
     seconds_per_step: _builtins.float
     latency_bound: _builtins.bool
     """Whether latency, not bandwidth, dominates its time."""
+    latency_seconds_per_step: _builtins.float
+    """The latency share of seconds_per_step (NCCL's base and per-step latencies of the algorithm)."""
+    algorithm: _builtins.str
+    """The algorithm (and NCCL protocol) chosen for one call: "ring/Simple", "tree/LL128", "nvls",
+    "nvls-tree", "pat", "pairwise", "domain-deduplicated dispatch" or "point-to-point".
+    """
     def __init__(
         self,
         *,
@@ -1048,10 +1066,12 @@ class Collective(_message.Message):
         bytes_per_step_per_gpu: _builtins.float = ...,
         seconds_per_step: _builtins.float = ...,
         latency_bound: _builtins.bool = ...,
+        latency_seconds_per_step: _builtins.float = ...,
+        algorithm: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_per_step_per_gpu", b"bytes_per_step_per_gpu", "bytes_per_token_per_gpu", b"bytes_per_token_per_gpu", "count_per_step", b"count_per_step", "latency_bound", b"latency_bound", "message_bytes", b"message_bytes", "op", b"op", "seconds_per_step", b"seconds_per_step", "when", b"when"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "bytes_per_step_per_gpu", b"bytes_per_step_per_gpu", "bytes_per_token_per_gpu", b"bytes_per_token_per_gpu", "count_per_step", b"count_per_step", "latency_bound", b"latency_bound", "latency_seconds_per_step", b"latency_seconds_per_step", "message_bytes", b"message_bytes", "op", b"op", "seconds_per_step", b"seconds_per_step", "when", b"when"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -33,8 +33,18 @@ pub enum LayerSplit {
 #[serde(deny_unknown_fields)]
 pub struct Stack {
     pub name: String,
-    /// Parameters per data-parallel gradient bucket, each bucket a collective of its own (§3.6).
+    /// Parameters per data-parallel gradient bucket at least, each bucket a collective of its
+    /// own (§3.6); a workload's `bucket_params` overrides the bucket size.
     pub ddp_bucket_params: f64,
+    /// Parameters per bucket per rank of the data-parallel group: the bucket is
+    /// `max(ddp_bucket_params, this · group size)` (Megatron's default, §3.6).
+    pub ddp_bucket_params_per_rank: f64,
+    /// Buckets are reduced as the backward produces them (Megatron `overlap_grad_reduce`),
+    /// rather than after it (§3.6).
+    pub overlap_grad_reduce: bool,
+    /// The ZeRO-1/2 weight all-gather runs bucket by bucket under the next step's forward
+    /// (Megatron `overlap_param_gather`), rather than after the optimizer step (§3.6).
+    pub overlap_param_gather: bool,
     /// FSDP units per transformer layer under ZeRO-3, each gathered and reduce-scattered as a
     /// collective of its own (§3.6).
     pub fsdp_units_per_layer: f64,
@@ -59,8 +69,9 @@ pub struct Stack {
     /// Fraction of tensor-parallel communication hidden behind GEMMs (§3.4 ω_TP); a GPU's
     /// `calibration.tp_overlap`, when set, takes precedence.
     pub tp_overlap: f64,
-    /// Fraction of a micro-batch's backward that can hide DP/ZeRO communication (§3.6 ω_DP); a
-    /// GPU's `calibration.dp_overlap`, when set, takes precedence.
+    /// Share of the compute a DP/ZeRO collective runs under that hides it (§3.6 ω_DP): 1 when
+    /// communication and compute share the GPU without slowing each other; a GPU's
+    /// `calibration.dp_overlap`, when set, takes precedence.
     pub dp_overlap: f64,
     /// How pipeline ranks split the layers (§2.5).
     pub layer_split: LayerSplit,
@@ -71,6 +82,10 @@ impl Stack {
     pub fn validate(&self) -> Result<()> {
         for (field, v) in [
             ("ddp_bucket_params", self.ddp_bucket_params),
+            (
+                "ddp_bucket_params_per_rank",
+                self.ddp_bucket_params_per_rank,
+            ),
             ("fsdp_units_per_layer", self.fsdp_units_per_layer),
             ("moe_layer_kernel_factor", self.moe_layer_kernel_factor),
             ("quantized_cast_bytes", self.quantized_cast_bytes),
@@ -100,6 +115,13 @@ impl Stack {
             check_fraction(&format!("stack.{}.{field}", self.name), v, 0.0, 1.0)?;
         }
         Ok(())
+    }
+
+    /// Parameters per DP gradient bucket over a data-parallel group of `ranks`:
+    /// `max(ddp_bucket_params, ddp_bucket_params_per_rank · ranks)` (§3.6).
+    pub fn bucket_params(&self, ranks: u32) -> f64 {
+        self.ddp_bucket_params
+            .max(self.ddp_bucket_params_per_rank * ranks as f64)
     }
 
     /// The stack called `name` in `data/stacks.toml` (case-insensitive, `_` for `-`).
@@ -147,7 +169,11 @@ mod tests {
         assert_eq!(s.attention_backward_ratio, 2.5);
         assert_eq!(s.layer_split, LayerSplit::MegatronEmbeddingLoss);
         assert_eq!(s.tp_overlap, 0.7);
-        assert_eq!(s.dp_overlap, 0.3);
+        assert_eq!(s.dp_overlap, 1.0);
+        assert!(s.overlap_grad_reduce && s.overlap_param_gather);
+        // Megatron's max(40 M, 1 M · data-parallel size).
+        assert_eq!(s.bucket_params(8), 40e6);
+        assert_eq!(s.bucket_params(256), 256e6);
     }
 
     #[test]
