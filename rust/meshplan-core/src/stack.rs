@@ -62,6 +62,11 @@ pub struct Stack {
     pub cross_entropy_passes: f64,
     /// Bytes per hidden element the embedding lookup moves per token (§5.3).
     pub embedding_bytes_per_element: f64,
+    /// Element-wise bytes per token and per `h` of a layer's forward outside the tensor-parallel
+    /// regions — the two norms, residual adds and dropout — which every TP rank repeats on the
+    /// whole sequence unless sequence parallelism splits it (§5.3); the rest of the GPU's
+    /// `elementwise_bytes_per_hidden` is split `tp` ways either way.
+    pub replicated_elementwise_bytes_per_hidden: f64,
     /// Bytes per element of a routed copy's hidden vector moved by permute and unpermute (§5.3).
     pub routed_copy_bytes_per_hidden: f64,
     /// Bytes per element of a routed copy's `f_e/t` width moved by the expert activation (§5.3).
@@ -96,6 +101,10 @@ impl Stack {
             (
                 "embedding_bytes_per_element",
                 self.embedding_bytes_per_element,
+            ),
+            (
+                "replicated_elementwise_bytes_per_hidden",
+                self.replicated_elementwise_bytes_per_hidden,
             ),
             (
                 "routed_copy_bytes_per_hidden",

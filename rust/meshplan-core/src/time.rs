@@ -171,6 +171,9 @@ impl<'a> TimeContext<'a> {
             tokens: self.tokens,
             moe_imbalance: cal.moe_imbalance,
             elementwise_bytes_per_hidden: cal.elementwise_bytes_per_hidden,
+            replicated_elementwise_bytes_per_hidden: self
+                .stack
+                .replicated_elementwise_bytes_per_hidden,
             routed_copy_bytes_per_hidden: self.stack.routed_copy_bytes_per_hidden,
             expert_activation_bytes_per_width: self.stack.expert_activation_bytes_per_width,
         };
