@@ -101,7 +101,9 @@ class Model:
     """Dense FFN intermediate size (also the dense layers of an MoE model)."""
     vocab: int
     activation: str = "swiglu"
-    """``"swiglu"`` or ``"gelu"``."""
+    """Gated (three FFN matrices): ``"swiglu"``, ``"geglu"``, ``"reglu"``; plain (two):
+    ``"gelu"``, ``"relu2"`` (squared ReLU), ``"silu"``. Independent of ``norm`` and
+    ``tied_embeddings``."""
     head_dim: Optional[int] = None
     """Per-head dimension; None means ``hidden / heads``."""
     norm: str = "rmsnorm"
@@ -109,12 +111,15 @@ class Model:
     tied_embeddings: bool = False
     moe: Optional[Moe] = None
     mla: Optional[Mla] = None
+    dropout: bool = False
+    """Dropout on the attention probabilities and residual branches (GPT-3-era recipes): its
+    1-byte masks are stored for the backward."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model", {
             "name": "str", "layers": "int", "hidden": "int", "heads": "int", "kv_heads": "int",
             "ffn_hidden": "int", "vocab": "int", "activation": "str", "head_dim": "int?",
-            "norm": "str", "tied_embeddings": "bool",
+            "norm": "str", "tied_embeddings": "bool", "dropout": "bool",
         })
         # The parts may come as dicts (the core's shape); anything else is an error here.
         for part, cls in (("moe", Moe), ("mla", Mla)):
@@ -137,6 +142,7 @@ class Model:
             "activation": self.activation,
             "norm": self.norm,
             "tied_embeddings": self.tied_embeddings,
+            **({"dropout": True} if self.dropout else {}),
             "moe": None if self.moe is None else self.moe.to_dict(),
             "mla": None if self.mla is None else self.mla.to_dict(),
         }

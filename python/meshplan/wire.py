@@ -175,6 +175,7 @@ def dims_message(model: Model) -> pb.ModelDims:
         head_dim=model.head_dim,
         norm=model.norm,
         tied_embeddings=model.tied_embeddings,
+        dropout=model.dropout,
         moe=moe,
         mla=mla,
     )
@@ -325,6 +326,7 @@ def _model_from_dims(d: pb.ModelDims) -> Model:
         head_dim=_opt(d, "head_dim"),
         norm=d.norm if d.HasField("norm") else "rmsnorm",
         tied_embeddings=d.tied_embeddings,
+        dropout=d.dropout,
         moe=moe,
         mla=mla,
     )

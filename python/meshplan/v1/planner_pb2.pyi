@@ -98,6 +98,7 @@ class ModelDims(_message.Message):
     TIED_EMBEDDINGS_FIELD_NUMBER: _builtins.int
     MOE_FIELD_NUMBER: _builtins.int
     MLA_FIELD_NUMBER: _builtins.int
+    DROPOUT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     layers: _builtins.int
     hidden: _builtins.int
@@ -107,12 +108,18 @@ class ModelDims(_message.Message):
     """Dense FFN intermediate size (also the dense layers of an MoE model)."""
     vocab: _builtins.int
     activation: _builtins.str
-    """"swiglu" (default) or "gelu"."""
+    """"swiglu" (default), "geglu", "reglu" (gated FFN, three matrices), "gelu", "relu2" or "silu"
+    (plain FFN, two matrices).
+    """
     head_dim: _builtins.int
     """Per-head dimension; unset means hidden / heads."""
     norm: _builtins.str
     """"rmsnorm" (default) or "layernorm"."""
     tied_embeddings: _builtins.bool
+    dropout: _builtins.bool
+    """Dropout on the attention probabilities and residual branches (GPT-3-era recipes); its
+    masks are stored for the backward.
+    """
     @_builtins.property
     def moe(self) -> Global___Moe:
         """Present for a mixture-of-experts model."""
@@ -137,10 +144,11 @@ class ModelDims(_message.Message):
         tied_embeddings: _builtins.bool = ...,
         moe: Global___Moe | None = ...,
         mla: Global___Mla | None = ...,
+        dropout: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_norm", b"_norm", "activation", b"activation", "head_dim", b"head_dim", "mla", b"mla", "moe", b"moe", "norm", b"norm"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_norm", b"_norm", "activation", b"activation", "ffn_hidden", b"ffn_hidden", "head_dim", b"head_dim", "heads", b"heads", "hidden", b"hidden", "kv_heads", b"kv_heads", "layers", b"layers", "mla", b"mla", "moe", b"moe", "name", b"name", "norm", b"norm", "tied_embeddings", b"tied_embeddings", "vocab", b"vocab"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_norm", b"_norm", "activation", b"activation", "dropout", b"dropout", "ffn_hidden", b"ffn_hidden", "head_dim", b"head_dim", "heads", b"heads", "hidden", b"hidden", "kv_heads", b"kv_heads", "layers", b"layers", "mla", b"mla", "moe", b"moe", "name", b"name", "norm", b"norm", "tied_embeddings", b"tied_embeddings", "vocab", b"vocab"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation: _TypeAlias = _typing.Literal["activation"]  # noqa: Y015
     _WhichOneofArgType__activation: _TypeAlias = _typing.Literal["_activation", b"_activation"]  # noqa: Y015

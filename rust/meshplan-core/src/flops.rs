@@ -87,6 +87,7 @@ mod tests {
             activation: Activation::Gelu,
             norm: Norm::Layernorm,
             tied_embeddings: true,
+            dropout: false,
             moe: None,
             mla: None,
         };

@@ -8,6 +8,8 @@
 //!   `intermediate_size`, `vocab_size`, `hidden_act` (default `silu`), `tie_word_embeddings`
 //!   (default false);
 //! * `llama`, `mistral`, `qwen2`, `qwen3`, `phi3`: dense;
+//! * `nemotron` (Nemotron-4, Minitron): dense with a plain (non-gated) MLP, LayerNorm, and
+//!   `kv_channels` as the head dimension when `head_dim` is absent;
 //! * `mixtral`: `num_local_experts`, `num_experts_per_tok`; experts of `intermediate_size`;
 //! * `qwen2_moe`, `qwen3_moe`: `num_experts`, `num_experts_per_tok`, `moe_intermediate_size`,
 //!   `decoder_sparse_step`, `mlp_only_layers`; Qwen2-MoE's `shared_expert_intermediate_size`
@@ -24,10 +26,11 @@
 //! The descriptor keeps only leading dense layers (`first_dense_layers`): a file whose dense
 //! (MLP-only) layers are anywhere else is rejected rather than approximated.
 //!
-//! Every supported family uses a gated MLP (gate, up and down projections), whatever its
-//! `hidden_act`; the FFN is therefore imported as [`Activation::Swiglu`], the three-matrix FFN,
-//! even for a GeLU-family activation (GeGLU has the same shapes). An activation name that is not
-//! recognised is an error.
+//! `hidden_act` maps onto the activation, and the family fixes the gating: every family but
+//! `nemotron` uses a gated MLP (gate, up and down projections), so `silu`/`swish` import as
+//! SwiGLU, the GeLU variants as GeGLU and `relu` as ReGLU; `nemotron`'s plain MLP (up and down)
+//! imports `relu2` as squared ReLU, the GeLU variants as GeLU and `silu` as SiLU. An activation
+//! the family cannot have is an error naming `hidden_act`, never a silent SwiGLU.
 //!
 //! Not modelled, so absent from the parameter and FLOP counts: biases (Qwen2 QKV, GLM-4.5,
 //! gpt-oss), QK-norm weights, routers' biases, attention sinks, multi-token-prediction layers
@@ -41,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::model::{Activation, Mla, Model, Moe, Norm};
 
 /// The `model_type`s this importer understands.
-pub const SUPPORTED_MODEL_TYPES: [&str; 12] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
     "deepseek_v3",
     "glm4_moe",
     "gpt_oss",
@@ -49,6 +52,7 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 12] = [
     "llama",
     "mistral",
     "mixtral",
+    "nemotron",
     "phi3",
     "qwen2",
     "qwen2_moe",
@@ -179,21 +183,82 @@ impl Config<'_> {
     }
 }
 
-/// Maps `hidden_act` onto the FFN shape; see the module documentation for why every recognised
-/// activation gives the gated, three-matrix FFN.
+/// Whether the config trains with dropout: any of `attention_dropout`, `hidden_dropout`,
+/// `resid_pdrop`, `attn_pdrop` or `ffn_dropout` above 0 (absent or null: none).
+fn dropout(cfg: &Config) -> Result<bool> {
+    for key in [
+        "attention_dropout",
+        "hidden_dropout",
+        "resid_pdrop",
+        "attn_pdrop",
+        "ffn_dropout",
+    ] {
+        match cfg.get(key) {
+            None | Some(Value::Null) => {}
+            Some(v) => match v.as_f64() {
+                Some(p) if (0.0..1.0).contains(&p) => {
+                    if p > 0.0 {
+                        return Ok(true);
+                    }
+                }
+                _ => {
+                    return Err(hf_error(
+                        key,
+                        format!(
+                            "must be a probability in [0, 1), got {}",
+                            crate::error::echo(&v.to_string())
+                        ),
+                    ))
+                }
+            },
+        }
+    }
+    Ok(false)
+}
+
+/// Families whose MLP is plain (up and down projections), not gated.
+const PLAIN_MLP_MODEL_TYPES: [&str; 1] = ["nemotron"];
+
+/// Maps `hidden_act` onto the activation, gated or plain as the family's MLP is (see the
+/// module documentation); an activation the family cannot have is an error.
 fn activation(cfg: &Config) -> Result<Activation> {
     let act = cfg.opt_str("hidden_act")?.unwrap_or("silu");
-    match act.to_ascii_lowercase().as_str() {
-        "silu" | "swish" | "swiglu" | "gelu" | "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh"
-        | "gelu_python" | "gelu_accurate" | "quick_gelu" | "relu" => Ok(Activation::Swiglu),
-        _ => Err(hf_error(
+    let gated = !PLAIN_MLP_MODEL_TYPES.contains(&cfg.model_type);
+    let name = act.to_ascii_lowercase();
+    let gelu = matches!(
+        name.as_str(),
+        "gelu"
+            | "gelu_new"
+            | "gelu_fast"
+            | "gelu_pytorch_tanh"
+            | "gelu_python"
+            | "gelu_accurate"
+            | "quick_gelu"
+    );
+    let found = match (name.as_str(), gated) {
+        ("silu" | "swish" | "swiglu", true) => Some(Activation::Swiglu),
+        ("silu" | "swish", false) => Some(Activation::Silu),
+        (_, true) if gelu => Some(Activation::Geglu),
+        (_, false) if gelu => Some(Activation::Gelu),
+        ("relu", true) => Some(Activation::Reglu),
+        ("relu2", false) => Some(Activation::Relu2),
+        _ => None,
+    };
+    found.ok_or_else(|| {
+        let supported = if gated {
+            "a gated MLP: silu/swish, the gelu variants, relu"
+        } else {
+            "a plain MLP: relu2, the gelu variants, silu"
+        };
+        hf_error(
             "hidden_act",
             format!(
-                "unsupported activation '{}' (supported: silu/swish and the gelu variants, relu)",
-                crate::error::echo(act)
+                "unsupported activation '{}' for model_type '{}' ({supported})",
+                crate::error::echo(act),
+                cfg.model_type
             ),
-        )),
-    }
+        )
+    })
 }
 
 /// Leading dense layers of a MoE stack: `Ok(Some(k))` when layers `0..k` are dense and the rest
@@ -412,17 +477,22 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
     let vocab = cfg.positive("vocab_size")?;
     let activation = activation(&cfg)?;
     let tied_embeddings = cfg.bool_or("tie_word_embeddings", false)?;
+    let dropout = dropout(&cfg)?;
     let is_mla = matches!(model_type, "deepseek_v3" | "kimi_k2");
     // MLA models have no single head dimension (qk = nope + rope, v separate); newer
     // transformers write `head_dim = qk_rope_head_dim` there, which is not one either.
     let head_dim = if is_mla {
         None
     } else {
-        cfg.opt_positive("head_dim")?
+        match cfg.opt_positive("head_dim")? {
+            Some(d) => Some(d),
+            None if model_type == "nemotron" => cfg.opt_positive("kv_channels")?,
+            None => None,
+        }
     };
 
     let (moe, mla) = match model_type {
-        "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" => (None, None),
+        "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "nemotron" => (None, None),
         "mixtral" => {
             let moe = moe_block(
                 layers,
@@ -475,8 +545,14 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         ffn_hidden,
         vocab,
         activation,
-        norm: Norm::Rmsnorm,
+        // Nemotron's `layernorm1p` is a LayerNorm (weight and bias); the rest use RMSNorm.
+        norm: if model_type == "nemotron" {
+            Norm::Layernorm
+        } else {
+            Norm::Rmsnorm
+        },
         tied_embeddings,
+        dropout,
         moe,
         mla,
     };
@@ -563,15 +639,54 @@ mod tests {
     }
 
     #[test]
-    fn gelu_variants_keep_the_gated_ffn() {
-        for act in ["gelu", "gelu_pytorch_tanh", "SiLU", "swish"] {
+    fn gated_families_map_the_activation_onto_its_gated_form() {
+        for (act, want) in [
+            ("gelu", Activation::Geglu),
+            ("gelu_pytorch_tanh", Activation::Geglu),
+            ("SiLU", Activation::Swiglu),
+            ("swish", Activation::Swiglu),
+            ("relu", Activation::Reglu),
+        ] {
             let m = model_from_hf_config(&llama_json(&format!(r#", "hidden_act": "{act}""#)), None)
                 .unwrap();
-            assert_eq!(m.activation, Activation::Swiglu, "{act}");
+            assert_eq!(m.activation, want, "{act}");
+            assert_eq!(m.activation.ffn_matrices(), 3);
         }
-        let e =
-            model_from_hf_config(&llama_json(r#", "hidden_act": "tanhshrink""#), None).unwrap_err();
-        assert_eq!(field_of(&e), "hidden_act");
+        for act in ["tanhshrink", "relu2"] {
+            let e = model_from_hf_config(&llama_json(&format!(r#", "hidden_act": "{act}""#)), None)
+                .unwrap_err();
+            assert_eq!(field_of(&e), "hidden_act", "{act}");
+        }
+    }
+
+    #[test]
+    fn nemotron_has_a_plain_squared_relu_mlp_and_layernorm() {
+        // Nemotron-4 4B (Minitron), the config NVIDIA/TensorRT-LLM's
+        // tests/unittest/_torch/modeling/test_modeling_nemotron.py tests with
+        // (`Nemotron_4_4B_CONFIG`, transformers 4.48).
+        let text = r#"{"architectures": ["NemotronForCausalLM"], "bos_token_id": 2,
+            "eos_token_id": 3, "hidden_act": "relu2", "hidden_size": 3072,
+            "initializer_range": 0.0134, "intermediate_size": 9216,
+            "max_position_embeddings": 4096, "model_type": "nemotron",
+            "num_attention_heads": 24, "num_hidden_layers": 32, "num_key_value_heads": 8,
+            "norm_eps": 1e-05, "rope_theta": 10000, "partial_rotary_factor": 0.5,
+            "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+            "transformers_version": "4.48.0", "use_cache": true, "vocab_size": 256000,
+            "kv_channels": 128}"#;
+        let m = model_from_hf_config(text, None).unwrap();
+        assert_eq!(m.activation, Activation::Relu2);
+        assert_eq!(m.activation.ffn_matrices(), 2);
+        assert_eq!(m.norm, Norm::Layernorm);
+        assert_eq!(m.head_dim, Some(128));
+        assert_eq!(
+            (m.layers, m.hidden, m.ffn_hidden, m.kv_heads),
+            (32, 3072, 9216, 8)
+        );
+        let gated = text.replace(r#""relu2""#, r#""silu""#);
+        assert_eq!(
+            model_from_hf_config(&gated, None).unwrap().activation,
+            Activation::Silu
+        );
     }
 
     #[test]

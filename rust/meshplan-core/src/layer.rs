@@ -19,6 +19,8 @@ use crate::traffic::WIRE_BYTES;
 pub(crate) const ACT_BYTES: f64 = 2.0;
 /// Bytes per fp32 element (router logits, the loss's logits).
 pub(crate) const FP32_BYTES: f64 = 4.0;
+/// Bytes per element of a stored dropout mask (PyTorch keeps a bool/uint8 mask).
+pub(crate) const MASK_BYTES: f64 = 1.0;
 
 /// The token mixer of a layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -304,9 +306,10 @@ pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerP
 /// (GeLU) outputs in 16 bits and the activation output, the down projection's input (`li`
 /// bytes).
 fn per_ffn_width_bytes(model: &Model, li: f64) -> f64 {
-    match model.activation {
-        crate::model::Activation::Swiglu => 2.0 * ACT_BYTES + li,
-        crate::model::Activation::Gelu => ACT_BYTES + li,
+    if model.activation.gated() {
+        2.0 * ACT_BYTES + li
+    } else {
+        ACT_BYTES + li
     }
 }
 
@@ -327,8 +330,10 @@ pub fn activation_bytes_per_token(
     let a_local = model.heads as f64 / t;
     let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
     let li = linear_input_bytes;
-    // Two norm inputs (16-bit) and the inputs of the QKV and FFN-in projections.
-    let replicated = (2.0 * ACT_BYTES + 2.0 * li) * h / sp_div;
+    // Two norm inputs (16-bit) and the inputs of the QKV and FFN-in projections, and with
+    // dropout the masks of the two residual-branch dropouts (1 byte each, KOR22 §4.1).
+    let masks = if model.dropout { 2.0 * MASK_BYTES } else { 0.0 };
+    let replicated = (2.0 * ACT_BYTES + 2.0 * li + masks) * h / sp_div;
     let attention = match &spec.mixer {
         Mixer::Latent(m) => {
             // Latents (replicated) + per-head Q, K, V (16-bit, attention inputs) and the
@@ -400,11 +405,12 @@ pub fn selective_op_bytes_per_token(
     ACT_BYTES * (h / sp_div + attention_out + 0.5 * (attention_linears + ffn_linears)) + router
 }
 
-/// Input projections of one FFN (gate and up for SwiGLU, one for GeLU).
+/// Input projections of one FFN (gate and up for a gated activation, one for a plain one).
 fn gate_up_matrices(model: &Model) -> f64 {
-    match model.activation {
-        crate::model::Activation::Swiglu => 2.0,
-        crate::model::Activation::Gelu => 1.0,
+    if model.activation.gated() {
+        2.0
+    } else {
+        1.0
     }
 }
 

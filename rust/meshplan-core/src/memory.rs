@@ -14,7 +14,7 @@
 use crate::hardware::Precision;
 use crate::layer::{
     activation_bytes_per_token, params_per_rank, selective_op_bytes_per_token, LayerParams, Shard,
-    ACT_BYTES, FP32_BYTES, MAX_LAYER_KINDS,
+    ACT_BYTES, FP32_BYTES, MASK_BYTES, MAX_LAYER_KINDS,
 };
 use crate::layout::Groups;
 use crate::model::Model;
@@ -232,10 +232,12 @@ pub fn stored_bytes_per_micro_batch(
             }
             stage.kinds.weighted_sum(&per_kind)
         }
-        // Unfused attention also keeps softmax output, its dropout mask and output:
-        // 5·a·s²·b bytes per layer, split over TP (KOR22 §4.1), i.e. 5·(a/t)·s per token.
+        // Unfused attention also keeps the scores and the softmax output (2 + 2 bytes per
+        // element) and, with dropout, its mask: 5·a·s²·b bytes per layer with dropout, split
+        // over TP (KOR22 §4.1), i.e. 5·(a/t)·s per token; 4 without.
         Recompute::None if !problem.workload.flash_attention => {
-            let scores = 5.0 * model.heads as f64 / t * problem.workload.seq_len as f64;
+            let per_score = 2.0 * ACT_BYTES + if model.dropout { MASK_BYTES } else { 0.0 };
+            let scores = per_score * model.heads as f64 / t * problem.workload.seq_len as f64;
             full_layers + stage.layers() as f64 * scores
         }
         Recompute::None => full_layers,
@@ -345,6 +347,7 @@ mod tests {
             activation: Activation::Swiglu,
             norm: Norm::Rmsnorm,
             tied_embeddings: false,
+            dropout: false,
             moe: None,
             mla: None,
         }
@@ -375,6 +378,24 @@ mod tests {
         let per_token = dense_bytes(&m, &plan(1, false));
         let coeff = per_token / m.hidden as f64;
         assert!((coeff - 32.125).abs() < 1e-9, "{coeff}");
+    }
+
+    #[test]
+    fn gpt3_with_dropout_keeps_korthikantis_34_sbh() {
+        // KOR22 §4.1: 34·sbh per layer (flash attention: no a·s² terms), of which the two
+        // residual dropouts' masks are 2·sbh; without SP at t = 8 Megatron's estimator gives
+        // (10 + 24/8)·sbh, the masks among the 10 replicated.
+        let mut m = crate::presets::model("gpt3-175b").unwrap();
+        assert!(m.dropout);
+        let coeff = |m: &Model, tp: u32| dense_bytes(m, &plan(tp, false)) / m.hidden as f64;
+        assert!((coeff(&m, 1) - 34.0).abs() < 1e-9, "{}", coeff(&m, 1));
+        assert!(
+            (coeff(&m, 8) - (10.0 + 24.0 / 8.0)).abs() < 1e-9,
+            "{}",
+            coeff(&m, 8)
+        );
+        m.dropout = false;
+        assert!((coeff(&m, 1) - 32.0).abs() < 1e-9);
     }
 
     #[test]

@@ -8,20 +8,64 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::limits;
 
-/// Feed-forward activation: SwiGLU has three `h×f` matrices, GeLU two (docs/costmodel.md §1.1).
+/// Feed-forward activation, which also fixes the FFN's shape: the gated ones (SwiGLU, GeGLU,
+/// ReGLU: `act(x·W_gate) ⊙ x·W_up`) have three `h×f` matrices, the plain ones (GeLU, squared
+/// ReLU, SiLU: `act(x·W_up)`) two (docs/costmodel.md §1.1). Independent of the norm and of
+/// embedding tying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Activation {
+    /// Gated SiLU (Llama, Qwen, DeepSeek, Mixtral).
     Swiglu,
+    /// Gated GeLU (Gemma, T5 v1.1).
+    Geglu,
+    /// Gated ReLU.
+    Reglu,
+    /// Plain GeLU (GPT-2/3, BLOOM, Falcon).
     Gelu,
+    /// Plain squared ReLU (Nemotron-4, Primer).
+    Relu2,
+    /// Plain SiLU.
+    Silu,
 }
 
 impl Activation {
+    /// Every activation, in a fixed order.
+    pub const ALL: [Activation; 6] = [
+        Activation::Swiglu,
+        Activation::Geglu,
+        Activation::Reglu,
+        Activation::Gelu,
+        Activation::Relu2,
+        Activation::Silu,
+    ];
+
+    /// The lower-case name used in files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Swiglu => "swiglu",
+            Activation::Geglu => "geglu",
+            Activation::Reglu => "reglu",
+            Activation::Gelu => "gelu",
+            Activation::Relu2 => "relu2",
+            Activation::Silu => "silu",
+        }
+    }
+
+    /// A gated FFN: a gate and an up projection, multiplied element-wise.
+    pub fn gated(self) -> bool {
+        matches!(
+            self,
+            Activation::Swiglu | Activation::Geglu | Activation::Reglu
+        )
+    }
+
     /// Number of `h×f` weight matrices of one FFN.
     pub fn ffn_matrices(self) -> u64 {
-        match self {
-            Activation::Swiglu => 3,
-            Activation::Gelu => 2,
+        if self.gated() {
+            3
+        } else {
+            2
         }
     }
 }
@@ -99,6 +143,11 @@ pub struct Model {
     pub norm: Norm,
     #[serde(default)]
     pub tied_embeddings: bool,
+    /// Dropout on the attention probabilities and on the two residual branches (GPT-3 and the
+    /// Megatron recipes of its time: 0.1; current LLMs: none). Each dropout keeps a 1-byte mask
+    /// per element for the backward (docs/costmodel.md §2.4.3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dropout: bool,
     #[serde(default)]
     pub moe: Option<Moe>,
     #[serde(default)]
@@ -338,6 +387,7 @@ mod tests {
             activation: Activation::Swiglu,
             norm: Norm::Rmsnorm,
             tied_embeddings: false,
+            dropout: false,
             moe: None,
             mla: None,
         }
@@ -365,6 +415,7 @@ mod tests {
             activation: Activation::Swiglu,
             norm: Norm::Rmsnorm,
             tied_embeddings: false,
+            dropout: false,
             moe: None,
             mla: None,
         };

@@ -68,6 +68,7 @@ mod tests {
             activation: Activation::Swiglu,
             norm: Norm::Rmsnorm,
             tied_embeddings: false,
+            dropout: false,
             moe: None,
             mla: None,
         };

@@ -500,6 +500,7 @@ fn problem_of(
             Norm::Rmsnorm
         },
         tied_embeddings: gpt_style,
+        dropout: gpt_style,
         moe,
         mla: m.mla,
     };

@@ -48,6 +48,7 @@ fn moe_400b() -> Model {
         activation: Activation::Swiglu,
         norm: Norm::Rmsnorm,
         tied_embeddings: false,
+        dropout: false,
         moe: Some(Moe {
             num_experts: 64,
             top_k: 2,
