@@ -21,6 +21,10 @@ SAME_AS_PRESET = [
     ("DeepSeek-V3.json", "deepseek-v3"),
     ("Qwen3-30B-A3B.json", "qwen3-30b-a3b"),
     ("Qwen3-235B-A22B.json", "qwen3-235b-a22b"),
+    ("Qwen2.5-72B.json", "qwen2.5-72b"),
+    ("GLM-4.5.json", "glm-4.5"),
+    ("Kimi-K2-Instruct.json", "kimi-k2"),
+    ("gpt-oss-120b.json", "gpt-oss-120b"),
 ]
 
 

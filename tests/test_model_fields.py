@@ -55,3 +55,21 @@ def test_dropout_masks_add_two_bytes_per_hidden_element_without_sp() -> None:
     # 4 layers · 2048 tokens · 2 masks · 1024 · 1 byte.
     assert on - off == pytest.approx(4 * 2048 * 2 * 1024 / 2**30, rel=1e-6)
     assert mp.Model.from_dict(_model(dropout=True).to_dict()).dropout is True
+
+
+def test_aliases_resolve_to_presets_of_the_same_dimensions() -> None:
+    aliases = {a["name"]: a for a in mp.Model.aliases()}
+    assert aliases["llama3.1-8b"]["preset"] == "llama3-8b"
+    for name, a in aliases.items():
+        m = mp.Model.preset(name)
+        p = mp.Model.preset(a["preset"])
+        assert m.name == name and a["why"]
+        assert {**m.to_dict(), "name": ""} == {**p.to_dict(), "name": ""}
+        assert name not in mp.Model.presets()
+
+
+def test_cli_models_lists_the_aliases(capsys: pytest.CaptureFixture[str]) -> None:
+    from meshplan.cli import main
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "aliases" in out and "llama3.1-70b" in out and "llama3-70b" in out

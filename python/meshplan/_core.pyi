@@ -19,6 +19,7 @@ __all__ = [
     "CancelToken",
     "model_presets",
     "model_preset",
+    "model_aliases",
     "gpu_presets",
     "gpu_preset",
     "model_from_hf_config",
@@ -58,6 +59,9 @@ def model_presets() -> list[str]:
 
 def model_preset(name: str) -> dict[str, Any]:
     """The model preset ``name`` (core ``Model`` shape); ``UnknownPresetError`` otherwise."""
+
+def model_aliases() -> list[dict[str, str]]:
+    """The model aliases (``name``, ``preset``, ``why``), sorted by name."""
 
 def gpu_presets() -> list[str]:
     """Names of the built-in GPU presets, sorted."""

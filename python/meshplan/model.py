@@ -156,9 +156,16 @@ class Model:
         """Names of the built-in model presets."""
         return _core.model_presets()
 
+    @staticmethod
+    def aliases() -> list[dict[str, str]]:
+        """The names people type for the presets (``llama3.1-8b``): ``name``, the ``preset`` it
+        resolves to and ``why`` the two are the same model."""
+        return _core.model_aliases()
+
     @classmethod
     def preset(cls, name: str) -> Model:
-        """The built-in model ``name`` (see :meth:`presets`); ``UnknownPresetError`` otherwise."""
+        """The built-in model ``name`` (see :meth:`presets`), or an alias of one (see
+        :meth:`aliases`, named as typed); ``UnknownPresetError`` otherwise."""
         return cls.from_dict(_core.model_preset(name))
 
     @classmethod

@@ -38,6 +38,10 @@ def _models(args: argparse.Namespace, out: TextIO) -> int:
         ])
     header = ["name", "layers", "hidden", "heads", "kv", "attn", "ffn", "vocab", "act", "experts"]
     out.write(table(header, rows) + "\n")
+    aliases = Model.aliases()
+    if aliases:
+        out.write("\naliases (resolve to the preset with the same dimensions):\n")
+        out.write(table(["alias", "preset", "why"], [[a["name"], a["preset"], a["why"]] for a in aliases]) + "\n")
     return 0
 
 

@@ -16,6 +16,7 @@ use crate::hardware::Gpu;
 use crate::model::Model;
 
 const MODELS_TOML: &str = include_str!("../data/models.toml");
+const MODEL_ALIASES_TOML: &str = include_str!("../data/model_aliases.toml");
 const GPUS_TOML: &str = include_str!("../data/gpus.toml");
 
 type Table<T> = std::result::Result<BTreeMap<String, T>, Error>;
@@ -23,6 +24,47 @@ type Table<T> = std::result::Result<BTreeMap<String, T>, Error>;
 fn models() -> &'static Table<Model> {
     static MODELS: OnceLock<Table<Model>> = OnceLock::new();
     MODELS.get_or_init(|| parse_table(MODELS_TOML, "data/models.toml", Model::validate))
+}
+
+/// Another name for a model preset (`data/model_aliases.toml`): the names people type
+/// (`llama3.1-8b`), each with why it is the same model.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelAlias {
+    /// The alias (the table key).
+    pub name: String,
+    /// The preset it resolves to.
+    pub preset: String,
+    /// Why the two are the same model (dimensions and source).
+    pub why: String,
+}
+
+fn model_aliases_table() -> &'static Table<ModelAlias> {
+    static ALIASES: OnceLock<Table<ModelAlias>> = OnceLock::new();
+    ALIASES.get_or_init(|| {
+        parse_table(
+            MODEL_ALIASES_TOML,
+            "data/model_aliases.toml",
+            |a: &ModelAlias| {
+                if a.preset.trim().is_empty() || a.why.trim().is_empty() {
+                    return Err(Error::invalid(
+                        "model_alias",
+                        &a.name,
+                        "a preset and a reason",
+                    ));
+                }
+                Ok(())
+            },
+        )
+    })
+}
+
+/// The model aliases, sorted by alias.
+pub fn model_aliases() -> Vec<ModelAlias> {
+    model_aliases_table()
+        .as_ref()
+        .map(|t| t.values().cloned().collect())
+        .unwrap_or_default()
 }
 
 fn gpus() -> &'static Table<Gpu> {
@@ -97,9 +139,30 @@ pub fn model_names() -> Vec<String> {
     names(models())
 }
 
-/// The model preset `name`, or [`crate::Error::UnknownPreset`] listing the available ones.
+/// The model preset `name` (or the preset an alias of [`model_aliases`] names, under the
+/// alias's name), or [`crate::Error::UnknownPreset`] listing the available presets and aliases.
 pub fn model(name: &str) -> Result<Model> {
-    lookup(models(), "model", name)
+    let aliases = model_aliases_table().as_ref().map_err(Clone::clone)?;
+    if let Some(alias) = aliases.get(&normalize(name)) {
+        let mut m = lookup(models(), "model", &alias.preset)?;
+        m.name = alias.name.clone();
+        return Ok(m);
+    }
+    lookup(models(), "model", name).map_err(|e| match e {
+        Error::UnknownPreset {
+            kind,
+            name,
+            available,
+        } => Error::UnknownPreset {
+            kind,
+            name,
+            available: format!(
+                "{available}; aliases: {}",
+                aliases.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        },
+        other => other,
+    })
 }
 
 /// Names of the GPU presets, sorted.
@@ -116,6 +179,26 @@ pub fn gpu(name: &str) -> Result<Gpu> {
 mod tests {
     use super::*;
     use crate::hardware::{Precision, ScaleupTopology};
+
+    #[test]
+    fn every_alias_names_a_preset_and_none_shadows_one() {
+        let names = model_names();
+        let aliases = model_aliases();
+        assert!(aliases.len() >= 5);
+        for a in &aliases {
+            assert!(names.contains(&a.preset), "{} -> {}", a.name, a.preset);
+            assert!(!names.contains(&a.name), "{} shadows a preset", a.name);
+            let m = model(&a.name).unwrap();
+            let mut p = model(&a.preset).unwrap();
+            assert_eq!(m.name, a.name);
+            p.name = a.name.clone();
+            assert_eq!(m, p);
+        }
+        // Case and `_` as for presets; an unknown name lists the aliases too.
+        assert_eq!(model("Llama3.1_8B").unwrap().name, "llama3.1-8b");
+        let e = model("llama9").unwrap_err().to_string();
+        assert!(e.contains("aliases: ") && e.contains("llama3.1-8b"), "{e}");
+    }
     use crate::model::{Activation, Norm};
 
     fn billions(n: u64) -> f64 {
@@ -168,13 +251,17 @@ mod tests {
             "gpt-310.1b",
             "gpt-529.6b",
             "gpt-1t",
+            "qwen2.5-72b",
+            "glm-4.5",
+            "kimi-k2",
+            "gpt-oss-120b",
         ] {
             assert!(
                 models.iter().any(|n| n == name),
                 "missing model preset {name}"
             );
         }
-        assert_eq!(models.len(), 20, "{models:?}");
+        assert_eq!(models.len(), 24, "{models:?}");
         let gpus = gpu_names();
         let want = [
             "a100-sxm-40g",
@@ -372,7 +459,7 @@ mod tests {
             panic!("{e:?}");
         };
         assert_eq!((*kind, name.as_str()), ("model", "llama5-1t"));
-        assert_eq!(available, &model_names().join(", "));
+        assert!(available.starts_with(&(model_names().join(", ") + "; aliases: ")));
         assert!(e.to_string().contains("llama3-70b, llama3-8b"), "{e}");
         assert_eq!(e.kind(), "unknown_preset");
 

@@ -1,5 +1,5 @@
 //! Imports every verbatim Hugging Face `config.json` under the repository's `tests/fixtures/hf/`
-//! (copied from shared/hf-configs; provenance in its SOURCES.md; the one copy, shared with the
+//! (provenance in tests/fixtures/hf/SOURCES.md; the one copy, shared with the
 //! Python suite) and checks the key dimensions and the parameter counts against the published
 //! model sizes.
 

@@ -531,6 +531,12 @@ fn model_presets(py: Python<'_>) -> PyResult<Py<PyAny>> {
     run(py, (), None, |()| Ok(core::presets::model_names()))
 }
 
+/// The model aliases: `{name, preset, why}` dicts, sorted by name.
+#[pyfunction]
+fn model_aliases(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    run(py, (), None, |()| Ok(core::presets::model_aliases()))
+}
+
 /// The model preset `name` as a dict.
 #[pyfunction]
 fn model_preset(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
@@ -999,6 +1005,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CancelToken>()?;
     m.add_function(wrap_pyfunction!(model_presets, m)?)?;
     m.add_function(wrap_pyfunction!(model_preset, m)?)?;
+    m.add_function(wrap_pyfunction!(model_aliases, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_presets, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_preset, m)?)?;
     m.add_function(wrap_pyfunction!(model_from_hf_config, m)?)?;
