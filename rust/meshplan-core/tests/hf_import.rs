@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use meshplan_core::hf::model_from_hf_config;
-use meshplan_core::{presets, Activation, Error, Model};
+use meshplan_core::{presets, Error, Model};
 
 /// The repository's `tests/fixtures/hf`, the one copy of the configs (the Python suite reads it too).
 fn fixture_dir() -> PathBuf {
