@@ -222,6 +222,7 @@ pub fn search_serving(
                     };
                     let mut cap =
                         worker_memory(problem, &shape, adp as f64, chunk).max_sequences_fit;
+                    cap = cap.min(limits::MAX_SEQUENCES as u64);
                     if let Some(m) = space.max_sequences {
                         cap = cap.min(m as u64);
                     }
