@@ -60,7 +60,8 @@ PLAN_FIELDS = [f"serving_plan.{k}" for k in (
     "worker.max_sequences", "replicas", "prefill.tp", "prefill.pp", "prefill.attention_dp",
     "prefill.ep", "prefill.expert_tp", "prefill.max_sequences", "prefill_replicas")]
 SPACE_FIELDS = ["serving_space.top_k", "serving_space.max_tp", "serving_space.max_pp",
-                "serving_space.max_attention_dp", "serving_space.max_sequences"]
+                "serving_space.max_attention_dp", "serving_space.max_sequences",
+                "serving_space.max_candidates"]
 
 
 def test_every_serving_field_is_in_the_limits_table() -> None:

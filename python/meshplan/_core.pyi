@@ -34,6 +34,9 @@ __all__ = [
     "feasible_space",
     "search_many",
     "limits",
+    "search_serving",
+    "evaluate_serving",
+    "explain_serving",
 ]
 
 __version__: str

@@ -9,6 +9,7 @@ import json
 from typing import Any, Optional
 
 from . import wire
+from ._fields import invalid
 from .hardware import Cluster
 from .v1 import planner_pb2 as pb
 
@@ -81,7 +82,7 @@ def space_from(msg: pb.ServingSpace) -> dict[str, Any]:
     top_k = space.get("top_k")
     if isinstance(top_k, int) and top_k > SERVER_MAX_SERVING_TOP_K:
         lo, hi = 1, SERVER_MAX_SERVING_TOP_K
-        raise wire.invalid("serving_space.top_k", str(top_k), f"{lo}..={hi} on a meshplan server")
+        raise invalid("serving_space.top_k", str(top_k), f"{lo}..={hi} on a meshplan server")
     return space
 
 

@@ -219,6 +219,7 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("serving_space.max_pp", DEGREE),
     ("serving_space.max_attention_dp", DEGREE),
     ("serving_space.max_sequences", up_to(MAX_SEQUENCES)),
+    ("serving_space.max_candidates", Limit::new(1, u64::MAX)),
     ("max_plans", Limit::new(1, MAX_PLANS)),
     ("threads", Limit::new(1, MAX_THREADS)),
     ("tp", DEGREE),

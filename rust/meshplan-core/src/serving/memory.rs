@@ -43,6 +43,42 @@ pub(crate) fn stage_counts(model: &Model, pp: u32) -> Vec<LayerCounts> {
         .collect()
 }
 
+/// One kind of pipeline stage: its layers, whether it is the first (embedding) or the last
+/// (LM head) stage, and how many consecutive stages look like it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StageShape {
+    pub counts: LayerCounts,
+    pub first: bool,
+    pub last: bool,
+    pub repeat: u32,
+}
+
+/// The stages of [`stage_counts`] grouped into runs of identical ones (a handful, however
+/// deep the pipeline), so that memory and time evaluate each kind of stage once.
+pub(crate) fn stage_shapes(model: &Model, pp: u32) -> Vec<StageShape> {
+    let stages = stage_counts(model, pp);
+    let last = stages.len() - 1;
+    let mut out: Vec<StageShape> = Vec::new();
+    for (s, counts) in stages.into_iter().enumerate() {
+        let shape = StageShape {
+            counts,
+            first: s == 0,
+            last: s == last,
+            repeat: 1,
+        };
+        match out.last_mut() {
+            Some(prev)
+                if prev.counts == shape.counts
+                    && (prev.first, prev.last) == (shape.first, shape.last) =>
+            {
+                prev.repeat += 1
+            }
+            _ => out.push(shape),
+        }
+    }
+    out
+}
+
 /// KV-cache bytes one GPU holds per token per layer: GQA keeps its `max(g/tp, 1)` local K/V heads
 /// (replicated when `tp` exceeds the KV heads); MLA keeps the compressed latent and the RoPE key,
 /// `d_c + d_r` values, whole on every TP rank (docs/serving.md §4).
@@ -134,7 +170,7 @@ pub fn worker_memory(
     let gpu = &p.cluster.gpu;
     let wb = bytes_per_element(p.weight_precision);
     let kvb = bytes_per_element(p.kv_precision);
-    let stages = stage_counts(model, w.pp);
+    let stages = stage_shapes(model, w.pp);
     let kv_layer = kv_bytes_per_token_per_layer(model, w.tp, kvb);
     let budget = gpu.memory_gib * c.gpu_memory_utilization * GIB;
     let fixed = gpu.calibration.fixed_memory_gib * GIB;
@@ -144,14 +180,14 @@ pub fn worker_memory(
     let own = p.context_tokens() - prefix;
     let h = model.hidden as f64;
     let mut worst: Option<ServingMemory> = None;
-    let last_stage = stages.len() - 1;
-    for (s, counts) in stages.iter().enumerate() {
-        let weights = stage_params(model, w, counts, s == 0, s == last_stage) * wb;
+    for stage in &stages {
+        let counts = &stage.counts;
+        let weights = stage_params(model, w, counts, stage.first, stage.last) * wb;
         let kv_per_token = kv_layer * counts.total() as f64;
         let kv = kv_per_token * (seqs_rank * own + prefix);
         let ffn_width = widest_ffn(model, w);
         let act = forward_tokens * ACT_BYTES * (c.workspace_hidden_multiple * h + ffn_width);
-        let logits = if s == last_stage {
+        let logits = if stage.last {
             seqs_rank.max(1.0) * model.vocab as f64 / w.tp as f64 * FP32_BYTES
         } else {
             0.0
@@ -244,6 +280,17 @@ mod tests {
         );
         assert_eq!(s[0].0, [3, 13]);
         assert_eq!(s[3].0, [0, 15]);
+        // First, the two middle stages as one run, last.
+        let shapes = stage_shapes(&ds, 4);
+        assert_eq!(
+            shapes.iter().map(|s| s.repeat).collect::<Vec<_>>(),
+            [1, 2, 1]
+        );
+        assert!(shapes[0].first && shapes[2].last && !shapes[1].first && !shapes[1].last);
+        // A 64-stage pipeline of a 126-layer model: a few kinds of stage, 64 in all.
+        let deep = stage_shapes(&crate::presets::model("llama3.1-405b").unwrap(), 64);
+        assert!(deep.len() <= 4, "{deep:?}");
+        assert_eq!(deep.iter().map(|s| s.repeat).sum::<u32>(), 64);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::limits;
 use crate::Control;
 
@@ -25,6 +25,34 @@ use super::time::{Batch, TimeModel};
 
 fn default_top_k() -> u32 {
     10
+}
+
+/// Deepest pipeline the search tries unless `max_pp` says otherwise: serving engines run a
+/// handful of stages (PP spans nodes, not layers), and deeper pipelines only lengthen TPOT.
+pub const DEFAULT_MAX_PP: u32 = 64;
+
+/// Deployments one search scores unless `max_candidates` says otherwise (a 64-GPU search of a
+/// 671 B MoE scores about 6,000); a larger space is refused with `SpaceTooLarge`.
+pub const DEFAULT_MAX_CANDIDATES: u64 = 200_000;
+
+/// Scores left before the space counts as too large.
+struct Budget {
+    used: u64,
+    limit: u64,
+}
+
+impl Budget {
+    /// One more deployment scored, or the error once past the limit.
+    fn take(&mut self) -> Result<()> {
+        self.used += 1;
+        if self.used > self.limit {
+            return Err(Error::SpaceTooLarge {
+                candidates: self.used,
+                limit: self.limit,
+            });
+        }
+        Ok(())
+    }
 }
 
 fn yes() -> bool {
@@ -44,7 +72,7 @@ pub struct ServingSpace {
     /// Largest TP degree.
     #[serde(default)]
     pub max_tp: Option<u32>,
-    /// Largest PP degree.
+    /// Largest PP degree (default [`DEFAULT_MAX_PP`]).
     #[serde(default)]
     pub max_pp: Option<u32>,
     /// Largest attention-DP degree.
@@ -56,6 +84,9 @@ pub struct ServingSpace {
     /// Let a TP group span NVLink domains.
     #[serde(default)]
     pub allow_tp_cross_domain: bool,
+    /// Most deployments to score (default [`DEFAULT_MAX_CANDIDATES`]).
+    #[serde(default)]
+    pub max_candidates: Option<u64>,
 }
 
 impl Default for ServingSpace {
@@ -68,6 +99,7 @@ impl Default for ServingSpace {
             max_attention_dp: None,
             max_sequences: None,
             allow_tp_cross_domain: false,
+            max_candidates: None,
         }
     }
 }
@@ -80,6 +112,7 @@ impl ServingSpace {
         limits::check_opt("serving_space.max_pp", self.max_pp)?;
         limits::check_opt("serving_space.max_attention_dp", self.max_attention_dp)?;
         limits::check_opt("serving_space.max_sequences", self.max_sequences)?;
+        limits::check_opt("serving_space.max_candidates", self.max_candidates)?;
         Ok(())
     }
 }
@@ -175,6 +208,11 @@ pub fn search_serving(
     let chunk = constants().max_batched_tokens;
     let new = problem.new_prompt_tokens();
     let mut scored: Vec<ServingEvaluation> = Vec::new();
+    let mut budget = Budget {
+        used: 0,
+        limit: space.max_candidates.unwrap_or(DEFAULT_MAX_CANDIDATES),
+    };
+    let max_pp = space.max_pp.unwrap_or(DEFAULT_MAX_PP);
     let mut decode_shapes: Vec<(Worker, u64)> = Vec::new();
     let mut prefill: Vec<PrefillOption> = Vec::new();
     for &tp in &degrees {
@@ -200,10 +238,7 @@ pub fn search_serving(
                 continue;
             }
             for &pp in &degrees {
-                if stage * pp as u64 > n as u64
-                    || pp > model.layers
-                    || space.max_pp.is_some_and(|m| pp > m)
-                {
+                if stage * pp as u64 > n as u64 || pp > model.layers || pp > max_pp {
                     continue;
                 }
                 control.check(started)?;
@@ -231,7 +266,15 @@ pub fn search_serving(
                         continue;
                     }
                     let most = n as u64 / shape.gpus();
-                    scored.extend(aggregated(&tm, space, &shape, cap, most, &mut stats));
+                    scored.extend(aggregated(
+                        &tm,
+                        space,
+                        &shape,
+                        cap,
+                        most,
+                        &mut stats,
+                        &mut budget,
+                    )?);
                     if space.disaggregation {
                         decode_shapes.push((shape, cap));
                         let bp = round_up(((chunk / new).floor() as u64).max(1), adp).min(cap);
@@ -246,6 +289,7 @@ pub fn search_serving(
                             prefill_new: new,
                             prefill_cached: problem.traffic.input_len as f64 - new,
                         };
+                        budget.take()?;
                         let (f, period) = tm.forward(&pw, &batch, false);
                         prefill.push(PrefillOption {
                             worker: pw,
@@ -265,7 +309,9 @@ pub fn search_serving(
             &prefill,
             &decode_shapes,
             &mut stats,
-        ));
+            &mut budget,
+            (control, started),
+        )?);
     }
     for e in &scored {
         stats.candidates += 1;
@@ -330,7 +376,8 @@ fn aggregated(
     cap: u64,
     most: u64,
     stats: &mut ServingSearchStats,
-) -> Vec<ServingEvaluation> {
+    budget: &mut Budget,
+) -> Result<Vec<ServingEvaluation>> {
     let mut out = Vec::new();
     let adp = shape.attention_dp;
     match tm.problem.traffic.concurrency {
@@ -345,6 +392,7 @@ fn aggregated(
                     prefill: None,
                     prefill_replicas: 0,
                 };
+                budget.take()?;
                 out.push(score(tm, &plan, space.allow_tp_cross_domain));
             }
         }
@@ -365,6 +413,7 @@ fn aggregated(
                         prefill: None,
                         prefill_replicas: 0,
                     };
+                    budget.take()?;
                     out.push(score(tm, &plan, space.allow_tp_cross_domain));
                 }
                 if r == most || b <= adp as u64 {
@@ -374,7 +423,7 @@ fn aggregated(
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Disaggregated deployments: each decode shape and batch (or, with a concurrency target, each
@@ -386,7 +435,9 @@ fn disaggregated(
     prefill: &[PrefillOption],
     decode_shapes: &[(Worker, u64)],
     stats: &mut ServingSearchStats,
-) -> Vec<ServingEvaluation> {
+    budget: &mut Budget,
+    (control, started): (&Control, Instant),
+) -> Result<Vec<ServingEvaluation>> {
     let p = tm.problem;
     let n = p.cluster.num_gpus as u64;
     let osl = p.traffic.output_len as f64;
@@ -410,6 +461,7 @@ fn disaggregated(
     }
     let mut out = Vec::new();
     for (shape, cap) in decode_shapes {
+        control.check(started)?;
         let gd = shape.gpus();
         let adp = shape.attention_dp;
         // (decode workers, batch) pairs to try.
@@ -446,6 +498,7 @@ fn disaggregated(
                 prefill_new: 0.0,
                 prefill_cached: 0.0,
             };
+            budget.take()?;
             let (_, tpot) = tm.forward(&decode, &step, true);
             let decode_rate = b as f64 / (osl * tpot);
             for pf in &picks {
@@ -460,11 +513,12 @@ fn disaggregated(
                     prefill: Some(pf.worker),
                     prefill_replicas: x as u32,
                 };
+                budget.take()?;
                 out.push(score(tm, &plan, space.allow_tp_cross_domain));
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// Prefill and decode worker counts `(x, y)` on at most `n` GPUs (`gp`, `gd` each) that
@@ -532,6 +586,17 @@ mod tests {
         assert_eq!(batches(1, 5), [1, 2, 4, 5]);
         assert_eq!(batches(4, 20), [4, 8, 16, 20]);
         assert_eq!(batches(4, 3), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_space_past_max_candidates_is_refused() {
+        let p = problem("deepseek-v3", "h200-sxm", 64);
+        let space = ServingSpace {
+            max_candidates: Some(100),
+            ..ServingSpace::default()
+        };
+        let e = search_serving(&p, &space, &Control::default()).unwrap_err();
+        assert!(matches!(e, Error::SpaceTooLarge { limit: 100, .. }), "{e}");
     }
 
     #[test]

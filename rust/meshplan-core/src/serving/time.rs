@@ -24,7 +24,7 @@ use crate::stack::Stack;
 use crate::traffic::WIRE_BYTES;
 
 use super::constants;
-use super::memory::{kv_bytes_per_token_per_layer, stage_counts};
+use super::memory::{kv_bytes_per_token_per_layer, stage_shapes};
 use super::plan::Worker;
 use super::problem::{bytes_per_element, ServingProblem};
 
@@ -409,9 +409,8 @@ impl<'a> TimeModel<'a> {
     /// between forwards in steady state).
     pub fn forward(&self, w: &Worker, batch: &Batch, decode: bool) -> (PhaseTime, f64) {
         let g = worker_groups(w, self.domain);
-        let stages = stage_counts(&self.problem.model, w.pp);
-        let last = stages.len() - 1;
-        let pp = stages.len() as f64;
+        let stages = stage_shapes(&self.problem.model, w.pp);
+        let pp = stages.iter().map(|s| s.repeat as f64).sum::<f64>();
         // Decode runs pp micro-batches in flight (one per stage); prefill one batch.
         let mb = if decode && pp > 1.0 {
             Batch {
@@ -430,9 +429,9 @@ impl<'a> TimeModel<'a> {
         };
         let mut busiest = PhaseTime::default();
         let mut sum = 0.0;
-        for (s, counts) in stages.iter().enumerate() {
-            let t = self.stage(w, &g, counts, s == last, &mb, decode);
-            sum += t.total_s;
+        for stage in &stages {
+            let t = self.stage(w, &g, &stage.counts, stage.last, &mb, decode);
+            sum += stage.repeat as f64 * t.total_s;
             if t.total_s >= busiest.total_s {
                 busiest = t;
             }
