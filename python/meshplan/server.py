@@ -412,7 +412,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         self, request: pb.SearchServingRequest, context: grpc.ServicerContext
     ) -> pb.SearchServingResponse:
         problem = serving_wire.problem_from(request.problem, self.cluster_of(request.problem.cluster))
-        space = serving_wire.space_from(request.space)
+        space = serving_wire.space_from(request.space, self.max_candidates)
         top_k = int(space.get("top_k", 10))
         # Each deployment appears in the ranking and maybe on the front.
         estimate = SEARCH_BYTES_FIXED + 2 * SERVING_BYTES_PER_PLAN * top_k

@@ -71,10 +71,13 @@ def plan_from(msg: pb.ServingPlan) -> dict[str, Any]:
     return plan
 
 
-def space_from(msg: pb.ServingSpace) -> dict[str, Any]:
+def space_from(msg: pb.ServingSpace, max_candidates: Optional[int] = None) -> dict[str, Any]:
     """The core's serving-space dict of a request; ``top_k`` beyond
-    :data:`SERVER_MAX_SERVING_TOP_K` is refused naming the field."""
+    :data:`SERVER_MAX_SERVING_TOP_K` is refused naming the field. ``max_candidates`` is the
+    server's cap on deployments scored (``--max-candidates``), kept when given."""
     space: dict[str, Any] = {}
+    if max_candidates is not None and max_candidates >= 1:
+        space["max_candidates"] = max_candidates
     for name in ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
                  "max_sequences", "allow_tp_cross_domain"):
         if msg.HasField(name):
