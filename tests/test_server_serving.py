@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -88,3 +89,44 @@ def test_a_passed_deadline_is_deadline_exceeded(stub: pb_grpc.PlannerStub) -> No
     with pytest.raises(grpc.RpcError) as e:
         stub.SearchServing(pb.SearchServingRequest(problem=big), timeout=0.05)
     assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def plausible(method: str) -> Any:
+    """A request a careful client would send (dense model on 8 GPUs, MoE fields present)."""
+    p = pb.ServingProblem(model=pb.Model(preset="mixtral-8x7b"),
+                          cluster=pb.Cluster(gpu="h100-sxm", num_gpus=8),
+                          traffic=pb.ServingTraffic(input_len=512, output_len=64, concurrency=16))
+    if method == "SearchServing":
+        return pb.SearchServingRequest(problem=p, space=pb.ServingSpace(top_k=3, max_tp=8, max_pp=2,
+                                                                       max_attention_dp=8, max_sequences=64))
+    worker = pb.ServingWorker(tp=2, pp=1, attention_dp=2, ep=4, expert_tp=1, max_sequences=16)
+    plan = pb.ServingPlan(worker=worker, replicas=1, prefill=worker, prefill_replicas=1)
+    return pb.EvaluateServingRequest(problem=p, plan=plan)
+
+
+def test_every_integer_field_at_every_edge_gets_a_clean_answer(stub: pb_grpc.PlannerStub) -> None:
+    from grpc_fuzz import _int_edges, int_paths, set_path
+
+    calls = 0
+    for method in ("SearchServing", "EvaluateServing"):
+        call = getattr(stub, method)
+        descriptor = plausible(method).DESCRIPTOR
+        for path in int_paths(descriptor):
+            field_descriptor = descriptor
+            for name in path[:-1]:
+                field_descriptor = field_descriptor.fields_by_name[name].message_type
+            for value in _int_edges(field_descriptor.fields_by_name[path[-1]]):
+                msg = plausible(method)
+                set_path(msg, path, value)
+                calls += 1
+                try:
+                    call(msg, timeout=30)
+                except grpc.RpcError as e:
+                    where = f"{method} {'.'.join(path)}={value}"
+                    assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                                        grpc.StatusCode.RESOURCE_EXHAUSTED), (where, e.code(), e.details())
+                    assert "\n" not in e.details() and "Traceback" not in e.details(), where
+                    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        assert e.details().startswith("invalid ") or e.details().startswith("unknown "), \
+                            (where, e.details())
+    assert calls > 100
