@@ -232,7 +232,6 @@ impl<'a> TimeModel<'a> {
         let mut elementwise_bytes = ops.elementwise_bytes;
         let mut ep_comm_s = 0.0;
         let h = model.hidden as f64;
-        let mut tp_calls = 2.0;
         if let Some(moe) = spec.moe() {
             // Tokens of the whole stage reach the experts: every attention-DP rank's own.
             let stage_tokens = tok * w.attention_dp as f64;
@@ -270,12 +269,10 @@ impl<'a> TimeModel<'a> {
                         g.expert_tp,
                     )
                     .total_s;
-                if w.tp == 1 {
-                    tp_calls = 1.0;
-                }
             }
         }
-        let tp_comm_s = tp_calls
+        // After attention and after the FFN (dense, or the MoE's shared and combined output).
+        let tp_comm_s = 2.0
             * self
                 .fabric
                 .collective(Collective::AllReduce, tok * h * WIRE_BYTES, g.tp)
