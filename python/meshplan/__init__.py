@@ -27,6 +27,7 @@ from .hardware import Cluster, Gpu
 from .model import Mla, Model, Moe
 from .plan import Plan
 from .report import Evaluation, SearchResult, SearchStats, Violation
+from .serving import ServingResult, evaluate_serving, explain_serving, search_serving
 from .space import Degree, SearchSpace
 from .validation import CrossValidationReport, ValidationReport, calibrated, cross_validate, validate
 from .workload import Workload
@@ -35,6 +36,10 @@ __all__ = [
     "search",
     "evaluate",
     "search_many",
+    "search_serving",
+    "evaluate_serving",
+    "explain_serving",
+    "ServingResult",
     "Query",
     "feasible_space",
     "FeasibleSpace",

@@ -35,6 +35,9 @@ __all__ = [
     "feasible_space",
     "search_many",
     "limits",
+    "search_serving",
+    "evaluate_serving",
+    "explain_serving",
 ]
 
 __version__: str
@@ -149,6 +152,35 @@ def decode_traffic(
     """Tensor-parallel all-reduce traffic of batch-1 decoding with ``tp`` GPUs at
     ``tokens_per_s`` (docs/costmodel.md §7(a)): bytes per token per GPU, GB/s, the fraction of the
     scale-up link, and whether the all-reduces are latency-bound."""
+
+def search_serving(
+    problem: dict[str, Any],
+    space: Optional[dict[str, Any]] = None,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+) -> dict[str, Any]:
+    """Searches the serving deployments of a serving problem ``{"model", "cluster",
+    "weight_precision", "kv_precision", "traffic", "slo", "objective"}`` (docs/serving.md).
+    Returns ``{"plans", "pareto", "stats"}``: the deployments meeting the SLOs best first, the
+    Pareto front of tokens/s per GPU against tokens/s per user, and the search statistics."""
+
+def evaluate_serving(
+    problem: dict[str, Any],
+    plan: dict[str, Any],
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+) -> dict[str, Any]:
+    """Scores one serving deployment ``{"worker", "replicas", "prefill", "prefill_replicas"}``:
+    memory per GPU, TTFT, TPOT, throughput, and the violations of an infeasible one."""
+
+def explain_serving(
+    problem: dict[str, Any],
+    plan: dict[str, Any],
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+) -> dict[str, Any]:
+    """Explains one serving deployment axis by axis: ``{"evaluation", "axes",
+    "ridge_flops_per_byte"}``."""
 
 def rank_orders() -> list[str]:
     """Every rank order (the 120 permutations of tp, cp, ep, dp, pp), the default first."""

@@ -67,7 +67,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
-from . import wire
+from . import _core, serving_wire, wire
 from ._core import CancelToken
 from .api import evaluate, search
 from .errors import CancelledError, DeadlineExceededError, InvalidInputError, MeshplanError
@@ -94,6 +94,8 @@ SEARCH_BYTES_PER_PLAN = 512
 """An upper bound of one ranked plan in a ``SearchResponse`` (about 250 bytes measured)."""
 SEARCH_BYTES_FIXED = 4096
 """An upper bound of a ``SearchResponse`` without its plans (the stats)."""
+SERVING_BYTES_PER_PLAN = 2048
+"""An upper estimate of one serving deployment's message (its figures and ``extra_json``)."""
 
 log = logging.getLogger("meshplan.server")
 
@@ -406,6 +408,41 @@ class PlannerServicer(pb_grpc.PlannerServicer):
     ) -> pb.ListPresetsResponse:
         return _presets()
 
+    def SearchServing(
+        self, request: pb.SearchServingRequest, context: grpc.ServicerContext
+    ) -> pb.SearchServingResponse:
+        problem = serving_wire.problem_from(request.problem, self.cluster_of(request.problem.cluster))
+        space = serving_wire.space_from(request.space, self.max_candidates)
+        top_k = int(space.get("top_k", 10))
+        # Each deployment appears in the ranking and maybe on the front.
+        estimate = SEARCH_BYTES_FIXED + 2 * SERVING_BYTES_PER_PLAN * top_k
+        cap, whose = self.response_cap(context)
+        if estimate > cap:
+            raise _too_large(f"serving_space.top_k = {top_k:,} deployments may take up to "
+                             f"{estimate:,} bytes", cap, whose, "ask for fewer (serving_space.top_k)")
+
+        def compute() -> pb.SearchServingResponse:
+            with self.planning(context) as (cancel, timeout_s):
+                raw = _core.search_serving(problem, space, timeout_s, cancel)
+                return serving_wire.search_response(raw)
+
+        key = request_key("SearchServing", problem=problem, space=space)
+        return self.cached(key, compute, context)
+
+    def EvaluateServing(
+        self, request: pb.EvaluateServingRequest, context: grpc.ServicerContext
+    ) -> pb.EvaluateServingResponse:
+        problem = serving_wire.problem_from(request.problem, self.cluster_of(request.problem.cluster))
+        plan = serving_wire.plan_from(request.plan)
+
+        def compute() -> pb.EvaluateServingResponse:
+            with self.planning(context) as (cancel, timeout_s):
+                ev = _core.evaluate_serving(problem, plan, timeout_s, cancel)
+                return pb.EvaluateServingResponse(evaluation=serving_wire.evaluation_message(ev))
+
+        key = request_key("EvaluateServing", problem=problem, plan=plan)
+        return self.cached(key, compute, context)
+
     def response_cap(self, context: grpc.ServicerContext) -> tuple[int, str]:
         """The largest response this call may get, and whose limit it is: the server's
         :attr:`max_response_bytes`, or the client's own receive limit when it sent a smaller
@@ -526,6 +563,8 @@ def _handlers(servicer: PlannerServicer) -> grpc.GenericRpcHandler:
         "Evaluate": (servicer.Evaluate, pb.EvaluateRequest),
         "Explain": (servicer.Explain, pb.ExplainRequest),
         "ListPresets": (servicer.ListPresets, pb.ListPresetsRequest),
+        "SearchServing": (servicer.SearchServing, pb.SearchServingRequest),
+        "EvaluateServing": (servicer.EvaluateServing, pb.EvaluateServingRequest),
     }
     # A method the proto declares but this table lacks is a bug caught here, at start-up.
     assert set(methods) == {m.name for m in service.methods}, "Planner methods out of date"

@@ -23,7 +23,7 @@ from typing import Optional, Sequence
 
 from .. import __version__
 from ..errors import InvalidInputError, MeshplanError
-from . import plot, presets, report, search, serve, sweep, validate
+from . import inference, plot, presets, report, search, serve, sweep, validate
 from ._common import Parser, UsageError, fail, problem_flags
 from ._render import (
     METRIC_COLUMNS,
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_explain_export(sub, common)
     plot.add(sub, common)
     sweep.add(sub)
+    inference.add(sub)
     return parser
 
 

@@ -7,6 +7,8 @@ import json
 from typing import Any, Mapping, TextIO
 
 from ..errors import InvalidInputError
+from ..serving_validation import is_serving_file, validate_serving
+from ..serving_validation import report_text as serving_report_text
 from ..validation import CROSS_VALIDATION_GROUPS, CrossValidationReport, ValidationReport, cross_validate, validate
 from ._common import readable
 from ._render import table
@@ -14,8 +16,9 @@ from ._render import table
 
 def add(sub: Any) -> None:
     """``validate``."""
-    v = sub.add_parser("validate", help="hold the cost model against published training runs")
-    v.add_argument("cases", metavar="FILE", help="a case file (schema: validation/README.md)")
+    v = sub.add_parser("validate", help="hold the cost model against published training (or serving) runs")
+    v.add_argument("cases", metavar="FILE", help="a case file (schema: validation/README.md; "
+                   "validation/serving.json for serving runs)")
     v.add_argument("--search", action="store_true", help="also search each case: rank, regret, feasible recall")
     v.add_argument("--calibration", metavar="FILE", help="calibration overrides (TOML or JSON)")
     v.add_argument("--threads", type=int, metavar="N", help="search threads (default: all cores)")
@@ -31,6 +34,17 @@ def add(sub: Any) -> None:
 
 def _validate(args: argparse.Namespace, out: TextIO) -> int:
     cases = readable(args.cases, "FILE")
+    with open(cases, encoding="utf-8") as f:
+        text = f.read()
+    if is_serving_file(text):
+        # validation/serving.json: published serving runs (TTFT, TPOT, throughput by GPU).
+        serving = validate_serving(text)
+        if args.json:
+            json.dump(serving.to_dict(), out, indent=2)
+            out.write("\n")
+        else:
+            out.write(serving_report_text(serving, args.worst))
+        return 0
     calibration = None if args.calibration is None else readable(args.calibration, "--calibration")
     if args.cross_validate is not None:
         if args.search:

@@ -1501,3 +1501,500 @@ class ListPresetsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListPresetsResponse: _TypeAlias = ListPresetsResponse  # noqa: Y015
+
+@_typing.final
+class ServingTraffic(_message.Message):
+    """--- serving (docs/serving.md) -----------------------------------------------------------------
+    The shapes of `meshplan.search_serving` / `evaluate_serving` (core `serving/`).
+
+    The requests a deployment serves.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_LEN_FIELD_NUMBER: _builtins.int
+    OUTPUT_LEN_FIELD_NUMBER: _builtins.int
+    PREFIX_FRACTION_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    REQUEST_RATE_FIELD_NUMBER: _builtins.int
+    input_len: _builtins.int
+    """Prompt tokens per request (ISL)."""
+    output_len: _builtins.int
+    """Output tokens per request (OSL), the first included."""
+    prefix_fraction: _builtins.float
+    """Share of each prompt found in the prefix cache (0 to 0.99); unset: 0."""
+    concurrency: _builtins.int
+    """Requests in flight across the deployment; unset: as many as fit."""
+    request_rate: _builtins.float
+    """Requests per second the deployment must sustain; unset: none."""
+    def __init__(
+        self,
+        *,
+        input_len: _builtins.int = ...,
+        output_len: _builtins.int = ...,
+        prefix_fraction: _builtins.float | None = ...,
+        concurrency: _builtins.int | None = ...,
+        request_rate: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "concurrency", b"concurrency", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "concurrency", b"concurrency", "input_len", b"input_len", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__concurrency: _TypeAlias = _typing.Literal["concurrency"]  # noqa: Y015
+    _WhichOneofArgType__concurrency: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency"]  # noqa: Y015
+    _WhichOneofReturnType__prefix_fraction: _TypeAlias = _typing.Literal["prefix_fraction"]  # noqa: Y015
+    _WhichOneofArgType__prefix_fraction: _TypeAlias = _typing.Literal["_prefix_fraction", b"_prefix_fraction"]  # noqa: Y015
+    _WhichOneofReturnType__request_rate: _TypeAlias = _typing.Literal["request_rate"]  # noqa: Y015
+    _WhichOneofArgType__request_rate: _TypeAlias = _typing.Literal["_request_rate", b"_request_rate"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency) -> _WhichOneofReturnType__concurrency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__prefix_fraction) -> _WhichOneofReturnType__prefix_fraction | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__request_rate) -> _WhichOneofReturnType__request_rate | None: ...
+
+Global___ServingTraffic: _TypeAlias = ServingTraffic  # noqa: Y015
+
+@_typing.final
+class ServingSlo(_message.Message):
+    """Service-level objectives, each optional. TPOT excludes the first token."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TTFT_S_FIELD_NUMBER: _builtins.int
+    TPOT_S_FIELD_NUMBER: _builtins.int
+    E2E_S_FIELD_NUMBER: _builtins.int
+    ttft_s: _builtins.float
+    tpot_s: _builtins.float
+    e2e_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        ttft_s: _builtins.float | None = ...,
+        tpot_s: _builtins.float | None = ...,
+        e2e_s: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_e2e_s", b"_e2e_s", "_tpot_s", b"_tpot_s", "_ttft_s", b"_ttft_s", "e2e_s", b"e2e_s", "tpot_s", b"tpot_s", "ttft_s", b"ttft_s"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_e2e_s", b"_e2e_s", "_tpot_s", b"_tpot_s", "_ttft_s", b"_ttft_s", "e2e_s", b"e2e_s", "tpot_s", b"tpot_s", "ttft_s", b"ttft_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__e2e_s: _TypeAlias = _typing.Literal["e2e_s"]  # noqa: Y015
+    _WhichOneofArgType__e2e_s: _TypeAlias = _typing.Literal["_e2e_s", b"_e2e_s"]  # noqa: Y015
+    _WhichOneofReturnType__tpot_s: _TypeAlias = _typing.Literal["tpot_s"]  # noqa: Y015
+    _WhichOneofArgType__tpot_s: _TypeAlias = _typing.Literal["_tpot_s", b"_tpot_s"]  # noqa: Y015
+    _WhichOneofReturnType__ttft_s: _TypeAlias = _typing.Literal["ttft_s"]  # noqa: Y015
+    _WhichOneofArgType__ttft_s: _TypeAlias = _typing.Literal["_ttft_s", b"_ttft_s"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__e2e_s) -> _WhichOneofReturnType__e2e_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tpot_s) -> _WhichOneofReturnType__tpot_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_s) -> _WhichOneofReturnType__ttft_s | None: ...
+
+Global___ServingSlo: _TypeAlias = ServingSlo  # noqa: Y015
+
+@_typing.final
+class ServingProblem(_message.Message):
+    """What to serve, on what, for which traffic."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODEL_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    WEIGHT_PRECISION_FIELD_NUMBER: _builtins.int
+    KV_PRECISION_FIELD_NUMBER: _builtins.int
+    TRAFFIC_FIELD_NUMBER: _builtins.int
+    SLO_FIELD_NUMBER: _builtins.int
+    OBJECTIVE_FIELD_NUMBER: _builtins.int
+    weight_precision: _builtins.str
+    """"bf16" (default), "fp16", "fp8", "mxfp8" or "nvfp4", where the GPU has it."""
+    kv_precision: _builtins.str
+    """KV-cache precision: "bf16" (default), "fp16", "fp8" or "nvfp4"."""
+    objective: _builtins.str
+    """"throughput" (default: tokens/s per GPU) or "latency" (end-to-end latency)."""
+    @_builtins.property
+    def model(self) -> Global___Model: ...
+    @_builtins.property
+    def cluster(self) -> Global___Cluster: ...
+    @_builtins.property
+    def traffic(self) -> Global___ServingTraffic: ...
+    @_builtins.property
+    def slo(self) -> Global___ServingSlo: ...
+    def __init__(
+        self,
+        *,
+        model: Global___Model | None = ...,
+        cluster: Global___Cluster | None = ...,
+        weight_precision: _builtins.str | None = ...,
+        kv_precision: _builtins.str | None = ...,
+        traffic: Global___ServingTraffic | None = ...,
+        slo: Global___ServingSlo | None = ...,
+        objective: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "cluster", b"cluster", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "cluster", b"cluster", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__kv_precision: _TypeAlias = _typing.Literal["kv_precision"]  # noqa: Y015
+    _WhichOneofArgType__kv_precision: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision"]  # noqa: Y015
+    _WhichOneofReturnType__objective: _TypeAlias = _typing.Literal["objective"]  # noqa: Y015
+    _WhichOneofArgType__objective: _TypeAlias = _typing.Literal["_objective", b"_objective"]  # noqa: Y015
+    _WhichOneofReturnType__weight_precision: _TypeAlias = _typing.Literal["weight_precision"]  # noqa: Y015
+    _WhichOneofArgType__weight_precision: _TypeAlias = _typing.Literal["_weight_precision", b"_weight_precision"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_precision) -> _WhichOneofReturnType__kv_precision | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__objective) -> _WhichOneofReturnType__objective | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight_precision) -> _WhichOneofReturnType__weight_precision | None: ...
+
+Global___ServingProblem: _TypeAlias = ServingProblem  # noqa: Y015
+
+@_typing.final
+class ServingWorker(_message.Message):
+    """One engine instance: pp stages of tp x attention_dp GPUs; experts over ep x expert_tp."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TP_FIELD_NUMBER: _builtins.int
+    PP_FIELD_NUMBER: _builtins.int
+    ATTENTION_DP_FIELD_NUMBER: _builtins.int
+    EP_FIELD_NUMBER: _builtins.int
+    EXPERT_TP_FIELD_NUMBER: _builtins.int
+    MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
+    tp: _builtins.int
+    pp: _builtins.int
+    """Unset: 1."""
+    attention_dp: _builtins.int
+    ep: _builtins.int
+    expert_tp: _builtins.int
+    """Unset: tp x attention_dp / ep."""
+    max_sequences: _builtins.int
+    """Most sequences the worker runs at once (a prefill worker: its batch of prompts)."""
+    def __init__(
+        self,
+        *,
+        tp: _builtins.int = ...,
+        pp: _builtins.int | None = ...,
+        attention_dp: _builtins.int | None = ...,
+        ep: _builtins.int | None = ...,
+        expert_tp: _builtins.int | None = ...,
+        max_sequences: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "pp", b"pp"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "max_sequences", b"max_sequences", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__attention_dp: _TypeAlias = _typing.Literal["attention_dp"]  # noqa: Y015
+    _WhichOneofArgType__attention_dp: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp"]  # noqa: Y015
+    _WhichOneofReturnType__ep: _TypeAlias = _typing.Literal["ep"]  # noqa: Y015
+    _WhichOneofArgType__ep: _TypeAlias = _typing.Literal["_ep", b"_ep"]  # noqa: Y015
+    _WhichOneofReturnType__expert_tp: _TypeAlias = _typing.Literal["expert_tp"]  # noqa: Y015
+    _WhichOneofArgType__expert_tp: _TypeAlias = _typing.Literal["_expert_tp", b"_expert_tp"]  # noqa: Y015
+    _WhichOneofReturnType__pp: _TypeAlias = _typing.Literal["pp"]  # noqa: Y015
+    _WhichOneofArgType__pp: _TypeAlias = _typing.Literal["_pp", b"_pp"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__attention_dp) -> _WhichOneofReturnType__attention_dp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ep) -> _WhichOneofReturnType__ep | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expert_tp) -> _WhichOneofReturnType__expert_tp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pp) -> _WhichOneofReturnType__pp | None: ...
+
+Global___ServingWorker: _TypeAlias = ServingWorker  # noqa: Y015
+
+@_typing.final
+class ServingPlan(_message.Message):
+    """A deployment: `replicas` aggregated workers, or prefill workers feeding decode workers."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    PREFILL_FIELD_NUMBER: _builtins.int
+    PREFILL_REPLICAS_FIELD_NUMBER: _builtins.int
+    replicas: _builtins.int
+    """Unset: 1."""
+    prefill_replicas: _builtins.int
+    """Unset: 1 when `prefill` is present."""
+    @_builtins.property
+    def worker(self) -> Global___ServingWorker: ...
+    @_builtins.property
+    def prefill(self) -> Global___ServingWorker:
+        """Present for a disaggregated deployment."""
+
+    def __init__(
+        self,
+        *,
+        worker: Global___ServingWorker | None = ...,
+        replicas: _builtins.int | None = ...,
+        prefill: Global___ServingWorker | None = ...,
+        prefill_replicas: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_prefill_replicas", b"_prefill_replicas", "_replicas", b"_replicas", "prefill", b"prefill", "prefill_replicas", b"prefill_replicas", "replicas", b"replicas", "worker", b"worker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_prefill_replicas", b"_prefill_replicas", "_replicas", b"_replicas", "prefill", b"prefill", "prefill_replicas", b"prefill_replicas", "replicas", b"replicas", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__prefill_replicas: _TypeAlias = _typing.Literal["prefill_replicas"]  # noqa: Y015
+    _WhichOneofArgType__prefill_replicas: _TypeAlias = _typing.Literal["_prefill_replicas", b"_prefill_replicas"]  # noqa: Y015
+    _WhichOneofReturnType__replicas: _TypeAlias = _typing.Literal["replicas"]  # noqa: Y015
+    _WhichOneofArgType__replicas: _TypeAlias = _typing.Literal["_replicas", b"_replicas"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__prefill_replicas) -> _WhichOneofReturnType__prefill_replicas | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__replicas) -> _WhichOneofReturnType__replicas | None: ...
+
+Global___ServingPlan: _TypeAlias = ServingPlan  # noqa: Y015
+
+@_typing.final
+class ServingSpace(_message.Message):
+    """What the serving search may choose; unset fields keep the defaults (top 10, disaggregation
+    on, every degree open, TP inside one NVLink domain).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOP_K_FIELD_NUMBER: _builtins.int
+    DISAGGREGATION_FIELD_NUMBER: _builtins.int
+    MAX_TP_FIELD_NUMBER: _builtins.int
+    MAX_PP_FIELD_NUMBER: _builtins.int
+    MAX_ATTENTION_DP_FIELD_NUMBER: _builtins.int
+    MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
+    ALLOW_TP_CROSS_DOMAIN_FIELD_NUMBER: _builtins.int
+    top_k: _builtins.int
+    disaggregation: _builtins.bool
+    max_tp: _builtins.int
+    max_pp: _builtins.int
+    max_attention_dp: _builtins.int
+    max_sequences: _builtins.int
+    allow_tp_cross_domain: _builtins.bool
+    def __init__(
+        self,
+        *,
+        top_k: _builtins.int | None = ...,
+        disaggregation: _builtins.bool | None = ...,
+        max_tp: _builtins.int | None = ...,
+        max_pp: _builtins.int | None = ...,
+        max_attention_dp: _builtins.int | None = ...,
+        max_sequences: _builtins.int | None = ...,
+        allow_tp_cross_domain: _builtins.bool | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "top_k", b"top_k"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "top_k", b"top_k"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__allow_tp_cross_domain: _TypeAlias = _typing.Literal["allow_tp_cross_domain"]  # noqa: Y015
+    _WhichOneofArgType__allow_tp_cross_domain: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain"]  # noqa: Y015
+    _WhichOneofReturnType__disaggregation: _TypeAlias = _typing.Literal["disaggregation"]  # noqa: Y015
+    _WhichOneofArgType__disaggregation: _TypeAlias = _typing.Literal["_disaggregation", b"_disaggregation"]  # noqa: Y015
+    _WhichOneofReturnType__max_attention_dp: _TypeAlias = _typing.Literal["max_attention_dp"]  # noqa: Y015
+    _WhichOneofArgType__max_attention_dp: _TypeAlias = _typing.Literal["_max_attention_dp", b"_max_attention_dp"]  # noqa: Y015
+    _WhichOneofReturnType__max_pp: _TypeAlias = _typing.Literal["max_pp"]  # noqa: Y015
+    _WhichOneofArgType__max_pp: _TypeAlias = _typing.Literal["_max_pp", b"_max_pp"]  # noqa: Y015
+    _WhichOneofReturnType__max_sequences: _TypeAlias = _typing.Literal["max_sequences"]  # noqa: Y015
+    _WhichOneofArgType__max_sequences: _TypeAlias = _typing.Literal["_max_sequences", b"_max_sequences"]  # noqa: Y015
+    _WhichOneofReturnType__max_tp: _TypeAlias = _typing.Literal["max_tp"]  # noqa: Y015
+    _WhichOneofArgType__max_tp: _TypeAlias = _typing.Literal["_max_tp", b"_max_tp"]  # noqa: Y015
+    _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
+    _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__allow_tp_cross_domain) -> _WhichOneofReturnType__allow_tp_cross_domain | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__disaggregation) -> _WhichOneofReturnType__disaggregation | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_attention_dp) -> _WhichOneofReturnType__max_attention_dp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_pp) -> _WhichOneofReturnType__max_pp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_sequences) -> _WhichOneofReturnType__max_sequences | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tp) -> _WhichOneofReturnType__max_tp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_k) -> _WhichOneofReturnType__top_k | None: ...
+
+Global___ServingSpace: _TypeAlias = ServingSpace  # noqa: Y015
+
+@_typing.final
+class ServingEvaluation(_message.Message):
+    """One deployment scored."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLAN_FIELD_NUMBER: _builtins.int
+    LABEL_FIELD_NUMBER: _builtins.int
+    FEASIBLE_FIELD_NUMBER: _builtins.int
+    VIOLATIONS_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
+    SEQUENCES_PER_WORKER_FIELD_NUMBER: _builtins.int
+    TTFT_S_FIELD_NUMBER: _builtins.int
+    TPOT_S_FIELD_NUMBER: _builtins.int
+    E2E_S_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_S_PER_GPU_FIELD_NUMBER: _builtins.int
+    TOKENS_PER_S_PER_USER_FIELD_NUMBER: _builtins.int
+    REQUESTS_PER_S_FIELD_NUMBER: _builtins.int
+    MEMORY_GIB_FIELD_NUMBER: _builtins.int
+    WEIGHTS_GIB_FIELD_NUMBER: _builtins.int
+    KV_CACHE_GIB_FIELD_NUMBER: _builtins.int
+    KV_CAPACITY_SEQUENCES_FIELD_NUMBER: _builtins.int
+    KV_TRANSFER_S_FIELD_NUMBER: _builtins.int
+    EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    label: _builtins.str
+    feasible: _builtins.bool
+    gpus: _builtins.int
+    sequences_per_worker: _builtins.float
+    ttft_s: _builtins.float
+    tpot_s: _builtins.float
+    e2e_s: _builtins.float
+    output_tokens_per_s: _builtins.float
+    tokens_per_s_per_gpu: _builtins.float
+    tokens_per_s_per_user: _builtins.float
+    requests_per_s: _builtins.float
+    memory_gib: _builtins.float
+    """Memory per GPU of the (decode or aggregated) worker, GiB."""
+    weights_gib: _builtins.float
+    kv_cache_gib: _builtins.float
+    kv_capacity_sequences: _builtins.int
+    """Full-length sequences the worker's KV budget holds."""
+    kv_transfer_s: _builtins.float
+    extra_json: _builtins.str
+    """Every other figure of the core's evaluation, as a JSON object."""
+    @_builtins.property
+    def plan(self) -> Global___ServingPlan:
+        """The deployment, defaults resolved."""
+
+    @_builtins.property
+    def violations(self) -> _containers.RepeatedCompositeFieldContainer[Global___Violation]: ...
+    def __init__(
+        self,
+        *,
+        plan: Global___ServingPlan | None = ...,
+        label: _builtins.str = ...,
+        feasible: _builtins.bool = ...,
+        violations: _abc.Iterable[Global___Violation] | None = ...,
+        gpus: _builtins.int = ...,
+        sequences_per_worker: _builtins.float = ...,
+        ttft_s: _builtins.float = ...,
+        tpot_s: _builtins.float = ...,
+        e2e_s: _builtins.float = ...,
+        output_tokens_per_s: _builtins.float = ...,
+        tokens_per_s_per_gpu: _builtins.float = ...,
+        tokens_per_s_per_user: _builtins.float = ...,
+        requests_per_s: _builtins.float = ...,
+        memory_gib: _builtins.float = ...,
+        weights_gib: _builtins.float = ...,
+        kv_cache_gib: _builtins.float = ...,
+        kv_capacity_sequences: _builtins.int = ...,
+        kv_transfer_s: _builtins.float = ...,
+        extra_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["e2e_s", b"e2e_s", "extra_json", b"extra_json", "feasible", b"feasible", "gpus", b"gpus", "kv_cache_gib", b"kv_cache_gib", "kv_capacity_sequences", b"kv_capacity_sequences", "kv_transfer_s", b"kv_transfer_s", "label", b"label", "memory_gib", b"memory_gib", "output_tokens_per_s", b"output_tokens_per_s", "plan", b"plan", "requests_per_s", b"requests_per_s", "sequences_per_worker", b"sequences_per_worker", "tokens_per_s_per_gpu", b"tokens_per_s_per_gpu", "tokens_per_s_per_user", b"tokens_per_s_per_user", "tpot_s", b"tpot_s", "ttft_s", b"ttft_s", "violations", b"violations", "weights_gib", b"weights_gib"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServingEvaluation: _TypeAlias = ServingEvaluation  # noqa: Y015
+
+@_typing.final
+class SearchServingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    SPACE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def problem(self) -> Global___ServingProblem: ...
+    @_builtins.property
+    def space(self) -> Global___ServingSpace:
+        """Unset: the default space."""
+
+    def __init__(
+        self,
+        *,
+        problem: Global___ServingProblem | None = ...,
+        space: Global___ServingSpace | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["problem", b"problem", "space", b"space"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["problem", b"problem", "space", b"space"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchServingRequest: _TypeAlias = SearchServingRequest  # noqa: Y015
+
+@_typing.final
+class SearchServingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PLANS_FIELD_NUMBER: _builtins.int
+    PARETO_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def plans(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServingEvaluation]:
+        """Best first."""
+
+    @_builtins.property
+    def pareto(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServingEvaluation]:
+        """Fastest per user first."""
+
+    @_builtins.property
+    def stats(self) -> Global___SearchStats: ...
+    def __init__(
+        self,
+        *,
+        plans: _abc.Iterable[Global___ServingEvaluation] | None = ...,
+        pareto: _abc.Iterable[Global___ServingEvaluation] | None = ...,
+        stats: Global___SearchStats | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pareto", b"pareto", "plans", b"plans", "stats", b"stats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SearchServingResponse: _TypeAlias = SearchServingResponse  # noqa: Y015
+
+@_typing.final
+class EvaluateServingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def problem(self) -> Global___ServingProblem: ...
+    @_builtins.property
+    def plan(self) -> Global___ServingPlan: ...
+    def __init__(
+        self,
+        *,
+        problem: Global___ServingProblem | None = ...,
+        plan: Global___ServingPlan | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "problem", b"problem"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "problem", b"problem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EvaluateServingRequest: _TypeAlias = EvaluateServingRequest  # noqa: Y015
+
+@_typing.final
+class EvaluateServingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVALUATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def evaluation(self) -> Global___ServingEvaluation: ...
+    def __init__(
+        self,
+        *,
+        evaluation: Global___ServingEvaluation | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EvaluateServingResponse: _TypeAlias = EvaluateServingResponse  # noqa: Y015

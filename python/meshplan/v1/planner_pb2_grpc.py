@@ -55,6 +55,16 @@ class PlannerStub(object):
                 request_serializer=meshplan_dot_v1_dot_planner__pb2.ListPresetsRequest.SerializeToString,
                 response_deserializer=meshplan_dot_v1_dot_planner__pb2.ListPresetsResponse.FromString,
                 _registered_method=True)
+        self.SearchServing = channel.unary_unary(
+                '/meshplan.v1.Planner/SearchServing',
+                request_serializer=meshplan_dot_v1_dot_planner__pb2.SearchServingRequest.SerializeToString,
+                response_deserializer=meshplan_dot_v1_dot_planner__pb2.SearchServingResponse.FromString,
+                _registered_method=True)
+        self.EvaluateServing = channel.unary_unary(
+                '/meshplan.v1.Planner/EvaluateServing',
+                request_serializer=meshplan_dot_v1_dot_planner__pb2.EvaluateServingRequest.SerializeToString,
+                response_deserializer=meshplan_dot_v1_dot_planner__pb2.EvaluateServingResponse.FromString,
+                _registered_method=True)
 
 
 class PlannerServicer(object):
@@ -90,6 +100,21 @@ class PlannerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SearchServing(self, request, context):
+        """Serving deployments meeting the SLOs, best first, and the Pareto front of tokens/s per GPU
+        against tokens/s per user (docs/serving.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EvaluateServing(self, request, context):
+        """Scores one serving deployment, feasible or not.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +137,16 @@ def add_PlannerServicer_to_server(servicer, server):
                     servicer.ListPresets,
                     request_deserializer=meshplan_dot_v1_dot_planner__pb2.ListPresetsRequest.FromString,
                     response_serializer=meshplan_dot_v1_dot_planner__pb2.ListPresetsResponse.SerializeToString,
+            ),
+            'SearchServing': grpc.unary_unary_rpc_method_handler(
+                    servicer.SearchServing,
+                    request_deserializer=meshplan_dot_v1_dot_planner__pb2.SearchServingRequest.FromString,
+                    response_serializer=meshplan_dot_v1_dot_planner__pb2.SearchServingResponse.SerializeToString,
+            ),
+            'EvaluateServing': grpc.unary_unary_rpc_method_handler(
+                    servicer.EvaluateServing,
+                    request_deserializer=meshplan_dot_v1_dot_planner__pb2.EvaluateServingRequest.FromString,
+                    response_serializer=meshplan_dot_v1_dot_planner__pb2.EvaluateServingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +258,60 @@ class Planner(object):
             '/meshplan.v1.Planner/ListPresets',
             meshplan_dot_v1_dot_planner__pb2.ListPresetsRequest.SerializeToString,
             meshplan_dot_v1_dot_planner__pb2.ListPresetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SearchServing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshplan.v1.Planner/SearchServing',
+            meshplan_dot_v1_dot_planner__pb2.SearchServingRequest.SerializeToString,
+            meshplan_dot_v1_dot_planner__pb2.SearchServingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EvaluateServing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshplan.v1.Planner/EvaluateServing',
+            meshplan_dot_v1_dot_planner__pb2.EvaluateServingRequest.SerializeToString,
+            meshplan_dot_v1_dot_planner__pb2.EvaluateServingResponse.FromString,
             options,
             channel_credentials,
             insecure,

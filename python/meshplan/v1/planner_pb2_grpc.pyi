@@ -58,6 +58,12 @@ class PlannerStub:
     """
     ListPresets: _grpc.UnaryUnaryMultiCallable[_planner_pb2.ListPresetsRequest, _planner_pb2.ListPresetsResponse]
     """The built-in model and GPU presets."""
+    SearchServing: _grpc.UnaryUnaryMultiCallable[_planner_pb2.SearchServingRequest, _planner_pb2.SearchServingResponse]
+    """Serving deployments meeting the SLOs, best first, and the Pareto front of tokens/s per GPU
+    against tokens/s per user (docs/serving.md).
+    """
+    EvaluateServing: _grpc.UnaryUnaryMultiCallable[_planner_pb2.EvaluateServingRequest, _planner_pb2.EvaluateServingResponse]
+    """Scores one serving deployment, feasible or not."""
 
 @_typing.type_check_only
 class PlannerAsyncStub(PlannerStub):
@@ -74,6 +80,12 @@ class PlannerAsyncStub(PlannerStub):
     """
     ListPresets: _aio.UnaryUnaryMultiCallable[_planner_pb2.ListPresetsRequest, _planner_pb2.ListPresetsResponse]  # type: ignore[assignment]
     """The built-in model and GPU presets."""
+    SearchServing: _aio.UnaryUnaryMultiCallable[_planner_pb2.SearchServingRequest, _planner_pb2.SearchServingResponse]  # type: ignore[assignment]
+    """Serving deployments meeting the SLOs, best first, and the Pareto front of tokens/s per GPU
+    against tokens/s per user (docs/serving.md).
+    """
+    EvaluateServing: _aio.UnaryUnaryMultiCallable[_planner_pb2.EvaluateServingRequest, _planner_pb2.EvaluateServingResponse]  # type: ignore[assignment]
+    """Scores one serving deployment, feasible or not."""
 
 class PlannerServicer(metaclass=_abc_1.ABCMeta):
     """Ranked parallel plans for large-model training, scored by meshplan's cost model."""
@@ -111,5 +123,23 @@ class PlannerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_planner_pb2.ListPresetsResponse, _abc.Awaitable[_planner_pb2.ListPresetsResponse]]:
         """The built-in model and GPU presets."""
+
+    @_abc_1.abstractmethod
+    def SearchServing(
+        self,
+        request: _planner_pb2.SearchServingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_planner_pb2.SearchServingResponse, _abc.Awaitable[_planner_pb2.SearchServingResponse]]:
+        """Serving deployments meeting the SLOs, best first, and the Pareto front of tokens/s per GPU
+        against tokens/s per user (docs/serving.md).
+        """
+
+    @_abc_1.abstractmethod
+    def EvaluateServing(
+        self,
+        request: _planner_pb2.EvaluateServingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_planner_pb2.EvaluateServingResponse, _abc.Awaitable[_planner_pb2.EvaluateServingResponse]]:
+        """Scores one serving deployment, feasible or not."""
 
 def add_PlannerServicer_to_server(servicer: PlannerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -75,6 +75,7 @@ pub mod presets;
 pub mod evaluate;
 pub mod explain;
 mod search;
+pub mod serving;
 
 pub use evaluate::{evaluate, evaluate_in, evaluate_with};
 pub use explain::{decode_traffic, explain, explain_with, Explanation};

@@ -79,6 +79,10 @@ pub const MAX_LISTED_RANKS: usize = 64;
 /// many there are): every rank of any pipeline a model of up to 1,022 layers can fill.
 pub const MAX_LISTED_STAGES: usize = 1 << 10;
 
+/// Sequences one serving worker runs at once, and requests in flight across a deployment:
+/// 2^24 = 16,777,216 (the largest engines batch a few thousand sequences per GPU).
+pub const MAX_SEQUENCES: u32 = 1 << 24;
+
 /// Inclusive bounds of one integer field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limit {
@@ -197,6 +201,29 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("space.zero", ZERO),
     ("space.top_k", up_to(MAX_TOP_K)),
     ("space.max_candidates", Limit::new(1, u64::MAX)),
+    ("traffic.input_len", up_to(MAX_SEQ_LEN)),
+    ("traffic.output_len", up_to(MAX_SEQ_LEN)),
+    ("traffic.concurrency", up_to(MAX_SEQUENCES)),
+    ("serving_plan.worker.tp", DEGREE),
+    ("serving_plan.worker.pp", DEGREE),
+    ("serving_plan.worker.attention_dp", DEGREE),
+    ("serving_plan.worker.ep", DEGREE),
+    ("serving_plan.worker.expert_tp", DEGREE),
+    ("serving_plan.worker.max_sequences", up_to(MAX_SEQUENCES)),
+    ("serving_plan.replicas", DEGREE),
+    ("serving_plan.prefill.tp", DEGREE),
+    ("serving_plan.prefill.pp", DEGREE),
+    ("serving_plan.prefill.attention_dp", DEGREE),
+    ("serving_plan.prefill.ep", DEGREE),
+    ("serving_plan.prefill.expert_tp", DEGREE),
+    ("serving_plan.prefill.max_sequences", up_to(MAX_SEQUENCES)),
+    ("serving_plan.prefill_replicas", DEGREE),
+    ("serving_space.top_k", up_to(MAX_TOP_K)),
+    ("serving_space.max_tp", DEGREE),
+    ("serving_space.max_pp", DEGREE),
+    ("serving_space.max_attention_dp", DEGREE),
+    ("serving_space.max_sequences", up_to(MAX_SEQUENCES)),
+    ("serving_space.max_candidates", Limit::new(1, u64::MAX)),
     ("max_plans", Limit::new(1, MAX_PLANS)),
     ("threads", Limit::new(1, MAX_THREADS)),
     ("tp", DEGREE),

@@ -752,6 +752,91 @@ fn explain(
     )
 }
 
+/// Searches the serving deployments of a serving-problem dict (`space`: a serving-space dict,
+/// None for the default).
+#[pyfunction]
+#[pyo3(signature = (problem, space=None, timeout_s=None, cancel=None))]
+fn search_serving(
+    py: Python<'_>,
+    problem: &Bound<'_, PyAny>,
+    space: Option<&Bound<'_, PyAny>>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    let space: Option<core::serving::ServingSpace> = space
+        .map(|s| arg(s, "serving_space"))
+        .transpose()?
+        .flatten();
+    let inputs = (
+        arg::<core::serving::ServingProblem>(problem, "")?,
+        space.unwrap_or_default(),
+        control(py, None, timeout_s, cancel)?,
+    );
+    let flag = inputs.2.cancel.clone();
+    run(py, inputs, flag, |(problem, space, control)| {
+        core::serving::search_serving(&problem, &space, &control)
+    })
+}
+
+/// The shared body of evaluate_serving and explain_serving.
+fn run_on_serving_plan<R, F>(
+    py: Python<'_>,
+    problem: &Bound<'_, PyAny>,
+    plan: &Bound<'_, PyAny>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
+    work: F,
+) -> PyResult<Py<PyAny>>
+where
+    R: Serialize + Send,
+    F: FnOnce(
+            core::serving::ServingProblem,
+            core::serving::ServingPlan,
+            Control,
+        ) -> core::Result<R>
+        + Send,
+{
+    let inputs = (
+        arg::<core::serving::ServingProblem>(problem, "")?,
+        arg::<core::serving::ServingPlan>(plan, "serving_plan")?,
+        optional_control(py, timeout_s, cancel)?,
+    );
+    let flag = inputs.2.as_ref().and_then(|c| c.cancel.clone());
+    run(py, inputs, flag, |(problem, plan, control)| {
+        work(problem, plan, control.unwrap_or_default())
+    })
+}
+
+/// Scores one serving deployment (feasible or not) on a serving-problem dict.
+#[pyfunction]
+#[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
+fn evaluate_serving(
+    py: Python<'_>,
+    problem: &Bound<'_, PyAny>,
+    plan: &Bound<'_, PyAny>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    run_on_serving_plan(py, problem, plan, timeout_s, cancel, |p, plan, c| {
+        core::serving::evaluate_serving_with(&p, &plan, &c)
+    })
+}
+
+/// Explains one serving deployment axis by axis.
+#[pyfunction]
+#[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
+fn explain_serving(
+    py: Python<'_>,
+    problem: &Bound<'_, PyAny>,
+    plan: &Bound<'_, PyAny>,
+    timeout_s: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    run_on_serving_plan(py, problem, plan, timeout_s, cancel, |p, plan, c| {
+        core::serving::explain_serving(&p, &plan, &c)
+    })
+}
+
 /// Every integer input's inclusive bounds by field path (`core::limits::TABLE`), in the
 /// table's order: `{"cluster.num_gpus": (1, 1048576), ...}`.
 #[pyfunction]
@@ -1021,6 +1106,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(feasible_space, m)?)?;
     m.add_function(wrap_pyfunction!(search_many, m)?)?;
     m.add_function(wrap_pyfunction!(limits, m)?)?;
+    m.add_function(wrap_pyfunction!(search_serving, m)?)?;
+    m.add_function(wrap_pyfunction!(evaluate_serving, m)?)?;
+    m.add_function(wrap_pyfunction!(explain_serving, m)?)?;
     Ok(())
 }
 

@@ -1,0 +1,266 @@
+"""``meshplan inference search|evaluate|explain``: serving deployments (docs/serving.md).
+
+Named ``inference`` so that it cannot be confused with ``meshplan serve``, which starts the gRPC
+server. Tables by default, ``--json`` or ``--csv`` for machines, ``--plot pareto --out F.png``
+for the front of tokens/s per GPU against tokens/s per user, ``--export vllm|sglang|trtllm``
+for launch commands.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from typing import Any, Optional, TextIO
+
+from ..serving import ENGINES, evaluate_serving, explain_serving, launch_commands, search_serving, serving_problem
+from ._common import Parser, UsageError, cluster_from, model_from, remaining_s
+from ._render import table
+
+PLAN_HELP = "e.g. tp=8,pp=1,adp=1,ep=1,etp=8,batch=64,replicas=1"
+
+# Flat columns of one deployment (table, CSV).
+COLUMNS = (
+    "rank", "deployment", "gpus", "tp", "pp", "attention_dp", "ep", "expert_tp", "max_sequences",
+    "replicas", "prefill", "prefill_replicas", "ttft_ms", "tpot_ms", "e2e_s",
+    "tokens_per_s_per_gpu", "tokens_per_s_per_user", "output_tokens_per_s", "requests_per_s",
+    "memory_gib", "kv_capacity_sequences",
+)
+
+
+def _flags() -> Parser:
+    """The serving-problem flags (a parent parser of the three commands)."""
+    p = Parser(add_help=False)
+    g = p.add_argument_group("model, cluster and traffic")
+    g.add_argument("--model", required=True, metavar="NAME|config.json", help="a model preset or a config.json")
+    g.add_argument("--model-name", help="name for a model read from a config.json")
+    g.add_argument("--gpu", metavar="NAME", help="a GPU preset (see `meshplan gpus`)")
+    g.add_argument("--gpu-set", action="append", metavar="FIELD=V,...", help="what-if GPU changes")
+    g.add_argument("--gpu-file", metavar="hw.toml", help="what-if hardware from a file (instead of --gpu)")
+    g.add_argument("--gpus", required=True, type=int, metavar="N", help="number of GPUs")
+    g.add_argument("--gpus-per-node", type=int, metavar="N", help="default: the GPU preset's")
+    g.add_argument("--nvlink-domain", type=int, metavar="N", help="GPUs per NVLink domain (default: the preset's)")
+    g.add_argument("--weight-precision", default="bf16", help="bf16 (default), fp16, fp8, mxfp8 or nvfp4")
+    g.add_argument("--kv-precision", default="bf16", help="KV-cache precision: bf16 (default), fp16, fp8 or nvfp4")
+    g.add_argument("--input-len", required=True, type=int, metavar="T", help="prompt tokens per request (ISL)")
+    g.add_argument("--output-len", required=True, type=int, metavar="T", help="output tokens per request (OSL)")
+    g.add_argument("--prefix-fraction", type=float, default=0.0, metavar="F", help="shared, cached prompt prefix (0-0.99)")
+    g.add_argument("--concurrency", type=int, metavar="N", help="requests in flight across the deployment")
+    g.add_argument("--request-rate", type=float, metavar="R", help="requests/s the deployment must sustain")
+    g.add_argument("--ttft-ms", type=float, metavar="MS", help="SLO: time to first token")
+    g.add_argument("--tpot-ms", type=float, metavar="MS", help="SLO: time per output token after the first")
+    g.add_argument("--e2e-s", type=float, metavar="S", help="SLO: end-to-end latency")
+    g.add_argument("--objective", default="throughput", help="throughput (default: tokens/s per GPU) or latency")
+    g.add_argument("--timeout-s", type=float, metavar="S", help="give up after S seconds")
+    return p
+
+
+def add(sub: Any) -> None:
+    """``inference`` and its three commands."""
+    flags = _flags()
+    inf = sub.add_parser("inference", help="plan serving deployments (TTFT, TPOT, KV cache)")
+    cmds = inf.add_subparsers(dest="inference_command", metavar="COMMAND", required=True)
+    s = cmds.add_parser("search", parents=[flags], help="rank the deployments meeting the SLOs")
+    s.add_argument("--top-k", type=int, metavar="K", help="deployments shown (default 10)")
+    s.add_argument("--no-disaggregation", action="store_true", help="aggregated workers only")
+    s.add_argument("--max-tp", type=int, metavar="N")
+    s.add_argument("--max-pp", type=int, metavar="N")
+    s.add_argument("--max-attention-dp", type=int, metavar="N")
+    s.add_argument("--max-sequences", type=int, metavar="N", help="most sequences per worker")
+    s.add_argument("--allow-tp-cross-domain", action="store_true", help="let TP groups leave the NVLink domain")
+    fmt = s.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON")
+    fmt.add_argument("--csv", action="store_true", help="print CSV, one row per deployment")
+    s.add_argument("--pareto", action="store_true", help="list the Pareto front instead of the ranking")
+    s.add_argument("--plot", choices=("pareto",), help="draw the Pareto front (needs --out)")
+    s.add_argument("--out", metavar="FILE.png|.svg", help="the picture of --plot")
+    s.set_defaults(run=_search)
+    for name, helptext in (("evaluate", "score one deployment, feasible or not"),
+                           ("explain", "one deployment axis by axis")):
+        c = cmds.add_parser(name, parents=[flags], help=helptext)
+        c.add_argument("--plan", required=True, metavar="tp=..,batch=..", help=PLAN_HELP)
+        c.add_argument("--prefill", metavar="tp=..,batch=..", help="the prefill pool of a disaggregated deployment")
+        c.add_argument("--json", action="store_true", help="print JSON")
+        c.add_argument("--export", choices=ENGINES, help="print the launch commands for this engine")
+        c.add_argument("--model-path", help="model path or Hugging Face id in the launch commands")
+        c.set_defaults(run=_evaluate if name == "evaluate" else _explain)
+
+
+def _problem(args: argparse.Namespace) -> dict[str, Any]:
+    ms = 1e-3
+    return {
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "weight_precision": args.weight_precision,
+        "kv_precision": args.kv_precision,
+        "prefix_fraction": args.prefix_fraction,
+        "concurrency": args.concurrency,
+        "request_rate": args.request_rate,
+        "ttft_s": None if args.ttft_ms is None else args.ttft_ms * ms,
+        "tpot_s": None if args.tpot_ms is None else args.tpot_ms * ms,
+        "e2e_s": args.e2e_s,
+        "objective": args.objective,
+    }
+
+
+def row(ev: dict[str, Any], rank: Optional[int] = None) -> dict[str, Any]:
+    """One deployment as a flat row of :data:`COLUMNS`."""
+    plan, w, t = ev["plan"], ev["plan"]["worker"], ev["time"]
+    pw = plan.get("prefill")
+    return {
+        "rank": rank if rank is not None else "",
+        "deployment": ev["label"],
+        "gpus": ev["gpus"],
+        "tp": w["tp"], "pp": w["pp"], "attention_dp": w["attention_dp"], "ep": w["ep"],
+        "expert_tp": w["expert_tp"], "max_sequences": w["max_sequences"], "replicas": plan["replicas"],
+        "prefill": "" if pw is None else f"tp{pw['tp']}·adp{pw['attention_dp']}·ep{pw['ep']}·pp{pw['pp']} b{pw['max_sequences']}",
+        "prefill_replicas": plan.get("prefill_replicas", 0),
+        "ttft_ms": round(t["ttft_s"] * 1e3, 2),
+        "tpot_ms": round(t["tpot_s"] * 1e3, 2),
+        "e2e_s": round(t["e2e_s"], 3),
+        "tokens_per_s_per_gpu": round(ev["tokens_per_s_per_gpu"], 1),
+        "tokens_per_s_per_user": round(ev["tokens_per_s_per_user"], 1),
+        "output_tokens_per_s": round(ev["output_tokens_per_s"], 1),
+        "requests_per_s": round(ev["requests_per_s"], 3),
+        "memory_gib": round(ev["memory"]["total_gib"], 1),
+        "kv_capacity_sequences": ev["memory"]["max_sequences_fit"],
+    }
+
+
+def deployments_table(evs: list[dict[str, Any]]) -> str:
+    """The deployments as an aligned table."""
+    header = ["#", "deployment", "GPUs", "TTFT ms", "TPOT ms", "tok/s/GPU", "tok/s/user", "mem GiB", "KV seqs"]
+    rows = []
+    for i, ev in enumerate(evs, 1):
+        r = row(ev, i)
+        rows.append([i, r["deployment"], r["gpus"], f"{r['ttft_ms']:.1f}", f"{r['tpot_ms']:.2f}",
+                     f"{r['tokens_per_s_per_gpu']:.1f}", f"{r['tokens_per_s_per_user']:.1f}",
+                     f"{r['memory_gib']:.1f}", r["kv_capacity_sequences"]])
+    return table(header, rows)
+
+
+def _search(args: argparse.Namespace, out: TextIO) -> int:
+    if args.plot and not args.out:
+        raise UsageError("--plot pareto needs --out FILE.png")
+    space: dict[str, Any] = {"disaggregation": not args.no_disaggregation,
+                             "allow_tp_cross_domain": args.allow_tp_cross_domain}
+    for key in ("top_k", "max_tp", "max_pp", "max_attention_dp", "max_sequences"):
+        value = getattr(args, key)
+        if value is not None:
+            space[key] = value
+    result = search_serving(model_from(args), cluster_from(args), space=space,
+                            timeout_s=remaining_s(args), **_problem(args))
+    shown = result.pareto if args.pareto else result.plans
+    if args.plot:
+        _plot_pareto(result.pareto, args.out)
+    if args.json:
+        json.dump({"plans": result.plans, "pareto": result.pareto, "stats": result.stats}, out, indent=2)
+        out.write("\n")
+    elif args.csv:
+        writer = csv.DictWriter(out, fieldnames=list(COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(row(ev, i) for i, ev in enumerate(shown, 1))
+    else:
+        if not shown:
+            out.write("no deployment meets the SLOs and fits in memory\n")
+        else:
+            out.write(deployments_table(shown) + "\n")
+        st = result.stats
+        pruned = ", ".join(f"{k} {v}" for k, v in sorted(st["pruned"].items())) or "none"
+        out.write(f"\n{st['candidates']} deployments considered, {st['feasible']} feasible "
+                  f"({len(result.pareto)} on the Pareto front); pruned: {pruned}; {st['elapsed_s']:.3f} s\n")
+    return 0
+
+
+def _plot_pareto(front: list[dict[str, Any]], path: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise UsageError(f"--plot needs the plot extra (missing module {e.name}): pip install 'meshplan[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [ev["tokens_per_s_per_user"] for ev in front]
+    ys = [ev["tokens_per_s_per_gpu"] for ev in front]
+    ax.plot(xs, ys, marker="o")
+    for ev, x, y in zip(front, xs, ys):
+        ax.annotate(ev["label"], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("tokens/s per user (1 / TPOT)")
+    ax.set_ylabel("output tokens/s per GPU")
+    ax.set_title("serving Pareto front")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _one(args: argparse.Namespace, explain: bool) -> dict[str, Any]:
+    call = explain_serving if explain else evaluate_serving
+    return call(model_from(args), cluster_from(args), args.plan, prefill=args.prefill,
+                timeout_s=remaining_s(args), **_problem(args))
+
+
+def _export(args: argparse.Namespace, ev: dict[str, Any], out: TextIO) -> None:
+    problem = serving_problem(model_from(args), cluster_from(args), **_problem(args))
+    for line in launch_commands(ev, problem, args.export, args.model_path):
+        out.write(line + "\n")
+
+
+def evaluation_text(ev: dict[str, Any]) -> str:
+    """One deployment's figures and violations as text."""
+    r = row(ev)
+    m, t = ev["memory"], ev["time"]
+    lines = [
+        f"deployment  {ev['label']}  on {ev['gpus']} GPUs: {'feasible' if ev['feasible'] else 'NOT feasible'}",
+        f"TTFT {r['ttft_ms']:.1f} ms   TPOT {r['tpot_ms']:.2f} ms   e2e {r['e2e_s']:.3f} s",
+        f"{r['tokens_per_s_per_gpu']:.1f} tok/s/GPU   {r['tokens_per_s_per_user']:.1f} tok/s/user   "
+        f"{r['output_tokens_per_s']:.0f} tok/s   {r['requests_per_s']:.3f} req/s",
+        f"memory per GPU {m['total_gib']:.1f} GiB of {m['budget_gib']:.1f}: weights {m['weights_gib']:.1f}, "
+        f"KV {m['kv_cache_gib']:.1f}, workspace {m['workspace_gib']:.1f}, fixed {m['fixed_gib']:.1f}; "
+        f"KV holds {m['max_sequences_fit']} sequences",
+        f"decode step: linear {t['decode']['linear_s'] * 1e3:.2f} ms, attention {t['decode']['attention_s'] * 1e3:.2f}, "
+        f"TP {t['decode']['tp_comm_s'] * 1e3:.2f}, EP {t['decode']['ep_comm_s'] * 1e3:.2f}, "
+        f"PP {t['decode']['pp_comm_s'] * 1e3:.2f}, overhead {t['decode']['overhead_s'] * 1e3:.2f}; "
+        f"{t['decode']['arithmetic_intensity']:.1f} FLOP/byte "
+        f"({'memory' if t['decode']['memory_bound'] else 'compute'}-bound)",
+    ]
+    if ev["plan"].get("prefill"):
+        lines.append(f"KV transfer per request {t['kv_transfer_s'] * 1e3:.2f} ms")
+    for v in ev["violations"]:
+        lines.append(f"  x {v['rule']}: {v['message']}")
+    return "\n".join(lines)
+
+
+def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
+    ev = _one(args, explain=False)
+    if args.export:
+        _export(args, ev, out)
+    elif args.json:
+        json.dump(ev, out, indent=2)
+        out.write("\n")
+    else:
+        out.write(evaluation_text(ev) + "\n")
+    return 0
+
+
+def _explain(args: argparse.Namespace, out: TextIO) -> int:
+    ex = _one(args, explain=True)
+    if args.export:
+        _export(args, ex["evaluation"], out)
+        return 0
+    if args.json:
+        json.dump(ex, out, indent=2)
+        out.write("\n")
+        return 0
+    out.write(evaluation_text(ex["evaluation"]) + "\n\n")
+    header = ["axis", "degree", "collective", "fabric", "calls/step", "bytes/token/GPU", "ms/step", "bound", "what is sharded"]
+    rows = []
+    for a in ex["axes"]:
+        bound = "-" if a["collective"] == "none" else ("latency" if a["latency_bound"] else "bandwidth")
+        rows.append([a["axis"], a["degree"], a["collective"], a["fabric"], f"{a['calls_per_step']:g}",
+                     f"{a['bytes_per_token_per_gpu']:.0f}", f"{a['seconds_per_step'] * 1e3:.3f}", bound,
+                     a["state_sharded"]])
+    out.write(table(header, rows) + "\n")
+    out.write(f"\nridge point {ex['ridge_flops_per_byte']:.0f} FLOP/byte: decode below it is memory-bound\n")
+    return 0

@@ -1,0 +1,309 @@
+"""Serving plans: ``search_serving``, ``evaluate_serving``, ``explain_serving`` and the launch
+commands of a deployment for vLLM, SGLang and TensorRT-LLM (docs/serving.md).
+
+Thin by design: the problem is a plain dict the Rust core validates (so every field error is the
+core's one line), and the results are the core's dicts. A deployment is
+``{"worker": {"tp", "pp", "attention_dp", "ep", "expert_tp", "max_sequences"}, "replicas",
+"prefill": None or a worker, "prefill_replicas"}``; :func:`parse_serving_plan` reads the short
+``tp=8,batch=16,replicas=1`` spelling.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from . import _core
+from ._core import CancelToken
+from ._fields import as_type
+from .api import ModelLike, as_model
+from .errors import InvalidInputError
+from .hardware import Cluster
+
+__all__ = [
+    "ServingResult",
+    "serving_problem",
+    "search_serving",
+    "evaluate_serving",
+    "explain_serving",
+    "parse_serving_plan",
+    "launch_commands",
+    "ENGINES",
+]
+
+PlanLike = Union[str, dict[str, Any]]
+"""A deployment dict, or the ``tp=8,batch=16,replicas=1`` spelling."""
+
+# Short names of the ``k=v`` spelling, and the worker fields they set.
+_WORKER_KEYS = {
+    "tp": "tp",
+    "pp": "pp",
+    "attention_dp": "attention_dp",
+    "adp": "attention_dp",
+    "dp_attention": "attention_dp",
+    "ep": "ep",
+    "expert_tp": "expert_tp",
+    "etp": "expert_tp",
+    "max_sequences": "max_sequences",
+    "batch": "max_sequences",
+}
+
+
+@dataclass
+class ServingResult:
+    """A serving search: ``plans`` best first, the ``pareto`` front (fastest per user first)
+    and ``stats`` (``candidates``, ``feasible``, ``pruned`` by rule, ``elapsed_s``)."""
+
+    plans: list[dict[str, Any]]
+    pareto: list[dict[str, Any]]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def best(self) -> Optional[dict[str, Any]]:
+        """The best deployment, None when nothing meets the SLOs."""
+        return self.plans[0] if self.plans else None
+
+
+def serving_problem(
+    model: ModelLike,
+    cluster: Cluster,
+    *,
+    input_len: int,
+    output_len: int,
+    weight_precision: str = "bf16",
+    kv_precision: str = "bf16",
+    prefix_fraction: float = 0.0,
+    concurrency: Optional[int] = None,
+    request_rate: Optional[float] = None,
+    ttft_s: Optional[float] = None,
+    tpot_s: Optional[float] = None,
+    e2e_s: Optional[float] = None,
+    objective: str = "throughput",
+) -> dict[str, Any]:
+    """The core's serving-problem dict (the core checks every field)."""
+    return {
+        "model": as_model(model).to_dict(),
+        "cluster": as_type(Cluster, cluster, "cluster").to_dict(),
+        "weight_precision": weight_precision,
+        "kv_precision": kv_precision,
+        "traffic": {
+            "input_len": input_len,
+            "output_len": output_len,
+            "prefix_fraction": prefix_fraction,
+            "concurrency": concurrency,
+            "request_rate": request_rate,
+        },
+        "slo": {"ttft_s": ttft_s, "tpot_s": tpot_s, "e2e_s": e2e_s},
+        "objective": objective,
+    }
+
+
+def search_serving(
+    model: ModelLike,
+    cluster: Cluster,
+    *,
+    space: Optional[dict[str, Any]] = None,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+    **problem: Any,
+) -> ServingResult:
+    """The deployments of ``model`` on ``cluster`` that meet the SLOs, best first by tokens/s
+    per GPU (``objective="latency"``: by end-to-end latency), and the Pareto front.
+
+    ``problem`` takes the keywords of :func:`serving_problem` (``input_len`` and ``output_len``
+    are required). ``space``: ``{"top_k", "disaggregation", "max_tp", "max_pp",
+    "max_attention_dp", "max_sequences", "allow_tp_cross_domain"}``, each optional.
+    """
+    raw = _core.search_serving(serving_problem(model, cluster, **problem), space, timeout_s, cancel)
+    return ServingResult(raw["plans"], raw["pareto"], raw["stats"])
+
+
+def evaluate_serving(
+    model: ModelLike,
+    cluster: Cluster,
+    plan: PlanLike,
+    *,
+    prefill: Optional[PlanLike] = None,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+    **problem: Any,
+) -> dict[str, Any]:
+    """One deployment scored: ``feasible``, ``violations``, ``memory``, ``time`` (TTFT, TPOT,
+    e2e, the decode and prefill breakdowns) and the throughput figures."""
+    problem_dict = serving_problem(model, cluster, **problem)
+    return dict(_core.evaluate_serving(problem_dict, parse_serving_plan(plan, prefill), timeout_s, cancel))
+
+
+def explain_serving(
+    model: ModelLike,
+    cluster: Cluster,
+    plan: PlanLike,
+    *,
+    prefill: Optional[PlanLike] = None,
+    timeout_s: Optional[float] = None,
+    cancel: Optional[CancelToken] = None,
+    **problem: Any,
+) -> dict[str, Any]:
+    """One deployment explained per axis (what is sharded, which collective, bytes per token,
+    which fabric, seconds per decode step)."""
+    problem_dict = serving_problem(model, cluster, **problem)
+    return dict(_core.explain_serving(problem_dict, parse_serving_plan(plan, prefill), timeout_s, cancel))
+
+
+def _parse_pairs(text: str, what: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for item in text.replace(" ", "").split(","):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not value:
+            raise InvalidInputError(f"invalid {what}: {item!r} (allowed: key=value pairs such as tp=8,batch=16)")
+        pairs[key.lower().replace("-", "_")] = value
+    return pairs
+
+
+def _integer(value: str, field_path: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInputError(
+            f"invalid {field_path}: {value!r} (allowed: an integer)", field=field_path, value=value,
+            allowed="an integer",
+        ) from None
+
+
+def _worker(text: str, what: str) -> tuple[dict[str, Any], Optional[int]]:
+    """A worker dict and its replica count (None when not given) from ``k=v`` pairs."""
+    worker: dict[str, Any] = {}
+    replicas: Optional[int] = None
+    for key, value in _parse_pairs(text, what).items():
+        if key in ("replicas", "workers"):
+            replicas = _integer(value, f"{what}.replicas")
+        elif key in _WORKER_KEYS:
+            name = _WORKER_KEYS[key]
+            worker[name] = _integer(value, f"{what}.{name}")
+        else:
+            keys = ", ".join(sorted(set(_WORKER_KEYS) | {"replicas"}))
+            raise InvalidInputError(f"invalid {what}: unknown key {key!r} (allowed: {keys})")
+    worker.setdefault("max_sequences", 1)
+    if "tp" not in worker:
+        raise InvalidInputError(f"invalid {what}: no tp (allowed: key=value pairs with tp=N)")
+    return worker, replicas
+
+
+def parse_serving_plan(plan: PlanLike, prefill: Optional[PlanLike] = None) -> dict[str, Any]:
+    """A deployment dict from a dict or ``tp=8,batch=16,replicas=2`` (plus, for a
+    disaggregated one, ``prefill`` as ``tp=4,batch=4,replicas=1``). Keys: tp, pp, attention_dp
+    (adp), ep, expert_tp (etp; default: the stage's GPUs over ep), max_sequences (batch),
+    replicas."""
+    if isinstance(plan, dict):
+        if prefill is not None:
+            raise InvalidInputError("invalid prefill: give the prefill pool inside the plan dict")
+        return plan
+    worker, replicas = _worker(plan, "serving_plan")
+    out: dict[str, Any] = {"worker": _complete(worker), "replicas": 1 if replicas is None else replicas}
+    if prefill is not None:
+        if isinstance(prefill, dict):
+            pw, prefill_replicas = dict(prefill), None
+        else:
+            pw, prefill_replicas = _worker(prefill, "serving_plan.prefill")
+        out["prefill"] = _complete(pw)
+        out["prefill_replicas"] = 1 if prefill_replicas is None else prefill_replicas
+    return out
+
+
+def _complete(worker: dict[str, Any]) -> dict[str, Any]:
+    """``expert_tp`` defaulted so that ``ep × expert_tp = tp × attention_dp``."""
+    w = dict(worker)
+    stage = int(w.get("tp", 1)) * int(w.get("attention_dp", 1))
+    ep = int(w.get("ep", 1))
+    if "expert_tp" not in w and ep > 0 and stage % ep == 0:
+        w["expert_tp"] = stage // ep
+    return w
+
+
+# --- launch commands ---------------------------------------------------------------------------
+
+ENGINES = ("vllm", "sglang", "trtllm")
+"""Engines :func:`launch_commands` writes commands for."""
+
+_VLLM_KV = {"bf16": "auto", "fp16": "auto", "fp8": "fp8", "nvfp4": "fp8"}
+_SGLANG_KV = {"bf16": "auto", "fp16": "auto", "fp8": "fp8_e4m3", "nvfp4": "fp8_e4m3"}
+_VLLM_QUANT = {"fp8": "fp8", "nvfp4": "modelopt_fp4", "mxfp8": "mxfp8"}
+_SGLANG_QUANT = {"fp8": "fp8", "nvfp4": "modelopt_fp4"}
+
+
+def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role: Optional[str]) -> list[str]:
+    """The parallelism, batch, precision and disaggregation flags of one worker."""
+    tp, pp = int(w["tp"]), int(w.get("pp", 1))
+    adp, ep = int(w.get("attention_dp", 1)), int(w.get("ep", 1))
+    batch = int(w["max_sequences"])
+    weights, kv = problem.get("weight_precision", "bf16"), problem.get("kv_precision", "bf16")
+    flags: list[str] = []
+    if engine == "vllm":
+        flags += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp)]
+        if adp > 1:
+            flags += ["--data-parallel-size", str(adp)]
+        if ep > 1:
+            flags += ["--enable-expert-parallel"]
+        # vLLM's limit is per engine (each data-parallel rank runs its own scheduler).
+        flags += ["--max-num-seqs", str(max(1, batch // adp))]
+        flags += ["--kv-cache-dtype", _VLLM_KV.get(kv, "auto")]
+        if weights in _VLLM_QUANT:
+            flags += ["--quantization", _VLLM_QUANT[weights]]
+        if role is not None:
+            flags += ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
+    elif engine == "sglang":
+        # SGLang's --tp-size counts every GPU of a stage; attention TP is tp-size / dp-size.
+        flags += ["--tp-size", str(tp * adp), "--pp-size", str(pp)]
+        if adp > 1:
+            flags += ["--dp-size", str(adp), "--enable-dp-attention"]
+        if ep > 1:
+            flags += ["--ep-size", str(ep)]
+        flags += ["--max-running-requests", str(batch)]
+        flags += ["--kv-cache-dtype", _SGLANG_KV.get(kv, "auto")]
+        if weights in _SGLANG_QUANT:
+            flags += ["--quantization", _SGLANG_QUANT[weights]]
+        if role is not None:
+            flags += ["--disaggregation-mode", role]
+    else:
+        flags += ["--tp_size", str(tp * adp), "--pp_size", str(pp), "--ep_size", str(ep)]
+        flags += ["--max_batch_size", str(batch)]
+        if adp > 1:
+            flags += ["--extra_llm_api_options", "attention_dp.yaml"]
+    return flags
+
+
+def launch_commands(
+    evaluation_or_plan: dict[str, Any], problem: dict[str, Any], engine: str = "vllm",
+    model_path: Optional[str] = None,
+) -> list[str]:
+    """Shell commands that launch the deployment on ``engine`` (vllm, sglang, trtllm), one per
+    worker kind with the replica count as a comment. ``problem`` is the serving-problem dict
+    (:func:`serving_problem`); ``model_path`` defaults to the model's name."""
+    if engine not in ENGINES:
+        raise InvalidInputError(f"invalid engine: {engine!r} (allowed: {', '.join(ENGINES)})")
+    plan = evaluation_or_plan.get("plan", evaluation_or_plan)
+    model = model_path or problem["model"]["name"]
+    base = {
+        "vllm": ["vllm", "serve", model],
+        "sglang": ["python", "-m", "sglang.launch_server", "--model-path", model],
+        "trtllm": ["trtllm-serve", model],
+    }[engine]
+    out: list[str] = []
+    pools = [("decode" if plan.get("prefill") else None, plan["worker"], plan.get("replicas", 1))]
+    if plan.get("prefill"):
+        pools.insert(0, ("prefill", plan["prefill"], plan.get("prefill_replicas", 1)))
+    for role, worker, count in pools:
+        label = f"{role} workers" if role else "workers"
+        stage = int(worker["tp"]) * int(worker.get("attention_dp", 1))
+        ep = int(worker.get("ep", 1))
+        note = ""
+        if engine == "vllm" and 1 < ep < stage:
+            # vLLM's expert parallelism spans the whole stage (or nothing).
+            note = f" (vLLM runs the experts at ep={stage}, not ep={ep})"
+        command = " ".join(shlex.quote(a) for a in base + _engine_flags(engine, worker, problem, role))
+        out.append(f"# {count} {label} of {stage * int(worker.get('pp', 1))} GPUs each{note}")
+        out.append(command)
+    return out

@@ -1,0 +1,153 @@
+"""The serving cost model held against published, measured serving runs
+(``validation/serving.json``, docs/serving.md): each case's exact deployment is evaluated with
+:func:`meshplan.evaluate_serving` and its TTFT, TPOT and output throughput compared with what was
+measured, where the source publishes them; errors are summarised overall, by GPU and by model
+kind.
+
+A case without a concurrency is an offline maximum-load run: the engine batches as many
+sequences as its KV cache holds, up to its ``max_batch_size`` (the file's ``engines`` table says
+which, with its source), so the prediction evaluates that batch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import _core
+from .errors import InvalidCaseError
+from .hardware import Cluster
+from .model import Model
+from .serving import serving_problem
+
+METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s")
+"""What a case may measure, each compared where the source publishes it."""
+
+
+def is_serving_file(text: str) -> bool:
+    """Whether ``text`` is a serving case file (a JSON object with ``"kind": "serving"``)."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("kind") == "serving"
+
+
+@dataclass
+class ServingValidationReport:
+    """Per-case rows (``id``, ``gpu``, ``model``, ``arch``, predicted and measured values and
+    their absolute percentage errors) and the summary (``n``, ``median_ape``, ``p90_ape`` per
+    metric, overall, ``by_gpu`` and ``by_arch``)."""
+
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "summary": self.summary}
+
+
+def _percentile(values: list[float], q: float) -> Optional[float]:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for metric in METRICS:
+        apes = [r["ape"][metric] for r in rows if r["ape"].get(metric) is not None]
+        out[metric] = {"n": len(apes), "median_ape": _percentile(apes, 0.5), "p90_ape": _percentile(apes, 0.9)}
+    return out
+
+
+def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str, Any]:
+    try:
+        model = Model.preset(case["model"])
+        cluster = Cluster(case["gpu"], int(case["num_gpus"]))
+        traffic, plan, measured = case["traffic"], case["plan"], case["measured"]
+        engine = engines.get(case.get("engine", ""), {})
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidCaseError(f"serving case {index} ({case.get('id', '?')}): missing or bad {e}") from None
+    problem = serving_problem(
+        model, cluster, input_len=traffic["input_len"], output_len=traffic["output_len"],
+        weight_precision=case.get("weight_precision", "bf16"), kv_precision=case.get("kv_precision", "bf16"),
+        prefix_fraction=traffic.get("prefix_fraction", 0.0), concurrency=traffic.get("concurrency"),
+    )
+    adp = int(plan.get("attention_dp", 1))
+    stage = int(plan["tp"]) * adp
+    ep = int(plan.get("ep", 1))
+    worker = {"tp": plan["tp"], "pp": plan.get("pp", 1), "attention_dp": adp, "ep": ep,
+              "expert_tp": plan.get("expert_tp", stage // ep), "max_sequences": adp}
+    deployment = {"worker": worker, "replicas": plan.get("replicas", 1)}
+    probe = _core.evaluate_serving(problem, deployment)
+    fit = int(probe["memory"]["max_sequences_fit"])
+    cap = int(engine.get("max_batch_size", fit)) * int(plan.get("replicas", 1))
+    concurrency = traffic.get("concurrency")
+    batch = min(fit, cap if concurrency is None else int(concurrency))
+    batch = max(adp, batch // adp * adp)
+    worker["max_sequences"] = batch
+    ev = _core.evaluate_serving(problem, deployment)
+    predicted = {"output_tokens_per_s": ev["output_tokens_per_s"], "ttft_s": ev["time"]["ttft_s"],
+                 "tpot_s": ev["time"]["tpot_s"]}
+    ape = {}
+    for metric in METRICS:
+        m = measured.get(metric)
+        ape[metric] = None if m in (None, 0) else abs(predicted[metric] - m) / m
+    return {
+        "id": case.get("id"), "gpu": case["gpu"], "model": case["model"],
+        "arch": "moe" if model.moe is not None else "dense",
+        "batch": batch, "kv_capacity_sequences": fit, "feasible": ev["feasible"],
+        "predicted": predicted, "measured": {k: measured.get(k) for k in METRICS}, "ape": ape,
+    }
+
+
+def validate_serving(text: str) -> ServingValidationReport:
+    """Evaluates every case of a serving case file (its JSON ``text``)."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("kind") != "serving" or not isinstance(data.get("cases"), list):
+        raise InvalidCaseError("serving case file: expected {\"kind\": \"serving\", \"cases\": [...]}")
+    engines = data.get("engines", {})
+    rows = [_case(c, engines, i) for i, c in enumerate(data["cases"])]
+    summary: dict[str, Any] = {"all": _stats(rows), "by_gpu": {}, "by_arch": {}}
+    for key, name in (("gpu", "by_gpu"), ("arch", "by_arch")):
+        for group in sorted({r[key] for r in rows}):
+            summary[name][group] = _stats([r for r in rows if r[key] == group])
+    return ServingValidationReport(rows, summary)
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def report_text(report: ServingValidationReport, worst: int = 10) -> str:
+    """The summary by GPU and model kind, then the largest errors."""
+    from .cli._render import table
+
+    header = ["group", "n thr", "thr median", "thr p90", "n TTFT", "TTFT median", "n TPOT", "TPOT median"]
+    body = []
+
+    def line(name: str, s: dict[str, Any]) -> list[Any]:
+        t, f, p = s["output_tokens_per_s"], s["ttft_s"], s["tpot_s"]
+        return [name, t["n"], _pct(t["median_ape"]), _pct(t["p90_ape"]), f["n"], _pct(f["median_ape"]),
+                p["n"], _pct(p["median_ape"])]
+
+    body.append(line("all", report.summary["all"]))
+    body += [line(f"gpu {g}", s) for g, s in report.summary["by_gpu"].items()]
+    body += [line(f"arch {a}", s) for a, s in report.summary["by_arch"].items()]
+    lines = [f"{len(report.rows)} serving cases; absolute percentage error of the prediction", "",
+             table(header, body), ""]
+    scored = [r for r in report.rows if r["ape"]["output_tokens_per_s"] is not None]
+    scored.sort(key=lambda r: -r["ape"]["output_tokens_per_s"])
+    lines.append(f"largest throughput errors (of {len(scored)}):")
+    lines.append(table(
+        ["case", "batch", "predicted tok/s", "measured tok/s", "APE"],
+        [[r["id"], r["batch"], f"{r['predicted']['output_tokens_per_s']:.0f}",
+          f"{r['measured']['output_tokens_per_s']:.0f}", _pct(r["ape"]["output_tokens_per_s"])]
+         for r in scored[:worst]],
+    ))
+    return "\n".join(lines) + "\n"

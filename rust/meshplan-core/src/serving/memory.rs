@@ -1,0 +1,338 @@
+//! Memory of one serving worker per GPU (docs/serving.md §4): weights of its pipeline stage
+//! (attention and dense layers sharded over `tp`, routed experts over `ep × expert_tp`,
+//! embedding and LM head vocabulary-parallel over `tp`), the KV cache of its sequences, the
+//! activation workspace of one forward pass and the GPU's fixed memory; the KV budget the
+//! engine leaves (`gpu_memory_utilization`) says how many sequences fit.
+
+use serde::{Deserialize, Serialize};
+
+use crate::layer::{params_per_rank, LayerCounts, Mixer, Shard, ACT_BYTES, FP32_BYTES};
+use crate::model::Model;
+
+use super::constants;
+use super::plan::Worker;
+use super::problem::{bytes_per_element, ServingProblem};
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Layers per kind of each of `pp` stages: contiguous runs of the model's layer stack, the
+/// remainder of `layers / pp` going one each to the first stages.
+pub(crate) fn stage_counts(model: &Model, pp: u32) -> Vec<LayerCounts> {
+    let pp = pp.clamp(1, model.layers.max(1));
+    let base = model.layers / pp;
+    let extra = model.layers % pp;
+    let mut stack = model.layer_stack().into_iter();
+    let mut current = stack.next();
+    (0..pp)
+        .map(|s| {
+            let mut want = base + u32::from(s < extra);
+            let mut counts = LayerCounts::default();
+            while want > 0 {
+                let Some((kind, left)) = current else { break };
+                let take = left.min(want);
+                counts.0[kind] += take;
+                want -= take;
+                current = if take == left {
+                    stack.next()
+                } else {
+                    Some((kind, left - take))
+                };
+            }
+            counts
+        })
+        .collect()
+}
+
+/// One kind of pipeline stage: its layers, whether it is the first (embedding) or the last
+/// (LM head) stage, and how many consecutive stages look like it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StageShape {
+    pub counts: LayerCounts,
+    pub first: bool,
+    pub last: bool,
+    pub repeat: u32,
+}
+
+/// The stages of [`stage_counts`] grouped into runs of identical ones (a handful, however
+/// deep the pipeline), so that memory and time evaluate each kind of stage once.
+pub(crate) fn stage_shapes(model: &Model, pp: u32) -> Vec<StageShape> {
+    let stages = stage_counts(model, pp);
+    let last = stages.len() - 1;
+    let mut out: Vec<StageShape> = Vec::new();
+    for (s, counts) in stages.into_iter().enumerate() {
+        let shape = StageShape {
+            counts,
+            first: s == 0,
+            last: s == last,
+            repeat: 1,
+        };
+        match out.last_mut() {
+            Some(prev)
+                if prev.counts == shape.counts
+                    && (prev.first, prev.last) == (shape.first, shape.last) =>
+            {
+                prev.repeat += 1
+            }
+            _ => out.push(shape),
+        }
+    }
+    out
+}
+
+/// KV-cache bytes one GPU holds per token per layer: GQA keeps its `max(g/tp, 1)` local K/V heads
+/// (replicated when `tp` exceeds the KV heads); MLA keeps the compressed latent and the RoPE key,
+/// `d_c + d_r` values, whole on every TP rank (docs/serving.md §4).
+pub fn kv_bytes_per_token_per_layer(model: &Model, tp: u32, kv_element_bytes: f64) -> f64 {
+    match model.mixer() {
+        Mixer::Latent(m) => (m.kv_lora_rank + m.qk_rope_head_dim) as f64 * kv_element_bytes,
+        Mixer::Attention { kv_heads } => {
+            2.0 * (kv_heads as f64 / tp as f64).max(1.0)
+                * model.qk_head_dim() as f64
+                * kv_element_bytes
+        }
+    }
+}
+
+/// Per-GPU parameters of one stage (layers, plus the embedding on the first and the LM head on
+/// the last stage), split as the worker splits them.
+pub(crate) fn stage_params(
+    model: &Model,
+    w: &Worker,
+    counts: &LayerCounts,
+    first: bool,
+    last: bool,
+) -> f64 {
+    let kinds = model.layer_kinds();
+    let dense_shard = Shard {
+        tp: w.tp,
+        ep: w.ep,
+        sequence_parallel: false,
+    };
+    let expert_shard = Shard {
+        tp: w.expert_tp,
+        ep: w.ep,
+        sequence_parallel: false,
+    };
+    let mut params = 0.0;
+    for (kind, n) in counts.iter() {
+        if n == 0 {
+            continue;
+        }
+        let spec = &kinds.specs()[kind];
+        let dense = params_per_rank(model, spec, &dense_shard).dense;
+        let expert = params_per_rank(model, spec, &expert_shard).expert;
+        params += n as f64 * (dense + expert);
+    }
+    let vocab_shard = (model.vocab as f64 * model.hidden as f64) / w.tp as f64;
+    if first {
+        params += vocab_shard;
+    }
+    // A tied head shares the embedding only when both sit on the same stage.
+    if last && (!model.tied_embeddings || !first) {
+        params += vocab_shard;
+    }
+    params
+}
+
+/// Memory per GPU of one worker's busiest stage, GiB (binary), and its KV capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ServingMemory {
+    /// Weights per GPU.
+    pub weights_gib: f64,
+    /// KV cache of the worker's sequences per GPU.
+    pub kv_cache_gib: f64,
+    /// Activations of one forward pass and the sampled logits.
+    pub workspace_gib: f64,
+    /// CUDA context, libraries, communication buffers (the GPU's calibration).
+    pub fixed_gib: f64,
+    /// Sum of the above.
+    pub total_gib: f64,
+    /// What the engine may fill: `gpu_memory_utilization` of the HBM.
+    pub budget_gib: f64,
+    /// KV-cache bytes per token of context per GPU (all layers of the stage).
+    pub kv_bytes_per_token: f64,
+    /// Tokens of KV cache the budget holds per GPU after weights, workspace and fixed memory.
+    pub kv_capacity_tokens: f64,
+    /// Sequences of the traffic's full length (prompt + output) the worker can hold.
+    pub max_sequences_fit: u64,
+}
+
+/// Memory of worker `w` running `sequences` sequences (a prefill worker: its batch) with
+/// forwards of at most `forward_tokens` tokens per attention-DP rank.
+pub fn worker_memory(
+    p: &ServingProblem,
+    w: &Worker,
+    sequences: f64,
+    forward_tokens: f64,
+) -> ServingMemory {
+    let model = &p.model;
+    let c = constants();
+    let gpu = &p.cluster.gpu;
+    let wb = bytes_per_element(p.weight_precision);
+    let kvb = bytes_per_element(p.kv_precision);
+    let stages = stage_shapes(model, w.pp);
+    let kv_layer = kv_bytes_per_token_per_layer(model, w.tp, kvb);
+    let budget = gpu.memory_gib * c.gpu_memory_utilization * GIB;
+    let fixed = gpu.calibration.fixed_memory_gib * GIB;
+    let seqs_rank = sequences / w.attention_dp as f64;
+    // The shared prefix is cached once per rank; every sequence holds its own remainder.
+    let prefix = p.traffic.input_len as f64 * p.traffic.prefix_fraction;
+    let own = p.context_tokens() - prefix;
+    let h = model.hidden as f64;
+    let mut worst: Option<ServingMemory> = None;
+    for stage in &stages {
+        let counts = &stage.counts;
+        let weights = stage_params(model, w, counts, stage.first, stage.last) * wb;
+        let kv_per_token = kv_layer * counts.total() as f64;
+        let kv = kv_per_token * (seqs_rank * own + prefix);
+        let ffn_width = widest_ffn(model, w);
+        let act = forward_tokens * ACT_BYTES * (c.workspace_hidden_multiple * h + ffn_width);
+        let logits = if stage.last {
+            seqs_rank.max(1.0) * model.vocab as f64 / w.tp as f64 * FP32_BYTES
+        } else {
+            0.0
+        };
+        let workspace = act + logits;
+        let total = weights + kv + workspace + fixed;
+        let free = (budget - weights - workspace - fixed).max(0.0);
+        let capacity_tokens = free / kv_per_token.max(1e-30);
+        let fit_rank = ((capacity_tokens - prefix) / own).floor().max(0.0);
+        let fit = (fit_rank as u64).saturating_mul(w.attention_dp as u64);
+        let m = ServingMemory {
+            weights_gib: weights / GIB,
+            kv_cache_gib: kv / GIB,
+            workspace_gib: workspace / GIB,
+            fixed_gib: fixed / GIB,
+            total_gib: total / GIB,
+            budget_gib: budget / GIB,
+            kv_bytes_per_token: kv_per_token,
+            kv_capacity_tokens: capacity_tokens,
+            max_sequences_fit: fit,
+        };
+        worst = Some(match worst {
+            Some(prev) if prev.max_sequences_fit <= m.max_sequences_fit => prev,
+            _ => m,
+        });
+    }
+    worst.expect("a worker has at least one stage")
+}
+
+/// Widest FFN intermediate one token's forward materialises per GPU: the gate/up outputs of a
+/// dense layer over `tp`, or of the routed copies (top-k, imbalance) over `expert_tp`.
+fn widest_ffn(model: &Model, w: &Worker) -> f64 {
+    let gate_up = model.activation.ffn_matrices() as f64 - 1.0;
+    let dense = gate_up * model.ffn_hidden as f64 / w.tp as f64;
+    let routed = model.moe.as_ref().map_or(0.0, |m| {
+        gate_up * m.top_k as f64 * m.expert_ffn_hidden as f64 / w.expert_tp as f64
+            + gate_up * m.shared_ffn_hidden() as f64 / w.tp as f64
+    });
+    dense.max(routed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::{Cluster, Precision};
+    use crate::serving::problem::{Objective, Slo, Traffic};
+
+    fn problem(model: &str) -> ServingProblem {
+        ServingProblem {
+            model: crate::presets::model(model).unwrap(),
+            cluster: Cluster {
+                gpu: crate::presets::gpu("h100-sxm").unwrap(),
+                num_gpus: 8,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            },
+            weight_precision: Precision::Bf16,
+            kv_precision: Precision::Bf16,
+            traffic: Traffic {
+                input_len: 1024,
+                output_len: 1024,
+                prefix_fraction: 0.0,
+                concurrency: None,
+                request_rate: None,
+            },
+            slo: Slo::default(),
+            objective: Objective::Throughput,
+        }
+    }
+
+    fn worker(tp: u32, pp: u32) -> Worker {
+        Worker {
+            tp,
+            pp,
+            attention_dp: 1,
+            ep: 1,
+            expert_tp: tp,
+            max_sequences: 1,
+        }
+    }
+
+    #[test]
+    fn stages_split_the_stack_in_order() {
+        let ds = crate::presets::model("deepseek-v3").unwrap();
+        let s = stage_counts(&ds, 4);
+        assert_eq!(s.len(), 4);
+        assert_eq!(
+            s.iter().map(|c| c.total()).collect::<Vec<_>>(),
+            [16, 15, 15, 15]
+        );
+        assert_eq!(s[0].0, [3, 13]);
+        assert_eq!(s[3].0, [0, 15]);
+        // First, the two middle stages as one run, last.
+        let shapes = stage_shapes(&ds, 4);
+        assert_eq!(
+            shapes.iter().map(|s| s.repeat).collect::<Vec<_>>(),
+            [1, 2, 1]
+        );
+        assert!(shapes[0].first && shapes[2].last && !shapes[1].first && !shapes[1].last);
+        // A 64-stage pipeline of a 126-layer model: a few kinds of stage, 64 in all.
+        let deep = stage_shapes(&crate::presets::model("llama3.1-405b").unwrap(), 64);
+        assert!(deep.len() <= 4, "{deep:?}");
+        assert_eq!(deep.iter().map(|s| s.repeat).sum::<u32>(), 64);
+    }
+
+    #[test]
+    fn llama70b_weights_split_over_tp_and_kv_is_320_kib_per_token() {
+        let p = problem("llama3-70b");
+        // 80 layers × 2 × 8 KV heads × 128 × 2 bytes = 327,680 bytes per token.
+        let kv = kv_bytes_per_token_per_layer(&p.model, 1, 2.0) * 80.0;
+        assert_eq!(kv, 327_680.0);
+        let m8 = worker_memory(&p, &worker(8, 1), 1.0, 8192.0);
+        let m1 = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        // 70.6 B parameters in bf16 = 131.5 GiB; TP8 holds an eighth.
+        assert!((m1.weights_gib - 131.5).abs() < 1.0, "{}", m1.weights_gib);
+        assert!((m8.weights_gib * 8.0 - m1.weights_gib).abs() < 0.01);
+        assert_eq!(m1.max_sequences_fit, 0, "70B in bf16 does not fit one H100");
+        assert!(m8.max_sequences_fit > 100, "{}", m8.max_sequences_fit);
+        // Past 8 KV heads, TP replicates K/V: TP16's KV per GPU equals TP8's.
+        assert_eq!(
+            kv_bytes_per_token_per_layer(&p.model, 16, 2.0),
+            kv_bytes_per_token_per_layer(&p.model, 8, 2.0)
+        );
+    }
+
+    #[test]
+    fn fp8_kv_doubles_the_sequences_that_fit() {
+        let mut p = problem("llama3-8b");
+        let bf16 = worker_memory(&p, &worker(1, 1), 1.0, 8192.0).max_sequences_fit;
+        p.kv_precision = Precision::Fp8;
+        let fp8 = worker_memory(&p, &worker(1, 1), 1.0, 8192.0).max_sequences_fit;
+        assert!(fp8 >= 2 * bf16 - 1 && fp8 <= 2 * bf16 + 1, "{bf16} {fp8}");
+    }
+
+    #[test]
+    fn mla_kv_is_the_latent_and_is_replicated_over_tp() {
+        let p = problem("deepseek-v3");
+        // (512 + 64) × 2 bytes per layer, 61 layers: 70,272 bytes per token.
+        assert_eq!(
+            kv_bytes_per_token_per_layer(&p.model, 8, 2.0) * 61.0,
+            70_272.0
+        );
+        assert_eq!(
+            kv_bytes_per_token_per_layer(&p.model, 1, 2.0),
+            kv_bytes_per_token_per_layer(&p.model, 8, 2.0)
+        );
+    }
+}

@@ -1,0 +1,92 @@
+//! The serving planner (docs/serving.md, issue 14): a sibling of the training planner over the
+//! same shared modules. A [`ServingProblem`] (model, cluster, weight and KV-cache precision,
+//! traffic, SLOs) and a [`ServingPlan`] (per-worker TP, PP, attention-DP, EP, expert-TP, the
+//! batch, aggregated or disaggregated prefill/decode pools, replicas) give an evaluation
+//! ([`evaluate_serving`]): memory per GPU and how many sequences fit (`memory`), TTFT, TPOT and
+//! throughput from a roofline of the linear layers and attention on the [`crate::device::Device`]
+//! and the collectives on the [`crate::comm::Fabric`] (`time`); [`search_serving`] enumerates
+//! deployments, prunes by memory and the NVLink domain and ranks the ones meeting the SLOs,
+//! with the Pareto front of tokens/s per GPU against tokens/s per user; [`explain_serving`]
+//! says per axis what is sharded, which collective runs, bytes per token and which fabric.
+//!
+//! Layer shapes and parameter counts come from `layer` (the same [`crate::layer::layer_ops`]
+//! training sums), GEMM efficiency from `gemm`, groups from `mesh`/`layout`, collective costs
+//! only through [`crate::comm::CollectiveModel`]. The serving-only constants (memory policy,
+//! scheduler and launch overheads, the decode bandwidth fraction) live in
+//! `data/serving.toml`, each with its source.
+
+mod evaluate;
+mod explain;
+mod memory;
+mod plan;
+mod problem;
+mod search;
+mod time;
+
+use std::sync::OnceLock;
+
+pub use evaluate::{evaluate_serving, evaluate_serving_with, ServingEvaluation, ServingViolation};
+pub use explain::{explain_serving, ServingAxis, ServingExplanation};
+pub use memory::ServingMemory;
+pub use plan::{ServingPlan, Worker};
+pub use problem::{bytes_per_element, Objective, ServingProblem, Slo, Traffic};
+pub use search::{search_serving, ServingSearchResult, ServingSearchStats, ServingSpace};
+pub use time::{PhaseTime, ServingTime};
+
+const SERVING_TOML: &str = include_str!("../../data/serving.toml");
+
+/// The constants of `data/serving.toml` (each field's source is cited there).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingConstants {
+    /// Share of HBM the engine may fill (weights, workspace and KV cache).
+    pub gpu_memory_utilization: f64,
+    /// Tokens of one forward pass (the prefill chunk).
+    pub max_batched_tokens: f64,
+    /// Live 16-bit activations per token of one forward, in units of `h`, beyond the FFN's.
+    pub workspace_hidden_multiple: f64,
+    /// NVFP4 block-scale bytes per element.
+    pub nvfp4_scale_bytes_per_element: f64,
+    /// MXFP8 block-scale bytes per element.
+    pub mxfp8_scale_bytes_per_element: f64,
+    /// Token rows below which a GEMM's compute term is taken at this many rows.
+    pub skinny_gemm_rows: f64,
+    /// Share of the HBM datasheet bandwidth decode kernels reach.
+    pub decode_bandwidth_fraction: f64,
+    /// Host time per decode iteration, µs.
+    pub decode_step_overhead_us: f64,
+    /// Launch time per layer per decode step under CUDA graphs, µs.
+    pub decode_layer_launch_us: f64,
+    /// Launch time per layer per prefill forward, µs.
+    pub prefill_layer_launch_us: f64,
+    /// An MoE layer's launches relative to a dense one's.
+    pub moe_layer_launch_factor: f64,
+    /// Fixed time of one KV transfer between pools, µs.
+    pub kv_transfer_setup_us: f64,
+}
+
+/// The serving constants, parsed once.
+pub fn constants() -> &'static ServingConstants {
+    static CONSTANTS: OnceLock<ServingConstants> = OnceLock::new();
+    CONSTANTS.get_or_init(|| {
+        toml::from_str(SERVING_TOML).expect("data/serving.toml holds every serving constant")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_constant_is_sourced() {
+        for line in super::SERVING_TOML.lines() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (_, comment) = line.split_once('#').expect("a source after #");
+            assert!(comment.trim().len() > 20, "{line}");
+        }
+        let c = super::constants();
+        assert!(c.gpu_memory_utilization > 0.5 && c.gpu_memory_utilization <= 1.0);
+        assert!(c.decode_bandwidth_fraction > 0.0 && c.decode_bandwidth_fraction <= 1.0);
+    }
+}

@@ -1,0 +1,207 @@
+//! The serving problem (docs/serving.md §1): what to serve (a [`Model`] at a weight and a
+//! KV-cache precision), on what (a [`Cluster`]), for which traffic ([`Traffic`]: prompt and output
+//! lengths, shared-prefix fraction, target concurrency or request rate) and under which
+//! service-level objectives ([`Slo`]), ranked by an [`Objective`].
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::hardware::{check_fraction, Cluster, Precision};
+use crate::limits;
+use crate::model::Model;
+
+use super::constants;
+
+/// The requests a deployment serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Traffic {
+    /// Prompt tokens per request (ISL).
+    pub input_len: u32,
+    /// Generated tokens per request (OSL), the first one included.
+    pub output_len: u32,
+    /// Fraction of each prompt that is a prefix shared with earlier requests and found in the
+    /// prefix cache: its prefill compute is skipped, its KV blocks are shared.
+    #[serde(default)]
+    pub prefix_fraction: f64,
+    /// Requests in flight across the whole deployment (a closed-loop benchmark's concurrency);
+    /// `None`: as many as the memory and the SLOs allow.
+    #[serde(default)]
+    pub concurrency: Option<u32>,
+    /// Requests per second the deployment must sustain; `None`: no throughput floor.
+    #[serde(default)]
+    pub request_rate: Option<f64>,
+}
+
+/// Service-level objectives, each optional (docs/serving.md §2 defines the metrics).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Slo {
+    /// Most seconds to the first token.
+    #[serde(default)]
+    pub ttft_s: Option<f64>,
+    /// Most seconds per output token after the first.
+    #[serde(default)]
+    pub tpot_s: Option<f64>,
+    /// Most seconds from arrival to the last token.
+    #[serde(default)]
+    pub e2e_s: Option<f64>,
+}
+
+/// What the search ranks by, among deployments that meet the SLOs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// Output tokens/s per GPU, best first (ties: tokens/s per user).
+    #[default]
+    Throughput,
+    /// End-to-end latency of one request, shortest first (ties: tokens/s per GPU).
+    Latency,
+}
+
+/// A validated serving problem.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingProblem {
+    pub model: Model,
+    pub cluster: Cluster,
+    /// Precision of the weights and of the linear layers' GEMMs (bf16, fp16, fp8, mxfp8, nvfp4).
+    #[serde(default)]
+    pub weight_precision: Precision,
+    /// Precision of the KV cache (vLLM/SGLang `--kv-cache-dtype`).
+    #[serde(default)]
+    pub kv_precision: Precision,
+    pub traffic: Traffic,
+    #[serde(default)]
+    pub slo: Slo,
+    #[serde(default)]
+    pub objective: Objective,
+}
+
+/// An error naming `field` unless `v` is a finite number > 0 (an optional SLO or rate).
+fn check_positive_opt(field: &str, v: Option<f64>) -> Result<()> {
+    match v {
+        Some(v) if !(v.is_finite() && v > 0.0) => {
+            Err(Error::invalid(field, v, "a finite number > 0"))
+        }
+        _ => Ok(()),
+    }
+}
+
+impl ServingProblem {
+    /// Checks every part; the error names the first bad field.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        self.cluster.validate()?;
+        let t = &self.traffic;
+        limits::check("traffic.input_len", t.input_len)?;
+        limits::check("traffic.output_len", t.output_len)?;
+        limits::check_opt("traffic.concurrency", t.concurrency)?;
+        check_fraction("traffic.prefix_fraction", t.prefix_fraction, 0.0, 0.99)?;
+        check_positive_opt("traffic.request_rate", t.request_rate)?;
+        check_positive_opt("slo.ttft_s", self.slo.ttft_s)?;
+        check_positive_opt("slo.tpot_s", self.slo.tpot_s)?;
+        check_positive_opt("slo.e2e_s", self.slo.e2e_s)?;
+        let gpu = &self.cluster.gpu;
+        if gpu.peak_tflops.get(self.weight_precision).is_none() {
+            let allowed: Vec<&str> = gpu
+                .peak_tflops
+                .available()
+                .iter()
+                .map(|p| p.name())
+                .collect();
+            return Err(Error::invalid(
+                "weight_precision",
+                self.weight_precision.name(),
+                format!("{} on {}", allowed.join(", "), gpu.name),
+            ));
+        }
+        // A KV cache is stored, not computed in: any format the serving engines store it in.
+        if self.kv_precision == Precision::Mxfp8 {
+            return Err(Error::invalid(
+                "kv_precision",
+                self.kv_precision.name(),
+                "bf16, fp16, fp8, nvfp4",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Tokens held in the KV cache per sequence at its longest: the prompt and the output.
+    pub fn context_tokens(&self) -> f64 {
+        self.traffic.input_len as f64 + self.traffic.output_len as f64
+    }
+
+    /// Prompt tokens per request that prefill computes (the shared prefix is cached).
+    pub fn new_prompt_tokens(&self) -> f64 {
+        (self.traffic.input_len as f64 * (1.0 - self.traffic.prefix_fraction)).max(1.0)
+    }
+}
+
+/// Bytes per stored element of `p`, block scales included (`data/serving.toml`).
+pub fn bytes_per_element(p: Precision) -> f64 {
+    let c = constants();
+    match p {
+        Precision::Bf16 | Precision::Fp16 => 2.0,
+        Precision::Fp8 => 1.0,
+        Precision::Mxfp8 => 1.0 + c.mxfp8_scale_bytes_per_element,
+        Precision::Nvfp4 => 0.5 + c.nvfp4_scale_bytes_per_element,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn problem(model: &str, gpu: &str, n: u32) -> ServingProblem {
+        ServingProblem {
+            model: crate::presets::model(model).unwrap(),
+            cluster: Cluster {
+                gpu: crate::presets::gpu(gpu).unwrap(),
+                num_gpus: n,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            },
+            weight_precision: Precision::Bf16,
+            kv_precision: Precision::Bf16,
+            traffic: Traffic {
+                input_len: 1024,
+                output_len: 256,
+                prefix_fraction: 0.0,
+                concurrency: None,
+                request_rate: None,
+            },
+            slo: Slo::default(),
+            objective: Objective::Throughput,
+        }
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.traffic.input_len = 0;
+        assert_eq!(
+            p.validate().unwrap_err().to_string(),
+            "invalid traffic.input_len: 0 (allowed: 1..=16777216)"
+        );
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.weight_precision = Precision::Nvfp4;
+        assert_eq!(
+            p.validate().unwrap_err().to_string(),
+            "invalid weight_precision: nvfp4 (allowed: bf16, fp16, fp8 on h100-sxm)"
+        );
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.slo.tpot_s = Some(-1.0);
+        assert!(p.validate().unwrap_err().to_string().contains("slo.tpot_s"));
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.traffic.prefix_fraction = 1.0;
+        assert!(p.validate().is_err());
+    }
+
+    #[test]
+    fn nvfp4_carries_its_block_scales() {
+        assert_eq!(bytes_per_element(Precision::Nvfp4), 0.5625);
+        assert_eq!(bytes_per_element(Precision::Fp8), 1.0);
+        assert_eq!(bytes_per_element(Precision::Bf16), 2.0);
+    }
+}

@@ -1,0 +1,619 @@
+//! Time of one serving forward pass (docs/serving.md §5): a batch of decode tokens (one per
+//! running sequence, each attending to its KV cache) and prefill tokens (new prompt tokens,
+//! attending causally to themselves and to their cached prefix), run by one worker.
+//!
+//! Per layer and GPU: every linear layer of [`layer_ops`] on a roofline of the [`Device`] — its
+//! FLOPs at the shape's GEMM efficiency ([`gemm::efficiency`]) against its bytes (the weights
+//! the batch touches, routed experts only when a token is routed to them, and the activations)
+//! at the decode share of the HBM bandwidth; core attention the same way (FLOPs at the device's
+//! attention rate against the KV-cache bytes read); element-wise work at the device's HBM rate;
+//! two tensor-parallel all-reduces, and with attention-DP the expert-parallel dispatch and
+//! combine, through [`CollectiveModel`]; one PP hop per stage boundary; the launch time of each
+//! layer and the scheduler's time per decode step from `data/serving.toml`.
+
+use serde::{Deserialize, Serialize};
+
+use crate::comm::{Collective, CollectiveModel, Fabric};
+use crate::device::Device;
+use crate::gemm;
+use crate::layer::{layer_ops, Gemm, LayerCounts, LayerSpec, Mixer, OpsContext, Shard, ACT_BYTES};
+use crate::layout::{self, Group};
+use crate::mesh::Mesh;
+use crate::plan::{Axis, RankOrder};
+use crate::stack::Stack;
+use crate::traffic::WIRE_BYTES;
+
+use super::constants;
+use super::memory::{kv_bytes_per_token_per_layer, stage_shapes};
+use super::plan::Worker;
+use super::problem::{bytes_per_element, ServingProblem};
+
+/// Seconds of one forward (or decode step) of a worker, by part, on its busiest stage, with
+/// the bytes and FLOPs behind them (per GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct PhaseTime {
+    /// Wall time of the forward or step (all stages, scheduler included).
+    pub total_s: f64,
+    /// Linear layers (GEMMs) of the busiest stage.
+    pub linear_s: f64,
+    /// Core attention of the busiest stage.
+    pub attention_s: f64,
+    /// Element-wise kernels (norms, activation, RoPE, permutes).
+    pub elementwise_s: f64,
+    /// Tensor-parallel all-reduces (and the logits' all-gather).
+    pub tp_comm_s: f64,
+    /// Expert-parallel dispatch and combine, expert-TP all-reduces.
+    pub ep_comm_s: f64,
+    /// Pipeline hops.
+    pub pp_comm_s: f64,
+    /// Kernel launches and the scheduler's host time.
+    pub overhead_s: f64,
+    /// Weight bytes read per GPU by the busiest stage.
+    pub weight_bytes: f64,
+    /// KV-cache bytes read per GPU by the busiest stage.
+    pub kv_bytes: f64,
+    /// FLOPs per GPU of the busiest stage (linear layers and attention).
+    pub flops: f64,
+    /// FLOPs per byte of HBM traffic of the linear layers.
+    pub arithmetic_intensity: f64,
+    /// The linear layers are bound by HBM bandwidth rather than compute.
+    pub memory_bound: bool,
+}
+
+/// The communication groups of a worker, placed on the NVLink domains by `layout`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct WorkerGroups {
+    pub tp: Group,
+    pub ep: Group,
+    pub expert_tp: Group,
+    /// Neighbouring pipeline stages share a domain.
+    pub pp_same_domain: bool,
+}
+
+/// The groups of `w` on domains of `domain` GPUs: TP innermost, then the attention-DP ranks,
+/// then the stages (the dense mesh); the experts' mesh is `expert_tp × ep × pp` over the same
+/// ranks.
+pub(crate) fn worker_groups(w: &Worker, domain: u32) -> WorkerGroups {
+    let dense = Mesh::new(RankOrder::DEFAULT, |a| match a {
+        Axis::Tp => w.tp,
+        Axis::Dp => w.attention_dp,
+        Axis::Pp => w.pp,
+        _ => 1,
+    });
+    let experts = Mesh::new(RankOrder::DEFAULT, |a| match a {
+        Axis::Tp => w.expert_tp,
+        Axis::Ep => w.ep,
+        Axis::Pp => w.pp,
+        _ => 1,
+    });
+    WorkerGroups {
+        tp: layout::group(&dense, &[Axis::Tp], domain),
+        ep: layout::group(&experts, &[Axis::Ep], domain),
+        expert_tp: layout::group(&experts, &[Axis::Tp], domain),
+        pp_same_domain: w.stage_gpus() * 2 <= domain as u64,
+    }
+}
+
+/// One forward's tokens per attention-DP rank.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Batch {
+    /// Sequences decoding one token each.
+    pub decode_seqs: f64,
+    /// Mean KV tokens each decoding sequence attends to.
+    pub decode_context: f64,
+    /// Sequences in prefill.
+    pub prefill_seqs: f64,
+    /// New tokens of each prefilling sequence.
+    pub prefill_new: f64,
+    /// Cached tokens (shared prefix, earlier chunks) each prefilling sequence attends to.
+    pub prefill_cached: f64,
+}
+
+impl Batch {
+    fn tokens(&self) -> f64 {
+        self.decode_seqs + self.prefill_seqs * self.prefill_new
+    }
+
+    /// Sequences whose last position is sampled (logits computed).
+    fn sampled(&self) -> f64 {
+        self.decode_seqs + self.prefill_seqs
+    }
+}
+
+/// The pieces the serving time model reads, built once per problem.
+pub(crate) struct TimeModel<'a> {
+    pub problem: &'a ServingProblem,
+    pub device: Device,
+    pub fabric: Fabric,
+    pub domain: u32,
+    weight_bytes: f64,
+    kv_bytes: f64,
+    /// HBM bytes/s of decode kernels.
+    stream_bytes_per_s: f64,
+    ops: OpsContext,
+    /// GEMMs of a layer's attention (the first ones [`layer_ops`] lists).
+    attention_gemms: usize,
+}
+
+/// Accumulated time and traffic of the linear layers.
+#[derive(Default)]
+struct Linear {
+    seconds: f64,
+    compute_s: f64,
+    bytes: f64,
+    weight_bytes: f64,
+    flops: f64,
+}
+
+impl<'a> TimeModel<'a> {
+    pub fn new(problem: &'a ServingProblem) -> Self {
+        let gpu = &problem.cluster.gpu;
+        let device = Device::of(gpu, problem.weight_precision);
+        let stack = Stack::default_stack();
+        let model = &problem.model;
+        let ops = OpsContext {
+            tokens: 1.0,
+            moe_imbalance: gpu.calibration.moe_imbalance,
+            elementwise_bytes_per_hidden: gpu.calibration.elementwise_bytes_per_hidden,
+            routed_copy_bytes_per_hidden: stack.routed_copy_bytes_per_hidden,
+            expert_activation_bytes_per_width: stack.expert_activation_bytes_per_width,
+        };
+        // The dense layer's two FFN GEMMs follow its attention GEMMs (layer_ops' order).
+        let dense = model.layer_kinds().specs()[0];
+        let shard = Shard {
+            tp: 1,
+            ep: 1,
+            sequence_parallel: false,
+        };
+        let attention_gemms = layer_ops(model, &dense, &shard, &ops).gemms().len() - 2;
+        TimeModel {
+            problem,
+            device,
+            fabric: Fabric::of(&problem.cluster),
+            domain: problem.cluster.nvlink_domain(),
+            weight_bytes: bytes_per_element(problem.weight_precision),
+            kv_bytes: bytes_per_element(problem.kv_precision),
+            stream_bytes_per_s: gpu.memory_bandwidth_gbps
+                * 1e9
+                * constants().decode_bandwidth_fraction,
+            ops,
+            attention_gemms,
+        }
+    }
+
+    /// Adds `g` to `acc`: FLOPs at the shape's efficiency against the bytes of the weights of
+    /// `touched` of its `repeat` instances and of its activations, whichever is slower.
+    fn gemm(&self, acc: &mut Linear, g: &Gemm, touched: f64) {
+        if g.m <= 0.0 || g.n <= 0.0 || g.k <= 0.0 {
+            return;
+        }
+        let dev = &self.device.gemm;
+        let flops = 2.0 * g.m * g.n * g.k * g.repeat;
+        // Skinny GEMMs (decode) run on kernels that pad no tile rows (data/serving.toml).
+        let rows = g.m.max(constants().skinny_gemm_rows);
+        let compute = flops / (dev.peak_flops * gemm::efficiency(dev, rows, g.n, g.k));
+        let weights = self.weight_bytes * g.n * g.k * touched;
+        let bytes = weights + ACT_BYTES * (g.m * g.k + g.m * g.n) * g.repeat;
+        acc.seconds += compute.max(bytes / self.stream_bytes_per_s);
+        acc.compute_s += compute;
+        acc.bytes += bytes;
+        acc.weight_bytes += weights;
+        acc.flops += flops;
+    }
+
+    /// One layer of `spec` on one GPU of worker `w` for `batch` (per attention-DP rank).
+    fn layer(
+        &self,
+        w: &Worker,
+        g: &WorkerGroups,
+        spec: &LayerSpec,
+        batch: &Batch,
+    ) -> (PhaseTime, Linear) {
+        let model = &self.problem.model;
+        let tok = batch.tokens();
+        let shard = Shard {
+            tp: w.tp,
+            ep: w.ep,
+            sequence_parallel: false,
+        };
+        let ctx = OpsContext {
+            tokens: tok,
+            ..self.ops
+        };
+        let ops = layer_ops(model, spec, &shard, &ctx);
+        let mut lin = Linear::default();
+        let routed = self.attention_gemms + 1..self.attention_gemms + 3;
+        for (i, gm) in ops.gemms().iter().enumerate() {
+            if spec.moe().is_some() && routed.contains(&i) {
+                continue;
+            }
+            self.gemm(&mut lin, gm, gm.repeat);
+        }
+        let mut elementwise_bytes = ops.elementwise_bytes;
+        let mut ep_comm_s = 0.0;
+        let h = model.hidden as f64;
+        if let Some(moe) = spec.moe() {
+            // Tokens of the whole stage reach the experts: every attention-DP rank's own.
+            let stage_tokens = tok * w.attention_dp as f64;
+            let expert_shard = Shard {
+                tp: w.expert_tp,
+                ep: w.ep,
+                sequence_parallel: false,
+            };
+            let per_ep_rank = OpsContext {
+                tokens: stage_tokens / w.ep as f64,
+                ..self.ops
+            };
+            let eops = layer_ops(model, spec, &expert_shard, &per_ep_rank);
+            // A local expert's weights are read when at least one of the stage's tokens picks
+            // it (top-k of E, uniform routing).
+            let e = moe.num_experts as f64;
+            let touched = 1.0 - (1.0 - moe.top_k as f64 / e).powf(stage_tokens);
+            for gm in &eops.gemms()[routed] {
+                self.gemm(&mut lin, gm, gm.repeat * touched);
+            }
+            elementwise_bytes += eops.routed_elementwise_bytes;
+            if w.attention_dp > 1 {
+                // Each GPU dispatches its share of its rank's tokens and gets them back.
+                let d = self
+                    .fabric
+                    .dispatch(tok / w.tp as f64, h * WIRE_BYTES, moe.top_k, g.ep);
+                ep_comm_s += 2.0 * d.total_s;
+                let received =
+                    stage_tokens * moe.top_k as f64 * self.ops.moe_imbalance / w.ep as f64;
+                ep_comm_s += self
+                    .fabric
+                    .collective(
+                        Collective::AllReduce,
+                        received * h * WIRE_BYTES,
+                        g.expert_tp,
+                    )
+                    .total_s;
+            }
+        }
+        // After attention and after the FFN (dense, or the MoE's shared and combined output).
+        let tp_comm_s = 2.0
+            * self
+                .fabric
+                .collective(Collective::AllReduce, tok * h * WIRE_BYTES, g.tp)
+                .total_s;
+        let (attention_s, attention_flops, kv_read) = self.attention(w, &spec.mixer, batch);
+        let t = PhaseTime {
+            total_s: 0.0,
+            linear_s: lin.seconds,
+            attention_s,
+            elementwise_s: elementwise_bytes / self.device.memory_bytes_per_s,
+            tp_comm_s,
+            ep_comm_s,
+            pp_comm_s: 0.0,
+            overhead_s: 0.0,
+            weight_bytes: lin.weight_bytes,
+            kv_bytes: kv_read,
+            flops: lin.flops + attention_flops,
+            arithmetic_intensity: lin.flops / lin.bytes.max(1.0),
+            memory_bound: lin.bytes / self.stream_bytes_per_s > lin.compute_s,
+        };
+        (t, lin)
+    }
+
+    /// Core attention of one layer per GPU: `(seconds, FLOPs, KV bytes read)`. Decode reads
+    /// each sequence's cache once (MLA in its absorbed form: scores and values over the latent);
+    /// prefill is causal over the new tokens and full over the cached ones.
+    fn attention(&self, w: &Worker, mixer: &Mixer, b: &Batch) -> (f64, f64, f64) {
+        let model = &self.problem.model;
+        let heads = model.heads as f64 / w.tp as f64;
+        let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+        let decode_width = match mixer {
+            Mixer::Latent(m) => 2.0 * m.kv_lora_rank as f64 + m.qk_rope_head_dim as f64,
+            Mixer::Attention { .. } => dqk + dv,
+        };
+        let decode_flops = 2.0 * heads * decode_width * b.decode_seqs * b.decode_context;
+        let pairs = b.prefill_new * b.prefill_cached + b.prefill_new * b.prefill_new / 2.0;
+        let prefill_flops = 2.0 * heads * (dqk + dv) * b.prefill_seqs * pairs;
+        let kv_layer = kv_bytes_per_token_per_layer(model, w.tp, self.kv_bytes);
+        let kv_read = kv_layer
+            * (b.decode_seqs * b.decode_context
+                + b.prefill_seqs * (b.prefill_cached + b.prefill_new));
+        let flops = decode_flops + prefill_flops;
+        let seconds =
+            (flops / self.device.attention_flops_per_s).max(kv_read / self.stream_bytes_per_s);
+        (seconds, flops, kv_read)
+    }
+
+    /// The LM head of the last stage: `sampled` rows against the vocabulary shard, and the
+    /// logits' all-gather over TP.
+    fn lm_head(&self, w: &Worker, g: &WorkerGroups, sampled: f64) -> (f64, f64, f64) {
+        let model = &self.problem.model;
+        let mut lin = Linear::default();
+        let head = Gemm {
+            m: sampled.max(1.0),
+            n: model.vocab as f64 / w.tp as f64,
+            k: model.hidden as f64,
+            repeat: 1.0,
+        };
+        self.gemm(&mut lin, &head, 1.0);
+        let gather = self
+            .fabric
+            .collective(
+                Collective::AllGather,
+                sampled.max(1.0) * model.vocab as f64 * ACT_BYTES,
+                g.tp,
+            )
+            .total_s;
+        (lin.seconds, gather, lin.weight_bytes)
+    }
+
+    /// One stage of `w` holding `counts` layers, on `batch`.
+    fn stage(
+        &self,
+        w: &Worker,
+        g: &WorkerGroups,
+        counts: &LayerCounts,
+        last: bool,
+        batch: &Batch,
+        decode: bool,
+    ) -> PhaseTime {
+        let kinds = self.problem.model.layer_kinds();
+        let c = constants();
+        let mut t = PhaseTime::default();
+        let mut lin = Linear::default();
+        for (kind, n) in counts.iter() {
+            if n == 0 {
+                continue;
+            }
+            let spec = &kinds.specs()[kind];
+            let (l, layer_lin) = self.layer(w, g, spec, batch);
+            let n = n as f64;
+            lin.bytes += n * layer_lin.bytes;
+            lin.flops += n * layer_lin.flops;
+            lin.compute_s += n * layer_lin.compute_s;
+            t.linear_s += n * l.linear_s;
+            t.attention_s += n * l.attention_s;
+            t.elementwise_s += n * l.elementwise_s;
+            t.tp_comm_s += n * l.tp_comm_s;
+            t.ep_comm_s += n * l.ep_comm_s;
+            t.weight_bytes += n * l.weight_bytes;
+            t.kv_bytes += n * l.kv_bytes;
+            t.flops += n * l.flops;
+            let launch = if decode {
+                c.decode_layer_launch_us
+            } else {
+                c.prefill_layer_launch_us
+            };
+            let factor = if spec.moe().is_some() {
+                c.moe_layer_launch_factor
+            } else {
+                1.0
+            };
+            t.overhead_s += n * launch * factor * 1e-6;
+        }
+        if last {
+            let (head_s, gather_s, head_bytes) = self.lm_head(w, g, batch.sampled());
+            t.linear_s += head_s;
+            t.tp_comm_s += gather_s;
+            t.weight_bytes += head_bytes;
+        }
+        t.arithmetic_intensity = lin.flops / lin.bytes.max(1.0);
+        t.memory_bound = lin.bytes / self.stream_bytes_per_s > lin.compute_s;
+        t.total_s =
+            t.linear_s + t.attention_s + t.elementwise_s + t.tp_comm_s + t.ep_comm_s + t.overhead_s;
+        t
+    }
+
+    /// One forward of worker `w` on `batch` (per attention-DP rank, split into `w.pp`
+    /// micro-batches when `pipelined`): the busiest stage's breakdown, with `total_s` the
+    /// latency of the forward (every stage and hop) and the second value its period (the time
+    /// between forwards in steady state).
+    pub fn forward(&self, w: &Worker, batch: &Batch, decode: bool) -> (PhaseTime, f64) {
+        let g = worker_groups(w, self.domain);
+        let stages = stage_shapes(&self.problem.model, w.pp);
+        let pp = stages.iter().map(|s| s.repeat as f64).sum::<f64>();
+        // Decode runs pp micro-batches in flight (one per stage); prefill one batch.
+        let mb = if decode && pp > 1.0 {
+            Batch {
+                decode_seqs: batch.decode_seqs / pp,
+                prefill_seqs: batch.prefill_seqs / pp,
+                ..*batch
+            }
+        } else {
+            *batch
+        };
+        let hop = if pp > 1.0 {
+            let bytes = mb.tokens() * self.problem.model.hidden as f64 * WIRE_BYTES;
+            self.fabric.p2p(bytes, g.pp_same_domain).total_s
+        } else {
+            0.0
+        };
+        let mut busiest = PhaseTime::default();
+        let mut sum = 0.0;
+        for stage in &stages {
+            let t = self.stage(w, &g, &stage.counts, stage.last, &mb, decode);
+            sum += stage.repeat as f64 * t.total_s;
+            if t.total_s >= busiest.total_s {
+                busiest = t;
+            }
+        }
+        busiest.pp_comm_s = hop * (pp - 1.0);
+        let latency = sum + busiest.pp_comm_s;
+        let step = if decode {
+            constants().decode_step_overhead_us * 1e-6
+        } else {
+            0.0
+        };
+        busiest.overhead_s += step;
+        let (latency, period) = if decode && pp > 1.0 {
+            // Each micro-batch waits for the pp − 1 others to pass its stage.
+            let cycle = (pp * busiest.total_s).max(latency) + step;
+            (cycle, cycle)
+        } else if pp > 1.0 {
+            (latency, busiest.total_s + hop)
+        } else {
+            (latency + step, latency + step)
+        };
+        busiest.total_s = latency;
+        (busiest, period)
+    }
+}
+
+/// The serving times of a deployment (docs/serving.md §2 defines each metric).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ServingTime {
+    /// Time to first token: arrival to the first output token, s.
+    pub ttft_s: f64,
+    /// Time per output token after the first (inter-token latency), s.
+    pub tpot_s: f64,
+    /// Arrival to the last token: `ttft + (output_len − 1)·tpot`, s.
+    pub e2e_s: f64,
+    /// One decode step of the (decode or aggregated) worker, with prefill piggybacked in the
+    /// aggregated case.
+    pub decode: PhaseTime,
+    /// One prefill forward (a prefill worker's batch, or one request's prompt on an
+    /// aggregated worker).
+    pub prefill: PhaseTime,
+    /// KV-cache hand-over per request between the pools (0 when aggregated), s.
+    pub kv_transfer_s: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hardware::{Cluster, Precision};
+    use crate::serving::problem::{Objective, Slo, Traffic};
+
+    pub(crate) fn problem(model: &str, n: u32) -> ServingProblem {
+        ServingProblem {
+            model: crate::presets::model(model).unwrap(),
+            cluster: Cluster {
+                gpu: crate::presets::gpu("h100-sxm").unwrap(),
+                num_gpus: n,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            },
+            weight_precision: Precision::Bf16,
+            kv_precision: Precision::Bf16,
+            traffic: Traffic {
+                input_len: 1024,
+                output_len: 256,
+                prefix_fraction: 0.0,
+                concurrency: None,
+                request_rate: None,
+            },
+            slo: Slo::default(),
+            objective: Objective::Throughput,
+        }
+    }
+
+    fn decode(seqs: f64) -> Batch {
+        Batch {
+            decode_seqs: seqs,
+            decode_context: 1024.0,
+            prefill_seqs: 0.0,
+            prefill_new: 0.0,
+            prefill_cached: 0.0,
+        }
+    }
+
+    fn worker(tp: u32) -> Worker {
+        Worker {
+            tp,
+            pp: 1,
+            attention_dp: 1,
+            ep: 1,
+            expert_tp: tp,
+            max_sequences: 1,
+        }
+    }
+
+    #[test]
+    fn batch_one_decode_is_memory_bound_at_the_weight_read() {
+        let p = problem("llama3-70b", 8);
+        let tm = TimeModel::new(&p);
+        let (t, _) = tm.forward(&worker(8), &decode(1.0), true);
+        assert!(t.memory_bound);
+        // An eighth of 141 GB of bf16 weights at 80 % of 3.35 TB/s: 6.6 ms of linear layers.
+        let floor = 141.1e9 / 8.0 / (3.35e12 * 0.8);
+        assert!(
+            (t.linear_s - floor).abs() / floor < 0.05,
+            "{} vs {floor}",
+            t.linear_s
+        );
+        // 160 all-reduces of 16 KiB on NVLink: latency-bound, milliseconds in all.
+        assert!(t.tp_comm_s > 1e-3 && t.tp_comm_s < 1e-2, "{}", t.tp_comm_s);
+        assert!(t.arithmetic_intensity < 2.0, "{}", t.arithmetic_intensity);
+    }
+
+    #[test]
+    fn bigger_batches_raise_arithmetic_intensity_until_compute_bound() {
+        let p = problem("llama3-8b", 1);
+        let tm = TimeModel::new(&p);
+        let (small, _) = tm.forward(&worker(1), &decode(1.0), true);
+        let (big, _) = tm.forward(&worker(1), &decode(512.0), true);
+        assert!(big.arithmetic_intensity > 100.0 * small.arithmetic_intensity);
+        // The step time grows far less than the batch.
+        assert!(big.total_s < 20.0 * small.total_s);
+        let prefill = Batch {
+            decode_seqs: 0.0,
+            decode_context: 0.0,
+            prefill_seqs: 8.0,
+            prefill_new: 1024.0,
+            prefill_cached: 0.0,
+        };
+        let (pf, _) = tm.forward(&worker(1), &prefill, false);
+        assert!(!pf.memory_bound);
+    }
+
+    #[test]
+    fn routed_gemms_are_the_two_after_the_router() {
+        let p = problem("deepseek-v3", 16);
+        let tm = TimeModel::new(&p);
+        let spec = p.model.layer_kinds().specs()[1];
+        let moe = spec.moe().unwrap();
+        let shard = Shard {
+            tp: 2,
+            ep: 8,
+            sequence_parallel: false,
+        };
+        let ops = layer_ops(
+            &p.model,
+            &spec,
+            &shard,
+            &OpsContext {
+                tokens: 64.0,
+                ..tm.ops
+            },
+        );
+        let g = ops.gemms();
+        let a = tm.attention_gemms;
+        let h = p.model.hidden as f64;
+        assert_eq!((g[a].n, g[a].k), (moe.num_experts as f64, h), "router");
+        assert_eq!(g[a + 1].k, h);
+        assert_eq!(g[a + 1].n, 2.0 * moe.expert_ffn_hidden as f64 / 2.0);
+        assert_eq!(g[a + 2].n, h);
+        assert_eq!(g[a + 1].repeat, moe.num_experts as f64 / 8.0);
+    }
+
+    #[test]
+    fn attention_dp_spreads_mla_decode_attention() {
+        // MLA's latent cache is replicated over TP: TP8 reads all of it on every GPU, TP1 with
+        // eight attention-DP ranks an eighth.
+        let p = problem("deepseek-v3", 8);
+        let tm = TimeModel::new(&p);
+        let tp8 = Worker {
+            tp: 8,
+            pp: 1,
+            attention_dp: 1,
+            ep: 8,
+            expert_tp: 1,
+            max_sequences: 64,
+        };
+        let adp8 = Worker {
+            tp: 1,
+            attention_dp: 8,
+            ..tp8
+        };
+        let (a, _) = tm.forward(&tp8, &decode(64.0), true);
+        let (b, _) = tm.forward(&adp8, &decode(8.0), true);
+        assert!((a.kv_bytes / b.kv_bytes - 8.0).abs() < 1e-9);
+        assert!(b.ep_comm_s > 0.0 && a.ep_comm_s == 0.0);
+    }
+}

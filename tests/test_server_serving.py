@@ -1,0 +1,132 @@
+"""``SearchServing`` and ``EvaluateServing`` against a real server on 127.0.0.1, port 0: the
+answers equal the Python API's, bad fields are INVALID_ARGUMENT naming the field, deadlines
+are DEADLINE_EXCEEDED."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+import meshplan as mp
+from meshplan import serving_wire
+from meshplan.server import PlannerServer, ServerConfig
+from meshplan.v1 import planner_pb2 as pb
+from meshplan.v1 import planner_pb2_grpc as pb_grpc
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[pb_grpc.PlannerStub]:
+    server = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        yield pb_grpc.PlannerStub(channel)
+    finally:
+        channel.close()
+        server.stop(0)
+
+
+def problem(**traffic: object) -> pb.ServingProblem:
+    t = {"input_len": 1024, "output_len": 256, **traffic}
+    return pb.ServingProblem(model=pb.Model(preset="llama3-8b"),
+                             cluster=pb.Cluster(gpu="h100-sxm", num_gpus=8),
+                             traffic=pb.ServingTraffic(**t))  # type: ignore[arg-type]
+
+
+def test_search_serving_matches_the_python_api(stub: pb_grpc.PlannerStub) -> None:
+    response = stub.SearchServing(pb.SearchServingRequest(problem=problem(),
+                                                          space=pb.ServingSpace(top_k=3)), timeout=60)
+    local = mp.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), input_len=1024, output_len=256,
+                              space={"top_k": 3})
+    assert [e.label for e in response.plans] == [e["label"] for e in local.plans]
+    assert [e.label for e in response.pareto] == [e["label"] for e in local.pareto]
+    best = response.plans[0]
+    assert best.tpot_s == pytest.approx(local.plans[0]["time"]["tpot_s"])
+    assert best.tokens_per_s_per_gpu == pytest.approx(local.plans[0]["tokens_per_s_per_gpu"])
+    assert response.stats.candidates == local.stats["candidates"]
+    assert json.loads(best.extra_json)["time"]["decode"]["linear_s"] > 0
+    assert serving_wire.evaluation_from(best)["label"] == best.label
+
+
+def test_evaluate_serving_round_trips_a_disaggregated_plan(stub: pb_grpc.PlannerStub) -> None:
+    plan = pb.ServingPlan(worker=pb.ServingWorker(tp=2, max_sequences=64), replicas=3,
+                          prefill=pb.ServingWorker(tp=2, max_sequences=4))
+    response = stub.EvaluateServing(pb.EvaluateServingRequest(problem=problem(), plan=plan), timeout=60)
+    ev = response.evaluation
+    assert ev.plan.replicas == 3 and ev.plan.prefill_replicas == 1 and ev.gpus == 8
+    assert ev.plan.worker.expert_tp == 2 and ev.kv_transfer_s > 0
+    local = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=64,replicas=3",
+                                prefill="tp=2,batch=4", input_len=1024, output_len=256)
+    assert ev.ttft_s == pytest.approx(local["time"]["ttft_s"])
+
+
+@pytest.mark.parametrize("value", [0, 2**31, 2**32, 2**63 - 1])
+def test_bad_integers_are_invalid_argument_naming_the_field(stub: pb_grpc.PlannerStub, value: int) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        stub.SearchServing(pb.SearchServingRequest(problem=problem(input_len=value)), timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == f"invalid traffic.input_len: {value} (allowed: 1..=16777216)"
+    plan = pb.ServingPlan(worker=pb.ServingWorker(tp=value, max_sequences=1))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.EvaluateServing(pb.EvaluateServingRequest(problem=problem(), plan=plan), timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith("invalid serving_plan.worker.tp: ")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.SearchServing(pb.SearchServingRequest(problem=problem(),
+                                                   space=pb.ServingSpace(top_k=max(value, 1001))), timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "serving_space.top_k" in e.value.details()
+
+
+def test_a_passed_deadline_is_deadline_exceeded(stub: pb_grpc.PlannerStub) -> None:
+    big = pb.ServingProblem(model=pb.Model(preset="deepseek-v3"),
+                            cluster=pb.Cluster(gpu="h200-sxm", num_gpus=1 << 16, nvlink_domain=64),
+                            weight_precision="fp8",
+                            traffic=pb.ServingTraffic(input_len=4096, output_len=1024))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.SearchServing(pb.SearchServingRequest(problem=big), timeout=0.05)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def plausible(method: str) -> Any:
+    """A request a careful client would send (dense model on 8 GPUs, MoE fields present)."""
+    p = pb.ServingProblem(model=pb.Model(preset="mixtral-8x7b"),
+                          cluster=pb.Cluster(gpu="h100-sxm", num_gpus=8),
+                          traffic=pb.ServingTraffic(input_len=512, output_len=64, concurrency=16))
+    if method == "SearchServing":
+        return pb.SearchServingRequest(problem=p, space=pb.ServingSpace(top_k=3, max_tp=8, max_pp=2,
+                                                                       max_attention_dp=8, max_sequences=64))
+    worker = pb.ServingWorker(tp=2, pp=1, attention_dp=2, ep=4, expert_tp=1, max_sequences=16)
+    plan = pb.ServingPlan(worker=worker, replicas=1, prefill=worker, prefill_replicas=1)
+    return pb.EvaluateServingRequest(problem=p, plan=plan)
+
+
+def test_every_integer_field_at_every_edge_gets_a_clean_answer(stub: pb_grpc.PlannerStub) -> None:
+    from grpc_fuzz import _int_edges, int_paths, set_path
+
+    calls = 0
+    for method in ("SearchServing", "EvaluateServing"):
+        call = getattr(stub, method)
+        descriptor = plausible(method).DESCRIPTOR
+        for path in int_paths(descriptor):
+            field_descriptor = descriptor
+            for name in path[:-1]:
+                field_descriptor = field_descriptor.fields_by_name[name].message_type
+            for value in _int_edges(field_descriptor.fields_by_name[path[-1]]):
+                msg = plausible(method)
+                set_path(msg, path, value)
+                calls += 1
+                try:
+                    call(msg, timeout=30)
+                except grpc.RpcError as e:
+                    where = f"{method} {'.'.join(path)}={value}"
+                    assert e.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                                        grpc.StatusCode.RESOURCE_EXHAUSTED), (where, e.code(), e.details())
+                    assert "\n" not in e.details() and "Traceback" not in e.details(), where
+                    if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        assert e.details().startswith("invalid ") or e.details().startswith("unknown "), \
+                            (where, e.details())
+    assert calls > 100

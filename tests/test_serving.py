@@ -1,0 +1,199 @@
+"""Serving plans through Python and the CLI (docs/serving.md): the issue's scenarios, the
+metric relations, the Pareto front, explain, the launch commands and the command line."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+
+import meshplan as mp
+from meshplan.cli import main
+from meshplan.serving import launch_commands, parse_serving_plan, serving_problem
+
+H100x8 = mp.Cluster("h100-sxm", 8)
+
+
+def test_batch_one_latency_picks_tp_within_the_node() -> None:
+    r = mp.search_serving("llama3-70b", H100x8, input_len=1024, output_len=128, concurrency=1,
+                          objective="latency")
+    best = r.best
+    assert best is not None
+    assert best["plan"]["worker"]["tp"] == 8 and best["plan"]["replicas"] == 1
+    assert best["plan"]["prefill"] is None
+    # Batch 1 decoding is memory-bound.
+    assert best["time"]["decode"]["memory_bound"]
+    ex = mp.explain_serving("llama3-70b", H100x8, best["plan"], input_len=1024, output_len=128,
+                            concurrency=1)
+    tp = next(a for a in ex["axes"] if a["axis"] == "tp")
+    assert tp["collective"] == "all-reduce" and tp["fabric"] == "nvlink"
+    assert tp["latency_bound"]
+    # Two all-reduces of one hidden state per layer: 2·80·2·(7/8)·8192·2 bytes per token.
+    assert tp["bytes_per_token_per_gpu"] == pytest.approx(2 * 80 * 2 * 7 / 8 * 8192 * 2)
+
+
+def test_a_throughput_target_picks_replicas_of_a_smaller_tp() -> None:
+    r = mp.search_serving("llama3-70b", H100x8, input_len=2048, output_len=512, concurrency=256,
+                          request_rate=1.0, space={"disaggregation": False})
+    best = r.best
+    assert best is not None
+    assert best["plan"]["worker"]["tp"] < 8 and best["plan"]["replicas"] > 1, best["label"]
+    assert all(e["requests_per_s"] >= 1.0 for e in r.plans)
+
+
+def test_deepseek_v3_considers_attention_dp_with_ep_and_disaggregation() -> None:
+    r = mp.search_serving("deepseek-v3", mp.Cluster("h200-sxm", 16), input_len=4096, output_len=1024,
+                          weight_precision="fp8", tpot_s=0.1, space={"top_k": 2000})
+    workers = [e["plan"]["worker"] for e in r.plans]
+    assert any(w["attention_dp"] > 1 and w["ep"] > 1 for w in workers)
+    assert any(e["plan"]["prefill"] is not None for e in r.plans)
+    best = r.best
+    assert best is not None and best["plan"]["worker"]["ep"] > 1
+    ex = mp.explain_serving("deepseek-v3", mp.Cluster("h200-sxm", 16),
+                            "tp=1,adp=16,ep=16,batch=512", input_len=4096, output_len=1024,
+                            weight_precision="fp8")
+    ep = next(a for a in ex["axes"] if a["axis"] == "ep")
+    assert ep["collective"] == "dispatch+combine" and ep["fabric"] == "nvlink+network"
+    assert ep["bytes_per_token_per_gpu"] > 0
+
+
+def test_a_64_gpu_search_of_a_671b_moe_takes_under_a_second() -> None:
+    cluster = mp.Cluster("h200-sxm", 64)
+    started = time.perf_counter()
+    r = mp.search_serving("deepseek-v3", cluster, input_len=4096, output_len=1024,
+                          weight_precision="fp8", tpot_s=0.05)
+    elapsed = time.perf_counter() - started
+    assert r.stats["candidates"] > 1000 and r.plans
+    # The bound of the issue is 1 s on 2 cores; a loaded shared machine gets twice that.
+    assert elapsed < 2.0, elapsed
+
+
+def test_metric_relations_and_slos() -> None:
+    common = dict(input_len=1024, output_len=256)
+    ev = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=32", **common)
+    t = ev["time"]
+    # TPOT excludes the first token: e2e = TTFT + (OSL − 1)·TPOT.
+    assert t["e2e_s"] == pytest.approx(t["ttft_s"] + 255 * t["tpot_s"])
+    assert ev["tokens_per_s_per_user"] == pytest.approx(1 / t["tpot_s"])
+    assert ev["output_tokens_per_s"] == pytest.approx(ev["requests_per_s"] * 256)
+    assert ev["feasible"] and not ev["violations"]
+    tight = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=32",
+                                tpot_s=t["tpot_s"] / 2, ttft_s=t["ttft_s"] / 2, **common)
+    assert not tight["feasible"]
+    assert {v["rule"] for v in tight["violations"]} == {"tpot", "ttft"}
+
+
+def test_memory_says_how_many_sequences_fit() -> None:
+    ev = mp.evaluate_serving("llama3-70b", mp.Cluster("h100-sxm", 1), "tp=1,batch=1",
+                             input_len=1024, output_len=128)
+    assert not ev["feasible"]
+    assert ev["violations"][0]["rule"] == "memory"
+    assert ev["memory"]["max_sequences_fit"] == 0
+    ok = mp.evaluate_serving("llama3-70b", H100x8, "tp=8,batch=1", input_len=1024, output_len=128)
+    fp8 = mp.evaluate_serving("llama3-70b", H100x8, "tp=8,batch=1", input_len=1024, output_len=128,
+                              kv_precision="fp8")
+    assert fp8["memory"]["max_sequences_fit"] >= 2 * ok["memory"]["max_sequences_fit"] - 1
+
+
+def test_the_pareto_front_is_non_dominated() -> None:
+    r = mp.search_serving("llama3-8b", H100x8, input_len=1024, output_len=256)
+    front = r.pareto
+    assert len(front) >= 3
+    for a, b in zip(front, front[1:]):
+        assert a["tokens_per_s_per_user"] >= b["tokens_per_s_per_user"]
+        assert a["tokens_per_s_per_gpu"] < b["tokens_per_s_per_gpu"]
+    for e in r.plans:
+        assert any(f["tokens_per_s_per_gpu"] >= e["tokens_per_s_per_gpu"]
+                   and f["tokens_per_s_per_user"] >= e["tokens_per_s_per_user"] for f in front)
+
+
+def test_disaggregated_deployments_pay_the_kv_transfer() -> None:
+    ev = mp.evaluate_serving("llama3-70b", mp.Cluster("h100-sxm", 16), "tp=8,batch=64",
+                             prefill="tp=8,batch=4", input_len=4096, output_len=512)
+    assert ev["plan"]["prefill_replicas"] == 1 and ev["gpus"] == 16
+    t = ev["time"]
+    assert t["kv_transfer_s"] > 0
+    assert t["ttft_s"] == pytest.approx(t["prefill"]["total_s"] + t["kv_transfer_s"])
+
+
+def test_plan_spelling() -> None:
+    p = parse_serving_plan("tp=2,adp=4,ep=8,batch=64,replicas=3", "tp=8,etp=8,batch=2")
+    assert p["worker"] == {"tp": 2, "attention_dp": 4, "ep": 8, "expert_tp": 1, "max_sequences": 64}
+    assert p["replicas"] == 3 and p["prefill_replicas"] == 1
+    assert p["prefill"]["expert_tp"] == 8
+    with pytest.raises(mp.errors.InvalidInputError, match="unknown key 'dp'"):
+        parse_serving_plan("tp=2,dp=4")
+    with pytest.raises(mp.errors.InvalidInputError, match="serving_plan.tp: 'x'"):
+        parse_serving_plan("tp=x")
+
+
+def test_launch_commands() -> None:
+    problem = serving_problem("deepseek-v3", mp.Cluster("h200-sxm", 16), input_len=1024, output_len=256,
+                              weight_precision="fp8", kv_precision="fp8")
+    plan = parse_serving_plan("tp=1,adp=8,ep=8,batch=512,replicas=1", "tp=8,batch=2")
+    vllm = launch_commands(plan, problem, "vllm", "deepseek-ai/DeepSeek-V3")
+    decode = vllm[3]
+    assert decode.startswith("vllm serve deepseek-ai/DeepSeek-V3 ")
+    for flag in ("--tensor-parallel-size 1", "--data-parallel-size 8", "--enable-expert-parallel",
+                 "--max-num-seqs 64", "--kv-cache-dtype fp8", "--quantization fp8", "NixlConnector"):
+        assert flag in decode, flag
+    assert vllm[0].startswith("# 1 prefill workers of 8 GPUs")
+    sglang = launch_commands(plan, problem, "sglang")
+    for flag in ("--tp-size 8", "--dp-size 8", "--enable-dp-attention", "--ep-size 8",
+                 "--max-running-requests 512", "--kv-cache-dtype fp8_e4m3", "--disaggregation-mode decode"):
+        assert flag in sglang[3], flag
+    assert "--disaggregation-mode prefill" in sglang[1]
+    trt = launch_commands(plan, problem, "trtllm")
+    assert "--tp_size 8" in trt[3] and "--ep_size 8" in trt[3]
+    with pytest.raises(mp.errors.InvalidInputError, match="engine"):
+        launch_commands(plan, problem, "tgi")
+
+
+def run_cli(*argv: str) -> tuple[int, str]:
+    out = io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
+PROBLEM = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--input-len", "1024",
+           "--output-len", "256")
+
+
+def test_cli_search_table_json_csv() -> None:
+    code, text = run_cli("inference", "search", *PROBLEM, "--top-k", "3")
+    assert code == 0 and "tok/s/GPU" in text and "Pareto front" in text
+    code, text = run_cli("inference", "search", *PROBLEM, "--json", "--top-k", "2")
+    data = json.loads(text)
+    assert code == 0 and len(data["plans"]) == 2 and data["pareto"]
+    code, text = run_cli("inference", "search", *PROBLEM, "--csv", "--top-k", "2")
+    lines = text.strip().splitlines()
+    assert code == 0 and lines[0].startswith("rank,deployment,gpus,tp") and len(lines) == 3
+
+
+def test_cli_evaluate_explain_export(capsys: pytest.CaptureFixture[str]) -> None:
+    code, text = run_cli("inference", "evaluate", *PROBLEM, "--plan", "tp=1,batch=64,replicas=8")
+    assert code == 0 and "TPOT" in text and "feasible" in text
+    code, text = run_cli("inference", "explain", *PROBLEM, "--plan", "tp=2,batch=64,replicas=4")
+    assert code == 0 and "all-reduce" in text and "nvlink" in text
+    code, text = run_cli("inference", "evaluate", *PROBLEM, "--plan", "tp=2,batch=64,replicas=4",
+                         "--export", "sglang")
+    assert code == 0 and "sglang.launch_server" in text and "--tp-size 2" in text
+    code = main(["inference", "evaluate", *PROBLEM, "--plan", "tp=4294967296,batch=1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == ("meshplan: error: invalid serving_plan.worker.tp: 4294967296 "
+                           "(allowed: 1..=1048576)")
+
+
+def test_cli_plot_pareto(tmp_path: object) -> None:
+    pytest.importorskip("matplotlib")
+    from pathlib import Path
+
+    out = Path(str(tmp_path)) / "front.png"
+    code, _ = run_cli("inference", "search", *PROBLEM, "--plot", "pareto", "--out", str(out))
+    assert code == 0 and out.stat().st_size > 1000
