@@ -155,6 +155,7 @@ impl<'a> TimeModel<'a> {
             tokens: 1.0,
             moe_imbalance: gpu.calibration.moe_imbalance,
             elementwise_bytes_per_hidden: gpu.calibration.elementwise_bytes_per_hidden,
+            replicated_elementwise_bytes_per_hidden: stack.replicated_elementwise_bytes_per_hidden,
             routed_copy_bytes_per_hidden: stack.routed_copy_bytes_per_hidden,
             expert_activation_bytes_per_width: stack.expert_activation_bytes_per_width,
         };
