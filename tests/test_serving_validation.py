@@ -50,6 +50,7 @@ def test_the_report_summarises_by_gpu_and_kind() -> None:
         assert s["all"][metric]["n"] == len(measured), metric
         assert sum(g[metric]["n"] for g in s["by_gpu"].values()) == len(measured), metric
         assert sum(a[metric]["n"] for a in s["by_arch"].values()) == len(measured), metric
+        assert sum(e[metric]["n"] for e in s["by_engine"].values()) == len(measured), metric
     # the set holds every metric, dense and MoE cases
     assert all(s["all"][metric]["n"] > 0 for metric in METRICS)
     assert set(s["by_gpu"]) == {r["gpu"] for r in report.rows}

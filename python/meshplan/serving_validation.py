@@ -41,9 +41,9 @@ def is_serving_file(text: str) -> bool:
 
 @dataclass
 class ServingValidationReport:
-    """Per-case rows (``id``, ``gpu``, ``model``, ``arch``, predicted and measured values and
-    their absolute percentage errors) and the summary (``n``, ``median_ape``, ``p90_ape`` per
-    metric, overall, ``by_gpu`` and ``by_arch``)."""
+    """Per-case rows (``id``, ``gpu``, ``model``, ``engine``, ``arch``, predicted and measured values
+    and their absolute percentage errors) and the summary (``n``, ``median_ape``, ``p90_ape`` per
+    metric, overall, ``by_gpu``, ``by_arch`` and ``by_engine``)."""
 
     rows: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
@@ -107,7 +107,7 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
                 "expected a positive number or null")
         ape[metric] = None if m is None else abs(predicted[metric] - m) / m
     return {
-        "id": case.get("id"), "gpu": case["gpu"], "model": case["model"],
+        "id": case.get("id"), "gpu": case["gpu"], "model": case["model"], "engine": str(case.get("engine", "-")),
         "arch": "moe" if model.moe is not None else "dense",
         "batch": batch, "kv_capacity_sequences": fit, "feasible": ev["feasible"],
         "predicted": predicted, "measured": {k: measured.get(k) for k in METRICS}, "ape": ape,
@@ -121,8 +121,8 @@ def validate_serving(text: str) -> ServingValidationReport:
         raise InvalidCaseError("serving case file: expected {\"kind\": \"serving\", \"cases\": [...]}")
     engines = data.get("engines", {})
     rows = [_case(c, engines, i) for i, c in enumerate(data["cases"])]
-    summary: dict[str, Any] = {"all": _stats(rows), "by_gpu": {}, "by_arch": {}}
-    for key, name in (("gpu", "by_gpu"), ("arch", "by_arch")):
+    summary: dict[str, Any] = {"all": _stats(rows), "by_gpu": {}, "by_arch": {}, "by_engine": {}}
+    for key, name in (("gpu", "by_gpu"), ("arch", "by_arch"), ("engine", "by_engine")):
         for group in sorted({r[key] for r in rows}):
             summary[name][group] = _stats([r for r in rows if r[key] == group])
     return ServingValidationReport(rows, summary)
@@ -156,6 +156,7 @@ def report_text(report: ServingValidationReport, worst: int = 10) -> str:
     body = [line("all", report.summary["all"])]
     body += [line(f"gpu {g}", s) for g, s in report.summary["by_gpu"].items()]
     body += [line(f"arch {a}", s) for a, s in report.summary["by_arch"].items()]
+    body += [line(f"engine {e}", s) for e, s in report.summary["by_engine"].items()]
     lines = [f"{len(report.rows)} serving cases; absolute percentage error of the prediction", "",
              table(header, body)]
     for metric in METRICS:
