@@ -89,3 +89,17 @@ def test_a_measurement_that_is_not_a_positive_number_is_named(bad: str) -> None:
     text = json.dumps({"kind": "serving", "cases": [case]}).replace('"tpot_s": null', f'"tpot_s": {bad}')
     with pytest.raises(InvalidCaseError, match=r"measured\.tpot_s"):
         validate_serving(text)
+
+
+def test_fewer_requests_than_attention_dp_ranks_count_only_the_requests() -> None:
+    def case(concurrency: int) -> dict:
+        return {"id": f"c{concurrency}", "model": "deepseek-v3", "gpu": "h200-sxm", "num_gpus": 8,
+                "weight_precision": "fp8", "kv_precision": "fp8", "plan": {"tp": 1, "attention_dp": 8},
+                "traffic": {"input_len": 1024, "output_len": 256, "concurrency": concurrency},
+                "measured": {"tpot_s": 0.05}}
+
+    rows = validate_serving(json.dumps({"kind": "serving", "cases": [case(4), case(8)]})).rows
+    assert rows[0]["batch"] == rows[1]["batch"] == 8
+    assert rows[0]["predicted"]["tpot_s"] == rows[1]["predicted"]["tpot_s"]
+    four, eight = rows[0]["predicted"]["output_tokens_per_s"], rows[1]["predicted"]["output_tokens_per_s"]
+    assert four == pytest.approx(eight / 2)
