@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from meshplan import _core
 from meshplan.cli import main
+from meshplan.hardware import Cluster
+from meshplan.model import Model
+from meshplan.serving import serving_problem
 from meshplan.errors import InvalidCaseError
 from meshplan.serving_validation import METRICS, is_serving_file, validate_serving
 
@@ -100,6 +104,13 @@ def test_fewer_requests_than_attention_dp_ranks_count_only_the_requests() -> Non
 
     rows = validate_serving(json.dumps({"kind": "serving", "cases": [case(4), case(8)]})).rows
     assert rows[0]["batch"] == rows[1]["batch"] == 8
-    assert rows[0]["predicted"]["tpot_s"] == rows[1]["predicted"]["tpot_s"]
-    four, eight = rows[0]["predicted"]["output_tokens_per_s"], rows[1]["predicted"]["output_tokens_per_s"]
-    assert four == pytest.approx(eight / 2)
+    # the same deployment of 8 sequences, evaluated directly: 4 of its 8 sequences produce tokens
+    problem = serving_problem(Model.preset("deepseek-v3"), Cluster("h200-sxm", 8), input_len=1024, output_len=256,
+                              weight_precision="fp8", kv_precision="fp8", concurrency=4)
+    worker = {"tp": 1, "pp": 1, "attention_dp": 8, "ep": 1, "expert_tp": 8, "max_sequences": 8}
+    ev = _core.evaluate_serving(problem, {"worker": worker, "replicas": 1})
+    assert rows[0]["predicted"]["tpot_s"] == pytest.approx(ev["time"]["tpot_s"])
+    assert rows[0]["predicted"]["output_tokens_per_s"] == pytest.approx(ev["output_tokens_per_s"] * 4 / 8)
+    # with as many requests as ranks, all of them count
+    assert rows[1]["predicted"]["output_tokens_per_s"] * rows[1]["predicted"]["tpot_s"] > \
+        rows[0]["predicted"]["output_tokens_per_s"] * rows[0]["predicted"]["tpot_s"]
