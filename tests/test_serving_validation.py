@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from meshplan import _core
 from meshplan.cli import main
+from meshplan.hardware import Cluster
+from meshplan.model import Model
+from meshplan.serving import serving_problem
 from meshplan.errors import InvalidCaseError
 from meshplan.serving_validation import METRICS, is_serving_file, validate_serving
 
@@ -24,8 +28,15 @@ def test_every_case_is_sourced_and_exact() -> None:
     ids = [c["id"] for c in data["cases"]]
     assert len(ids) == len(set(ids))
     for c in data["cases"]:
-        assert c["source"] and c["locator"] and "@" in c["locator"], c["id"]
+        # a repository path at a pinned commit or tag, or a page's URL and section
+        assert c["source"] and c["locator"] and ("@" in c["locator"] or c["locator"].startswith("https://")), c["id"]
         assert any(c["measured"].get(m) for m in METRICS), c["id"]
+        assert set(c["measured"]) <= set(METRICS), c["id"]
+        t = c["traffic"]
+        assert t["input_len"] >= 1 and t["output_len"] >= 1, c["id"]
+        if c["measured"].get("tpot_s") or c["measured"].get("e2e_s"):
+            # a latency is only comparable at a stated load
+            assert t.get("concurrency"), c["id"]
         assert c["plan"]["tp"] * c["plan"].get("pp", 1) * c["plan"].get("attention_dp", 1) \
             * c["plan"].get("replicas", 1) == c["num_gpus"], c["id"]
     for engine in data["engines"].values():
@@ -38,13 +49,24 @@ def test_the_report_summarises_by_gpu_and_kind() -> None:
     report = validate_serving(text)
     assert len(report.rows) == len(json.loads(text)["cases"])
     s = report.summary
-    assert s["all"]["output_tokens_per_s"]["n"] == len(report.rows)
+    for metric in METRICS:
+        measured = [r for r in report.rows if r["measured"][metric] is not None]
+        assert s["all"][metric]["n"] == len(measured), metric
+        assert sum(g[metric]["n"] for g in s["by_gpu"].values()) == len(measured), metric
+        assert sum(a[metric]["n"] for a in s["by_arch"].values()) == len(measured), metric
+        assert sum(e[metric]["n"] for e in s["by_engine"].values()) == len(measured), metric
+    # the set holds every metric, dense and MoE cases
+    assert all(s["all"][metric]["n"] > 0 for metric in METRICS)
     assert set(s["by_gpu"]) == {r["gpu"] for r in report.rows}
-    assert "dense" in s["by_arch"]
+    assert {"dense", "moe"} <= set(s["by_arch"])
     for r in report.rows:
         assert r["batch"] >= 1 and r["predicted"]["output_tokens_per_s"] > 0
-        m, p = r["measured"]["output_tokens_per_s"], r["predicted"]["output_tokens_per_s"]
-        assert r["ape"]["output_tokens_per_s"] == pytest.approx(abs(p - m) / m)
+        for metric in METRICS:
+            m, p = r["measured"][metric], r["predicted"][metric]
+            if m is None:
+                assert r["ape"][metric] is None
+            else:
+                assert p > 0 and r["ape"][metric] == pytest.approx(abs(p - m) / m)
 
 
 def test_meshplan_validate_reads_the_serving_file() -> None:
@@ -54,6 +76,7 @@ def test_meshplan_validate_reads_the_serving_file() -> None:
     assert code == 0
     text = out.getvalue()
     assert "serving cases" in text and "gpu h100-sxm" in text and "largest throughput errors" in text
+    assert "largest TTFT errors" in text and "largest TPOT errors" in text and "arch moe" in text
 
 
 def test_a_malformed_serving_file_is_an_invalid_case() -> None:
@@ -61,3 +84,33 @@ def test_a_malformed_serving_file_is_an_invalid_case() -> None:
         validate_serving('{"kind": "serving", "cases": [{"id": "x"}]}')
     with pytest.raises(InvalidCaseError):
         validate_serving('{"kind": "serving"}')
+
+
+@pytest.mark.parametrize("bad", ["\"fast\"", "-0.5", "0", "true", "[1]"])
+def test_a_measurement_that_is_not_a_positive_number_is_named(bad: str) -> None:
+    case = {"id": "x", "model": "llama3-8b", "gpu": "h100-sxm", "num_gpus": 1, "plan": {"tp": 1},
+            "traffic": {"input_len": 128, "output_len": 128, "concurrency": 8}, "measured": {"tpot_s": None}}
+    text = json.dumps({"kind": "serving", "cases": [case]}).replace('"tpot_s": null', f'"tpot_s": {bad}')
+    with pytest.raises(InvalidCaseError, match=r"measured\.tpot_s"):
+        validate_serving(text)
+
+
+def test_fewer_requests_than_attention_dp_ranks_count_only_the_requests() -> None:
+    def case(concurrency: int) -> dict:
+        return {"id": f"c{concurrency}", "model": "deepseek-v3", "gpu": "h200-sxm", "num_gpus": 8,
+                "weight_precision": "fp8", "kv_precision": "fp8", "plan": {"tp": 1, "attention_dp": 8},
+                "traffic": {"input_len": 1024, "output_len": 256, "concurrency": concurrency},
+                "measured": {"tpot_s": 0.05}}
+
+    rows = validate_serving(json.dumps({"kind": "serving", "cases": [case(4), case(8)]})).rows
+    assert rows[0]["batch"] == rows[1]["batch"] == 8
+    # the same deployment of 8 sequences, evaluated directly: 4 of its 8 sequences produce tokens
+    problem = serving_problem(Model.preset("deepseek-v3"), Cluster("h200-sxm", 8), input_len=1024, output_len=256,
+                              weight_precision="fp8", kv_precision="fp8", concurrency=4)
+    worker = {"tp": 1, "pp": 1, "attention_dp": 8, "ep": 1, "expert_tp": 8, "max_sequences": 8}
+    ev = _core.evaluate_serving(problem, {"worker": worker, "replicas": 1})
+    assert rows[0]["predicted"]["tpot_s"] == pytest.approx(ev["time"]["tpot_s"])
+    assert rows[0]["predicted"]["output_tokens_per_s"] == pytest.approx(ev["output_tokens_per_s"] * 4 / 8)
+    # with as many requests as ranks, all of them count
+    assert rows[1]["predicted"]["output_tokens_per_s"] * rows[1]["predicted"]["tpot_s"] > \
+        rows[0]["predicted"]["output_tokens_per_s"] * rows[0]["predicted"]["tpot_s"]

@@ -2,11 +2,17 @@
 (``validation/serving.json``, docs/serving.md): each case's exact deployment is evaluated with
 :func:`meshplan.evaluate_serving` and its TTFT, TPOT and output throughput compared with what was
 measured, where the source publishes them; errors are summarised overall, by GPU and by model
-kind.
+kind. A case may also measure ``e2e_s`` (a fixed batch's end-to-end latency, as vLLM's latency
+benchmark reports), compared with the prediction's ``TTFT + (output_len - 1) * TPOT``.
+
+A case with a ``concurrency`` is a closed-loop run with that many requests in flight (for an
+open-loop run at a request rate, the source's in-flight count, which the case's notes derive).
 
 A case without a concurrency is an offline maximum-load run: the engine batches as many
 sequences as its KV cache holds, up to its ``max_batch_size`` (the file's ``engines`` table says
-which, with its source), so the prediction evaluates that batch.
+which, with its source), so the prediction evaluates that batch. A batch is a multiple of the
+plan's attention-DP ranks; with fewer requests in flight than ranks, one sequence per rank is
+evaluated and the throughput counts only the requests there are.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from .hardware import Cluster
 from .model import Model
 from .serving import serving_problem
 
-METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s")
+METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s", "e2e_s")
 """What a case may measure, each compared where the source publishes it."""
 
 
@@ -37,9 +43,9 @@ def is_serving_file(text: str) -> bool:
 
 @dataclass
 class ServingValidationReport:
-    """Per-case rows (``id``, ``gpu``, ``model``, ``arch``, predicted and measured values and
-    their absolute percentage errors) and the summary (``n``, ``median_ape``, ``p90_ape`` per
-    metric, overall, ``by_gpu`` and ``by_arch``)."""
+    """Per-case rows (``id``, ``gpu``, ``model``, ``engine``, ``arch``, predicted and measured values
+    and their absolute percentage errors) and the summary (``n``, ``median_ape``, ``p90_ape`` per
+    metric, overall, ``by_gpu``, ``by_arch`` and ``by_engine``)."""
 
     rows: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
@@ -92,14 +98,21 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     batch = max(adp, batch // adp * adp)
     worker["max_sequences"] = batch
     ev = _core.evaluate_serving(problem, deployment)
-    predicted = {"output_tokens_per_s": ev["output_tokens_per_s"], "ttft_s": ev["time"]["ttft_s"],
-                 "tpot_s": ev["time"]["tpot_s"]}
+    # fewer requests than attention-DP ranks: the planner evaluates one sequence per rank (its
+    # batches are multiples of attention_dp); only `concurrency` of them produce tokens
+    running = batch if concurrency is None else min(batch, int(concurrency))
+    predicted = {"output_tokens_per_s": ev["output_tokens_per_s"] * running / batch, "ttft_s": ev["time"]["ttft_s"],
+                 "tpot_s": ev["time"]["tpot_s"], "e2e_s": ev["time"]["e2e_s"]}
     ape = {}
     for metric in METRICS:
         m = measured.get(metric)
-        ape[metric] = None if m in (None, 0) else abs(predicted[metric] - m) / m
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
+            raise InvalidCaseError(
+                f"serving case {index} ({case.get('id', '?')}): measured.{metric} = {m!r}; "
+                "expected a positive number or null")
+        ape[metric] = None if m is None else abs(predicted[metric] - m) / m
     return {
-        "id": case.get("id"), "gpu": case["gpu"], "model": case["model"],
+        "id": case.get("id"), "gpu": case["gpu"], "model": case["model"], "engine": str(case.get("engine", "-")),
         "arch": "moe" if model.moe is not None else "dense",
         "batch": batch, "kv_capacity_sequences": fit, "feasible": ev["feasible"],
         "predicted": predicted, "measured": {k: measured.get(k) for k in METRICS}, "ape": ape,
@@ -113,8 +126,8 @@ def validate_serving(text: str) -> ServingValidationReport:
         raise InvalidCaseError("serving case file: expected {\"kind\": \"serving\", \"cases\": [...]}")
     engines = data.get("engines", {})
     rows = [_case(c, engines, i) for i, c in enumerate(data["cases"])]
-    summary: dict[str, Any] = {"all": _stats(rows), "by_gpu": {}, "by_arch": {}}
-    for key, name in (("gpu", "by_gpu"), ("arch", "by_arch")):
+    summary: dict[str, Any] = {"all": _stats(rows), "by_gpu": {}, "by_arch": {}, "by_engine": {}}
+    for key, name in (("gpu", "by_gpu"), ("arch", "by_arch"), ("engine", "by_engine")):
         for group in sorted({r[key] for r in rows}):
             summary[name][group] = _stats([r for r in rows if r[key] == group])
     return ServingValidationReport(rows, summary)
@@ -124,30 +137,42 @@ def _pct(v: Optional[float]) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
+_UNITS = {"output_tokens_per_s": ("tok/s", 1.0, ".0f"), "ttft_s": ("ms", 1e3, ".1f"),
+          "tpot_s": ("ms", 1e3, ".2f"), "e2e_s": ("ms", 1e3, ".0f")}
+_TITLES = {"output_tokens_per_s": "throughput", "ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "e2e latency"}
+
+
 def report_text(report: ServingValidationReport, worst: int = 10) -> str:
-    """The summary by GPU and model kind, then the largest errors."""
+    """The summary by GPU and model kind (median and p90 error per metric), then the largest
+    errors of each metric."""
     from .cli._render import table
 
-    header = ["group", "n thr", "thr median", "thr p90", "n TTFT", "TTFT median", "n TPOT", "TPOT median"]
-    body = []
+    short = {"output_tokens_per_s": "thr", "ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "e2e"}
+    header = ["group"]
+    for metric in METRICS:
+        header += [f"n {short[metric]}", f"{short[metric]} median", f"{short[metric]} p90"]
 
     def line(name: str, s: dict[str, Any]) -> list[Any]:
-        t, f, p = s["output_tokens_per_s"], s["ttft_s"], s["tpot_s"]
-        return [name, t["n"], _pct(t["median_ape"]), _pct(t["p90_ape"]), f["n"], _pct(f["median_ape"]),
-                p["n"], _pct(p["median_ape"])]
+        row: list[Any] = [name]
+        for metric in METRICS:
+            row += [s[metric]["n"], _pct(s[metric]["median_ape"]), _pct(s[metric]["p90_ape"])]
+        return row
 
-    body.append(line("all", report.summary["all"]))
+    body = [line("all", report.summary["all"])]
     body += [line(f"gpu {g}", s) for g, s in report.summary["by_gpu"].items()]
     body += [line(f"arch {a}", s) for a, s in report.summary["by_arch"].items()]
+    body += [line(f"engine {e}", s) for e, s in report.summary["by_engine"].items()]
     lines = [f"{len(report.rows)} serving cases; absolute percentage error of the prediction", "",
-             table(header, body), ""]
-    scored = [r for r in report.rows if r["ape"]["output_tokens_per_s"] is not None]
-    scored.sort(key=lambda r: -r["ape"]["output_tokens_per_s"])
-    lines.append(f"largest throughput errors (of {len(scored)}):")
-    lines.append(table(
-        ["case", "batch", "predicted tok/s", "measured tok/s", "APE"],
-        [[r["id"], r["batch"], f"{r['predicted']['output_tokens_per_s']:.0f}",
-          f"{r['measured']['output_tokens_per_s']:.0f}", _pct(r["ape"]["output_tokens_per_s"])]
-         for r in scored[:worst]],
-    ))
+             table(header, body)]
+    for metric in METRICS:
+        scored = [r for r in report.rows if r["ape"][metric] is not None]
+        if not scored:
+            continue
+        scored.sort(key=lambda r: -r["ape"][metric])
+        unit, scale, fmt = _UNITS[metric]
+        lines += ["", f"largest {_TITLES[metric]} errors (of {len(scored)}):", table(
+            ["case", "batch", f"predicted {unit}", f"measured {unit}", "APE"],
+            [[r["id"], r["batch"], format(r["predicted"][metric] * scale, fmt),
+              format(r["measured"][metric] * scale, fmt), _pct(r["ape"][metric])] for r in scored[:worst]],
+        )]
     return "\n".join(lines) + "\n"
