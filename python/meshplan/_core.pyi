@@ -28,6 +28,8 @@ __all__ = [
     "validate",
     "summarise",
     "apply_calibration",
+    "collective_times",
+    "gemm_times",
     "explain",
     "decode_traffic",
     "rank_orders",
@@ -121,6 +123,15 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def apply_calibration(gpu: dict[str, Any], calibration: str) -> dict[str, Any]:
     """``gpu`` (core ``Gpu`` shape) with the overrides of ``calibration`` (TOML or JSON text,
     tables keyed by GPU preset name or ``"*"``) applied and re-validated."""
+
+def collective_times(gpu: dict[str, Any], queries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each query ``{kind, bytes, group_size, per_domain}`` priced on ``gpu``'s calibrated
+    fabrics as the planner prices it: ``{total_s, latency_s, bandwidth_s, algorithm,
+    protocol}``."""
+
+def gemm_times(gpu: dict[str, Any], precision: str, shapes: list[list[float]]) -> list[float]:
+    """Seconds of each ``[m, n, k]`` GEMM on ``gpu`` at ``precision`` as the time model charges
+    it."""
 
 def explain(
     problem: dict[str, Any],

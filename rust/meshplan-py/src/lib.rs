@@ -726,6 +726,43 @@ fn apply_calibration(
     })
 }
 
+/// Each collective of `queries` (dicts `{kind, bytes, group_size, per_domain}`) priced on the
+/// calibrated fabrics of `gpu` (a GPU dict), as the planner prices it: `meshplan calibrate`
+/// fits measured nccl-tests times against these.
+#[pyfunction]
+fn collective_times(
+    py: Python<'_>,
+    gpu: &Bound<'_, PyAny>,
+    queries: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (
+        arg::<core::Gpu>(gpu, "gpu")?,
+        arg::<Vec<core::comm::CollectiveQuery>>(queries, "queries")?,
+    );
+    run(py, inputs, None, |(gpu, queries)| {
+        core::comm::price_collectives(&gpu, &queries)
+    })
+}
+
+/// Seconds of each GEMM of `shapes` (`[m, n, k]` lists) on `gpu` (a GPU dict) at `precision`,
+/// as the time model charges it: `meshplan calibrate` fits measured GEMM times against these.
+#[pyfunction]
+fn gemm_times(
+    py: Python<'_>,
+    gpu: &Bound<'_, PyAny>,
+    precision: &Bound<'_, PyAny>,
+    shapes: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (
+        arg::<core::Gpu>(gpu, "gpu")?,
+        arg::<core::Precision>(precision, "precision")?,
+        arg::<Vec<[f64; 3]>>(shapes, "shapes")?,
+    );
+    run(py, inputs, None, |(gpu, precision, shapes)| {
+        core::device::gemm_times_s(&gpu, precision, &shapes)
+    })
+}
+
 /// Explains one plan axis by axis (sharding, collectives, bytes, fabric, time) on a problem dict.
 #[pyfunction]
 #[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
@@ -1008,6 +1045,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(summarise, m)?)?;
     m.add_function(wrap_pyfunction!(apply_calibration, m)?)?;
+    m.add_function(wrap_pyfunction!(collective_times, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm_times, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(decode_traffic, m)?)?;
     m.add_function(wrap_pyfunction!(rank_orders, m)?)?;
