@@ -21,6 +21,7 @@ __all__ = [
     "model_preset",
     "gpu_presets",
     "gpu_preset",
+    "gpu_provenance",
     "model_from_hf_config",
     "default_space",
     "evaluate",
@@ -66,6 +67,11 @@ def gpu_presets() -> list[str]:
 
 def gpu_preset(name: str) -> dict[str, Any]:
     """The GPU preset ``name`` (core ``Gpu`` shape); ``UnknownPresetError`` otherwise."""
+
+def gpu_provenance(name: str) -> dict[str, Any]:
+    """Where each calibration constant of the GPU preset ``name`` comes from: ``{"summary":
+    kind, "constants": {constant: {"kind": kind, "note": str}}}``, kind one of ``fitted``,
+    ``measured``, ``derived``, ``shared``, ``assumed``."""
 
 def model_from_hf_config(json_text: str, name: Optional[str] = None) -> dict[str, Any]:
     """A model dict from the text of a Hugging Face ``config.json``; ``HfConfigError`` when it

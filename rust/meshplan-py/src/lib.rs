@@ -553,6 +553,15 @@ fn gpu_preset(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     })
 }
 
+/// Where each calibration constant of the GPU preset `name` comes from:
+/// `{"summary": kind, "constants": {name: {"kind", "note"}}}`.
+#[pyfunction]
+fn gpu_provenance(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    run(py, arg::<String>(name, "name")?, None, |name| {
+        core::presets::gpu_provenance(&name).map(core::provenance::GpuProvenance::of)
+    })
+}
+
 /// A model dict from the text of a Hugging Face `config.json`.
 #[pyfunction]
 #[pyo3(signature = (json_text, name=None))]
@@ -1038,6 +1047,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model_preset, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_presets, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_preset, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_provenance, m)?)?;
     m.add_function(wrap_pyfunction!(model_from_hf_config, m)?)?;
     m.add_function(wrap_pyfunction!(default_space, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
