@@ -35,7 +35,7 @@ def test_real_logs_parse_with_their_ranks_hosts_and_rows() -> None:
     logs = {Path(log.source).name: log for log in cal.read_logs([FIXTURES])}
     assert sorted(logs) == [
         "h100-2node-all_reduce_perf.txt", "mi300x-1node-all_reduce_perf.txt",
-        "mi300x-2node-all_reduce_perf.txt",
+        "mi300x-2node-all_reduce_perf.txt", "mi355x-2node-all_reduce_perf.txt",
     ]
     one = logs["mi300x-1node-all_reduce_perf.txt"]
     assert (one.kind, one.ranks, one.nodes, len(one.rows)) == ("all_reduce", 8, 1, 31)
@@ -51,6 +51,22 @@ def test_real_logs_parse_with_their_ranks_hosts_and_rows() -> None:
     assert (h100.ranks, h100.nodes, len(h100.rows)) == (16, 2, 31)
     assert h100.device == "NVIDIA H100 80GB HBM3"
     assert h100.rows[28].time_us == 12646.0  # printed without decimals
+    # No `# nThread` header and device lines without a device name; a `# Testing` line.
+    mi355 = logs["mi355x-2node-all_reduce_perf.txt"]
+    assert (mi355.ranks, mi355.nodes, len(mi355.rows), mi355.device) == (16, 2, 31, "")
+
+
+def test_the_mi355x_network_efficiency_is_this_logs_fit() -> None:
+    """The `mi355x` preset's network_bus_efficiency is `meshplan calibrate` on the published
+    2 x 8 MI355X log (its provenance says so)."""
+    logs = cal.read_logs([FIXTURES / "mi355x-2node-all_reduce_perf.txt"])
+    fit = cal.fit_collectives(_core.gpu_preset("mi355x"), logs)
+    values = {v.name: v for v in fit.values}
+    assert values["network_bus_efficiency"].determined
+    assert values["network_bus_efficiency"].value == pytest.approx(
+        mp.Gpu.preset("mi355x").calibration["network_bus_efficiency"], abs=0.01)
+    origin = mp.hardware.provenance("mi355x")["constants"]["network_bus_efficiency"]
+    assert origin["kind"] == "measured"
 
 
 def test_real_logs_fit_the_published_mi300x_bus_efficiency() -> None:
@@ -98,7 +114,9 @@ def test_mpi_prefixes_several_runs_and_legacy_columns() -> None:
     assert cal.parse_nccl_tests(text, "x", kind="all_reduce")[1].kind == "all_reduce"
 
 
-def test_bad_logs_are_one_line_errors_naming_what_is_missing(tmp_path: Path) -> None:
+def test_bad_logs_are_one_line_errors_naming_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(InvalidInputError, match="no result table"):
         cal.parse_nccl_tests("hello\n", "notes.txt")
     table = (FIXTURES / "mi300x-1node-all_reduce_perf.txt").read_text()
@@ -115,6 +133,10 @@ def test_bad_logs_are_one_line_errors_naming_what_is_missing(tmp_path: Path) -> 
         cal.parse_nccl_tests(table, "x", kind="broadcast")
     with pytest.raises(InvalidInputError, match="existing file"):
         cal.read_logs([tmp_path / "absent"])
+    logs = cal.parse_nccl_tests(table, "all_reduce.log")
+    with pytest.raises(InvalidInputError, match="at most 10"):
+        monkeypatch.setattr(cal, "MAX_ROWS", 10)
+        cal.fit_collectives(_core.gpu_preset("mi300x"), logs)
     with pytest.raises(InvalidInputError, match="invalid collective.group_size"):
         _core.collective_times(_core.gpu_preset("h100-sxm"), [
             {"kind": "all_reduce", "bytes": 1.0, "group_size": 0, "per_domain": 1}])

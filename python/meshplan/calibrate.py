@@ -55,6 +55,10 @@ MIN_ELASTICITY = 0.05
 """A constant is *determined* by the logs when the modelled times move, root mean square over
 the rows, by at least this fraction of its own relative change (d ln t / d ln c)."""
 
+MAX_ROWS = 20_000
+"""Most table rows one fit takes (a full 8 B–16 GiB sweep has 32 per collective; the fit prices
+every row some thousand times)."""
+
 MAX_LOG_BYTES = 64 * 1024 * 1024
 """Largest log file read (nccl-tests output of a full sweep is a few kB; verbose NCCL_DEBUG
 output a few MB)."""
@@ -410,6 +414,10 @@ def fit_collectives(
     for log in logs:
         p1 = per_domain_of(log, gpu, ranks_per_domain)
         rows += [(log, p1, row) for row in log.rows]
+    if len(rows) > MAX_ROWS:
+        raise InvalidInputError(
+            f"invalid logs: {len(rows)} table rows (allowed: at most {MAX_ROWS} in one fit)"
+        )
     single = [r for r in rows if r[1] >= r[0].ranks]
     multi = [r for r in rows if r[1] < r[0].ranks]
     has_nvls = cal.get("nvls_efficiency") is not None and gpu.get("scaleup_topology") == "switch"
