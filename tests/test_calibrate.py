@@ -337,3 +337,78 @@ def test_compute_constants_are_recovered_from_synthetic_timings() -> None:
     parsed = mp.calibrated(mp.Cluster("h100-sxm", 8), json.loads(json.dumps(result.overrides())))
     assert isinstance(parsed.gpu, mp.Gpu)
     assert parsed.gpu.calibration["attention_efficiency"] == pytest.approx(0.42)
+
+
+class _FakeTensor:
+    """Shape-only stand-in for a CUDA tensor: enough of its surface for the microbenchmarks."""
+
+    def __init__(self, *shape: int) -> None:
+        self.shape = shape
+
+    def __matmul__(self, other: "_FakeTensor") -> "_FakeTensor":
+        return _FakeTensor(*self.shape[:-1], other.shape[-1])
+
+    def element_size(self) -> int:
+        return 2
+
+    def backward(self, grad: "_FakeTensor") -> None:
+        assert grad.shape == self.shape
+
+
+class _FakeEvent:
+    clock_ms = 0.0
+
+    def __init__(self, enable_timing: bool) -> None:
+        assert enable_timing
+        self.at = 0.0
+
+    def record(self) -> None:
+        _FakeEvent.clock_ms += 0.5
+        self.at = _FakeEvent.clock_ms
+
+    def elapsed_time(self, other: "_FakeEvent") -> float:
+        return other.at - self.at
+
+
+def _fake_torch() -> Any:
+    """A PyTorch look-alike that "sees" one GPU: every kernel takes 0.5 ms."""
+    def randn(*shape: int, **_: Any) -> _FakeTensor:
+        return _FakeTensor(*shape)
+
+    def sdpa(q: _FakeTensor, k: _FakeTensor, v: _FakeTensor, is_causal: bool) -> _FakeTensor:
+        assert is_causal and q.shape == k.shape == v.shape
+        return _FakeTensor(*q.shape)
+
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True, get_device_name=lambda i: "Fake GPU", Event=_FakeEvent,
+        synchronize=lambda: None, empty_cache=lambda: None,
+    )
+    return types.SimpleNamespace(
+        cuda=cuda, bfloat16="bf16", float16="fp16", device=lambda name: name, randn=randn,
+        randn_like=lambda t, **_: _FakeTensor(*t.shape), empty=lambda n, **_: _FakeTensor(n),
+        bmm=lambda a, b: _FakeTensor(a.shape[0], a.shape[1], b.shape[2]),
+        add=lambda x, y, out: out,
+        nn=types.SimpleNamespace(functional=types.SimpleNamespace(scaled_dot_product_attention=sdpa)),
+    )
+
+
+def test_microbenchmarks_run_every_kernel_and_feed_the_fit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The microbenchmark code path end to end on a shape-only PyTorch stand-in (no GPU here):
+    the model's four linear GEMMs, its experts' grouped GEMM, two attention shapes and the
+    element-wise add are timed, and the fit turns them into the three constants."""
+    monkeypatch.setattr(cal, "_torch", _fake_torch)
+    model = mp.Model.preset("mixtral-8x7b").to_dict()
+    bench = cal.run_microbenchmarks(model, precision="bf16", tokens=4096, repeats=3)
+    assert bench.skipped is None and bench.device == "Fake GPU"
+    assert [(g["m"], g["n"], g["k"]) for g in bench.gemm] == cal.model_gemm_shapes(model, 4096)
+    assert all(g["seconds"] == pytest.approx(5e-4) for g in bench.gemm)
+    assert len(bench.grouped_gemm) == 1 and bench.grouped_gemm[0]["groups"] == 8
+    assert [a["seq"] for a in bench.attention] == [2048, 8192]
+    assert bench.elementwise[0]["bytes"] == 3.0 * 2 * (1 << 28)
+    values, lines = cal.fit_compute(_core.gpu_preset("h100-sxm"), bench)
+    assert {v.name for v in values} == {"gemm_efficiency.bf16", "attention_efficiency",
+                                         "memory_efficiency"}
+    assert any(line.startswith("grouped GEMM 8 x") for line in lines)
+    assert cal.run_microbenchmarks(model, precision="fp8").skipped.startswith("precision fp8")

@@ -742,7 +742,7 @@ class CalibrationResult:
             if not v.determined:
                 lines.append(f"# {v.name}: not determined by these measurements ({v.evidence})")
                 continue
-            note = f"  # {v.evidence}; preset {_shown(v.preset)}"
+            note = f"  # {v.evidence}; preset {_shown(v.preset, v.name)}"
             if v.name.startswith("gemm_efficiency."):
                 gemm.append(f"{v.name.split('.', 1)[1]} = {v.value:.4f}")
                 lines.append(f"# gemm_efficiency.{v.name.split('.', 1)[1]}: {v.evidence}; "
@@ -788,7 +788,7 @@ class CalibrationResult:
                                                f"run on {mb.device} at {mb.precision}.")]
         out += ["", "## Fitted values", "", "| constant | fitted | preset | determined | elasticity | from |",
                 "|---|---|---|---|---|---|"]
-        out += [f"| `{v.name}` | {v.value:.4g} | {_shown(v.preset)} | {'yes' if v.determined else 'no'}"
+        out += [f"| `{v.name}` | {v.value:.4g} | {_shown(v.preset, v.name)} | {'yes' if v.determined else 'no'}"
                 f" | {v.elasticity:.2f} | {v.evidence} |" for v in self.values]
         if s["rows"]:
             out += ["", "## Residuals", "",
@@ -805,7 +805,9 @@ class CalibrationResult:
         return "\n".join(out) + "\n"
 
 
-def _shown(v: Any) -> str:
+def _shown(v: Any, name: str = "") -> str:
+    if v is None and name in _NCCL_STEP_US:
+        return f"unset (NCCL's table: {_NCCL_STEP_US[name]:g})"
     return "unset" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
 
 
