@@ -137,9 +137,15 @@ def test_bad_logs_are_one_line_errors_naming_what_is_missing(
     with pytest.raises(InvalidInputError, match="at most 10"):
         monkeypatch.setattr(cal, "MAX_ROWS", 10)
         cal.fit_collectives(_core.gpu_preset("mi300x"), logs)
-    with pytest.raises(InvalidInputError, match="invalid collective.group_size"):
-        _core.collective_times(_core.gpu_preset("h100-sxm"), [
-            {"kind": "all_reduce", "bytes": 1.0, "group_size": 0, "per_domain": 1}])
+    h100 = _core.gpu_preset("h100-sxm")
+    for size in (0, 2**32, 2**64, -1):
+        with pytest.raises(InvalidInputError,
+                           match=r"^invalid collective.group_size: .* \(allowed: 1..=1048576\)$"):
+            _core.collective_times(h100, [
+                {"kind": "all_reduce", "bytes": 1.0, "group_size": size, "per_domain": 1}])
+    with pytest.raises(InvalidInputError, match="invalid collective.per_domain: 9"):
+        _core.collective_times(h100, [
+            {"kind": "all_reduce", "bytes": 1.0, "group_size": 8, "per_domain": 9}])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -624,15 +624,9 @@ impl CollectiveQuery {
                 format!("a number in [0, {MAX_QUERY_BYTES:e}]"),
             ));
         }
-        let max = crate::limits::MAX_GPUS;
-        if !(1..=max).contains(&self.group_size) {
-            return Err(Error::invalid(
-                "collective.group_size",
-                self.group_size,
-                format!("1..={max}"),
-            ));
-        }
-        if !(1..=self.group_size).contains(&self.per_domain) {
+        crate::limits::check("collective.group_size", self.group_size)?;
+        crate::limits::check("collective.per_domain", self.per_domain)?;
+        if self.per_domain > self.group_size {
             return Err(Error::invalid(
                 "collective.per_domain",
                 self.per_domain,

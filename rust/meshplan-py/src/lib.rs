@@ -145,6 +145,8 @@ fn limit_path(field: &str) -> String {
             _ => {}
         }
     }
+    // A list of records (`collective.[0].group_size`) names its fields as one record's.
+    let out = out.replace("..", ".");
     match out.strip_prefix("cluster.") {
         Some(rest) if rest.starts_with("gpu.") => rest.to_string(),
         _ => out,
@@ -746,7 +748,7 @@ fn collective_times(
 ) -> PyResult<Py<PyAny>> {
     let inputs = (
         arg::<core::Gpu>(gpu, "gpu")?,
-        arg::<Vec<core::comm::CollectiveQuery>>(queries, "queries")?,
+        arg::<Vec<core::comm::CollectiveQuery>>(queries, "collective")?,
     );
     run(py, inputs, None, |(gpu, queries)| {
         core::comm::price_collectives(&gpu, &queries)
@@ -1121,6 +1123,10 @@ mod tests {
         assert_eq!(limit_path("space.zero[1]"), "space.zero");
         assert_eq!(limit_path("cluster.gpu.sm_count"), "gpu.sm_count");
         assert_eq!(limit_path("cluster.num_gpus"), "cluster.num_gpus");
+        assert_eq!(
+            limit_path("collective.[3].group_size"),
+            "collective.group_size"
+        );
         for (path, _) in core::limits::TABLE {
             assert_eq!(limit_path(path), *path);
         }
