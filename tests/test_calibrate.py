@@ -430,3 +430,14 @@ def test_cli_json_lists_logs_values_and_the_overrides(capsys: pytest.CaptureFixt
     assert doc["overrides"]["mi300x"]["scaleup_bus_efficiency"] == round(
         fitted["scaleup_bus_efficiency"]["value"], 4)
     assert doc["summary"]["rows"] == 31
+
+
+def test_ranks_per_domain_follow_the_preset_or_the_flag() -> None:
+    log = cal.NcclLog("x", "all_reduce", ranks=16, nodes=4, rows=())
+    # HGX: the NVLink domain is the host (4 ranks of this log per host).
+    assert cal.per_domain_of(log, _core.gpu_preset("h100-sxm"), None) == 4
+    # NVL72: a rack of 72 holds every rank of a 4-host job.
+    assert cal.per_domain_of(log, _core.gpu_preset("gb200-nvl72"), None) == 16
+    assert cal.per_domain_of(log, _core.gpu_preset("gb200-nvl72"), 8) == 8
+    with pytest.raises(InvalidInputError, match="invalid ranks_per_domain: 0"):
+        cal.per_domain_of(log, _core.gpu_preset("h100-sxm"), 0)
