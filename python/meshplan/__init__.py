@@ -20,6 +20,7 @@ from . import errors
 from ._core import CancelToken, __version__
 from .api import evaluate, search
 from .batch import Query, search_many
+from .calibrate import CalibrationResult, parse_nccl_tests, run_calibration
 from .explain import Explanation, decode_traffic, explain
 from .export import export
 from .feasible import FeasibleSpace, feasible_space
@@ -51,6 +52,9 @@ __all__ = [
     "cross_validate",
     "CrossValidationReport",
     "calibrated",
+    "run_calibration",
+    "parse_nccl_tests",
+    "CalibrationResult",
     "ValidationReport",
     "Model",
     "Moe",

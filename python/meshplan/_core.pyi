@@ -22,6 +22,7 @@ __all__ = [
     "model_aliases",
     "gpu_presets",
     "gpu_preset",
+    "gpu_provenance",
     "model_from_hf_config",
     "default_space",
     "evaluate",
@@ -29,6 +30,8 @@ __all__ = [
     "validate",
     "summarise",
     "apply_calibration",
+    "collective_times",
+    "gemm_times",
     "explain",
     "decode_traffic",
     "rank_orders",
@@ -71,6 +74,11 @@ def gpu_presets() -> list[str]:
 
 def gpu_preset(name: str) -> dict[str, Any]:
     """The GPU preset ``name`` (core ``Gpu`` shape); ``UnknownPresetError`` otherwise."""
+
+def gpu_provenance(name: str) -> dict[str, Any]:
+    """Where each calibration constant of the GPU preset ``name`` comes from: ``{"summary":
+    kind, "constants": {constant: {"kind": kind, "note": str}}}``, kind one of ``fitted``,
+    ``measured``, ``derived``, ``shared``, ``assumed``."""
 
 def model_from_hf_config(json_text: str, name: Optional[str] = None) -> dict[str, Any]:
     """A model dict from the text of a Hugging Face ``config.json``; ``HfConfigError`` when it
@@ -128,6 +136,15 @@ def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def apply_calibration(gpu: dict[str, Any], calibration: str) -> dict[str, Any]:
     """``gpu`` (core ``Gpu`` shape) with the overrides of ``calibration`` (TOML or JSON text,
     tables keyed by GPU preset name or ``"*"``) applied and re-validated."""
+
+def collective_times(gpu: dict[str, Any], queries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each query ``{kind, bytes, group_size, per_domain}`` priced on ``gpu``'s calibrated
+    fabrics as the planner prices it: ``{total_s, latency_s, bandwidth_s, algorithm,
+    protocol}``."""
+
+def gemm_times(gpu: dict[str, Any], precision: str, shapes: list[list[float]]) -> list[float]:
+    """Seconds of each ``[m, n, k]`` GEMM on ``gpu`` at ``precision`` as the time model charges
+    it."""
 
 def explain(
     problem: dict[str, Any],

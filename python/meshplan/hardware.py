@@ -161,6 +161,40 @@ class Cluster:
         return cls(**fields)
 
 
+def provenance(gpu: Union[str, Gpu]) -> dict[str, Any]:
+    """Where each calibration constant of the GPU preset ``gpu`` (a name or a preset's
+    :class:`Gpu`) comes from: ``{"summary": kind, "constants": {constant: {"kind", "note"}}}``
+    with kind ``fitted`` (on its own published runs), ``measured`` (a published
+    microbenchmark), ``derived`` (a stated rule), ``shared`` (one value for every GPU) or
+    ``assumed`` (a starting value). ``UnknownPresetError`` for a GPU that is not a preset."""
+    return _core.gpu_provenance(gpu if isinstance(gpu, str) else gpu.name)
+
+
+_TRUSTED = ("fitted", "measured")
+
+
+def calibration_notes(gpu: Union[str, Gpu], precision: str) -> list[str]:
+    """One-line notes for a search or evaluation on ``gpu`` at ``precision`` when the GEMM
+    efficiency it runs at was not fitted or measured on that GPU (a preset whose constant is
+    derived, shared or assumed, and not overridden by a calibration file); empty otherwise, and
+    for what-if or custom GPUs (which carry their own values)."""
+    resolved = Gpu.preset(gpu) if isinstance(gpu, str) else gpu
+    if resolved.hypothetical or resolved.name not in _core.gpu_presets():
+        return []
+    prov = _core.gpu_provenance(resolved.name)
+    preset = _core.gpu_preset(resolved.name)["calibration"].get("gemm_efficiency") or {}
+    key = precision if preset.get(precision) is not None else "bf16"
+    origin = prov["constants"].get(f"gemm_efficiency.{key}")
+    own = (resolved.calibration.get("gemm_efficiency") or {}).get(key)
+    if origin is None or origin["kind"] in _TRUSTED or own != preset.get(key):
+        return []
+    what = (f"{resolved.name} has no runs of its own: its calibration is {prov['summary']}"
+            if prov["summary"] not in _TRUSTED else
+            f"{resolved.name}'s {key} GEMM efficiency is {origin['kind']}, not fitted on its runs")
+    return [f"{what} ({key} GEMM efficiency {own}: {origin['note']}); `meshplan calibrate` "
+            "fits it to your own cluster"]
+
+
 _GPU_KINDS = {
     "name": "str", "peak_tflops": "mapping", "memory_gib": "number",
     "memory_bandwidth_gbps": "number", "sm_count": "int", "scaleup_bandwidth_gbps": "number",

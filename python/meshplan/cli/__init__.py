@@ -1,5 +1,6 @@
 """The ``meshplan`` command: ``search`` (``--all`` for every feasible plan), ``sweep``,
-``evaluate``, ``models``, ``gpus``, ``validate``,
+``evaluate``, ``models``, ``gpus``, ``validate``, ``calibrate`` (fit a GPU's constants to
+nccl-tests logs and microbenchmarks),
 ``serve`` (the gRPC service; ``search --server HOST:PORT`` asks one), ``explain``, ``export``
 and ``plot`` (one plan taken apart, turned into framework configuration, or drawn).
 
@@ -8,7 +9,7 @@ stderr, no traceback) or no command at all (``meshplan`` alone prints its usage 
 on stderr); 1 any other meshplan failure (deadline, space too large, ...); 130 Ctrl-C.
 
 One module per command group: :mod:`.search` (search, evaluate, explain, export),
-:mod:`.presets` (models, gpus), :mod:`.validate`, :mod:`.serve`, :mod:`.report`, :mod:`.plot`
+:mod:`.presets` (models, gpus), :mod:`.validate`, :mod:`.calibrate`, :mod:`.serve`, :mod:`.report`, :mod:`.plot`
 and :mod:`.sweep`; :mod:`._common` holds the shared argument groups and input building,
 :mod:`._render` the tables and CSV.
 """
@@ -23,7 +24,7 @@ from typing import Optional, Sequence
 
 from .. import __version__
 from ..errors import InvalidInputError, MeshplanError
-from . import inference, plot, presets, report, search, serve, sweep, validate
+from . import calibrate, inference, plot, presets, report, search, serve, sweep, validate
 from ._common import Parser, UsageError, fail, problem_flags
 from ._render import (
     METRIC_COLUMNS,
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add(sub, common)
     sweep.add(sub)
     inference.add(sub)
+    calibrate.add(sub)
     return parser
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from typing import Any, Optional, Sequence, TextIO
 
-from ..hardware import Cluster, Gpu
+from ..hardware import Cluster, Gpu, calibration_notes
 from ..model import Model
 from ..plan import DEFAULT_ORDER
 from ..report import Evaluation, SearchResult, SearchStats
@@ -54,10 +54,15 @@ def flat_row(ev: Evaluation) -> dict[str, Any]:
     return row
 
 
-def labelled(data: dict[str, Any], cluster: Cluster) -> dict[str, Any]:
-    """``data`` with a ``hardware`` entry when the GPU is hypothetical (a what-if)."""
+def labelled(data: dict[str, Any], cluster: Cluster, precision: Optional[str] = None) -> dict[str, Any]:
+    """``data`` with a ``hardware`` entry when the GPU is hypothetical (a what-if), and a
+    ``notes`` list when ``precision``'s GEMM efficiency was not fitted on the GPU's own runs
+    (:func:`meshplan.hardware.calibration_notes`)."""
     if cluster.resolved_gpu().hypothetical:
         data = {"hardware": hardware_json(cluster), **data}
+    notes = [] if precision is None else calibration_notes(cluster.resolved_gpu(), precision)
+    if notes:
+        data = {**data, "notes": notes}
     return data
 
 
@@ -166,6 +171,8 @@ def title(model: Model, cluster: Cluster, workload: Workload) -> str:
     )
     if isinstance(cluster.gpu, Gpu) and cluster.gpu.hypothetical:
         title = f"HYPOTHETICAL HARDWARE: {cluster.gpu.description}\n{title}"
+    for note in calibration_notes(cluster.resolved_gpu(), workload.precision):
+        title = f"{title}\nnote: {note}"
     return title
 
 

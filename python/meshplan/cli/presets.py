@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
-from ..hardware import Gpu
+from ..hardware import Gpu, provenance
 from ..model import Model
 from ._render import table
 
@@ -17,8 +17,13 @@ def add(sub: Any) -> None:
     m.add_argument("--json", action="store_true", help="print the full presets as JSON")
     m.set_defaults(run=_models)
 
-    g = sub.add_parser("gpus", help="list the GPU presets")
-    g.add_argument("--json", action="store_true", help="print the full presets as JSON")
+    g = sub.add_parser("gpus", help="list the GPU presets and how each was calibrated")
+    g.add_argument("--json", action="store_true",
+                   help="print the full presets as JSON (with each one's provenance)")
+    g.add_argument("--provenance", action="store_true",
+                   help="where each calibration constant comes from: fitted on the GPU's own runs, "
+                   "measured by a published benchmark, derived by a stated rule, shared or assumed")
+    g.add_argument("--gpu", metavar="NAME", help="only this preset")
     g.set_defaults(run=_gpus)
 
 
@@ -46,10 +51,19 @@ def _models(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _gpus(args: argparse.Namespace, out: TextIO) -> int:
-    gpus = [Gpu.preset(name) for name in Gpu.presets()]
+    gpus = [Gpu.preset(name) for name in ([args.gpu] if args.gpu else Gpu.presets())]
     if args.json:
-        json.dump([g.to_dict() for g in gpus], out, indent=2)
+        json.dump([{**g.to_dict(), "provenance": provenance(g)} for g in gpus], out, indent=2)
         out.write("\n")
+        return 0
+    if args.provenance:
+        for g in gpus:
+            p = provenance(g)
+            out.write(f"{g.name}: calibrated {p['summary']} ({g.description})\n")
+            rows = [[name, _value(g, name), o["kind"], o["note"]]
+                    for name, o in p["constants"].items() if name not in _SOFTWARE]
+            out.write(table(["constant", "value", "source", "from"], rows) + "\n")
+            out.write(f"(software constants, shared by every GPU: {', '.join(_SOFTWARE)})\n\n")
         return 0
     rows = []
     for g in gpus:
@@ -61,11 +75,27 @@ def _gpus(args: argparse.Namespace, out: TextIO) -> int:
             f"{g.memory_bandwidth_gbps:g}",
             f"{g.scaleup_bandwidth_gbps:g} x{g.scaleup_domain}",
             f"{g.network_bandwidth_gbps:g}",
+            provenance(g)["summary"],
             g.description,
         ])
     header = [
         "name", "HBM GiB", "bf16 TF/s", "fp8 TF/s", "nvfp4 TF/s", "HBM GB/s",
-        "NVLink GB/s x domain", "net GB/s", "description",
+        "NVLink GB/s x domain", "net GB/s", "calibrated", "description",
     ]
     out.write(table(header, rows) + "\n")
     return 0
+
+
+_SOFTWARE = (
+    "elementwise_bytes_per_hidden", "layer_overhead_us", "fixed_memory_gib", "fragmentation",
+    "ep_overlap", "moe_imbalance", "tp_overlap", "dp_overlap",
+)
+"""Calibration constants that belong to the software, not the GPU (their origin is shared)."""
+
+
+def _value(gpu: Gpu, constant: str) -> str:
+    """The value of the calibration constant ``constant`` (``gemm_efficiency.bf16`` style)."""
+    node: Any = gpu.calibration
+    for part in constant.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return "-" if node is None else f"{node:g}"

@@ -89,7 +89,7 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
             threads=args.threads, timeout_s=remaining_s(args),
         )
     if args.json:
-        json.dump(labelled(search_json(result), cluster), out, indent=2)
+        json.dump(labelled(search_json(result), cluster, workload.precision), out, indent=2)
         out.write("\n")
     elif args.csv:
         write_csv(result.plans, out, cluster)
@@ -135,7 +135,7 @@ def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
     model, cluster, workload = model_from(args), cluster_from(args), workload_from(args)
     ev = evaluate(model, cluster, workload, Plan.parse(args.plan))
     if args.json:
-        json.dump(labelled(ev.to_flat_dict(), cluster), out, indent=2)
+        json.dump(labelled(ev.to_flat_dict(), cluster, workload.precision), out, indent=2)
         out.write("\n")
     else:
         out.write(title(model, cluster, workload) + "\n\n")
@@ -149,7 +149,7 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
     model, cluster, workload = model_from(args), cluster_from(args), workload_from(args)
     x = explain(model, cluster, workload, Plan.parse(args.plan))
     if args.json:
-        json.dump(labelled(x.to_dict(), cluster), out, indent=2)
+        json.dump(labelled(x.to_dict(), cluster, workload.precision), out, indent=2)
         out.write("\n")
     else:
         out.write(title(model, cluster, workload) + "\n\n" + x.to_text() + "\n")

@@ -11,19 +11,23 @@
 
 use std::sync::OnceLock;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::hardware::{Cluster, ScaleupTopology};
+use crate::error::{Error, Result};
+use crate::hardware::{Cluster, Gpu, ScaleupTopology};
 use crate::layout::Group;
 
 const COLLECTIVES_TOML: &str = include_str!("../data/collectives.toml");
 
-/// Collective kinds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Collective kinds (`all_reduce`, `all_gather`, `reduce_scatter`, `all_to_all` in files, with
+/// nccl-tests' `alltoall` accepted too).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Collective {
     AllReduce,
     AllGather,
     ReduceScatter,
+    #[serde(alias = "alltoall")]
     AllToAll,
 }
 
@@ -579,6 +583,92 @@ impl CollectiveModel for Fabric {
     }
 }
 
+/// One collective call priced on its own, outside any plan: what `meshplan calibrate` fits
+/// measured nccl-tests times against, so that the fit inverts the very model the planner uses.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectiveQuery {
+    /// The collective.
+    pub kind: Collective,
+    /// Buffer bytes as [`Fabric::collective_s`] takes them (nccl-tests' `size` column).
+    pub bytes: f64,
+    /// Ranks in the communicator.
+    pub group_size: u32,
+    /// Ranks of the communicator that share one scale-up (NVLink/xGMI) domain.
+    pub per_domain: u32,
+}
+
+/// The price of a [`CollectiveQuery`]: [`CollectiveCost`] with its algorithm and protocol named.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CollectivePrice {
+    pub total_s: f64,
+    pub latency_s: f64,
+    pub bandwidth_s: f64,
+    /// NCCL's algorithm name (`ring`, `tree`, `nvls`, `nvls-tree`, `pat`, `pairwise`, ...).
+    pub algorithm: &'static str,
+    /// NCCL's protocol name (`LL`, `LL128`, `Simple`).
+    pub protocol: &'static str,
+}
+
+/// Largest buffer a [`CollectiveQuery`] may name, bytes (1 PB; nccl-tests sweeps stop at tens
+/// of GB).
+pub const MAX_QUERY_BYTES: f64 = 1e15;
+
+impl CollectiveQuery {
+    /// Checks the sizes; the error names the field, the value and the allowed range.
+    pub fn validate(&self) -> Result<()> {
+        if !(self.bytes.is_finite() && (0.0..=MAX_QUERY_BYTES).contains(&self.bytes)) {
+            return Err(Error::invalid(
+                "collective.bytes",
+                self.bytes,
+                format!("a number in [0, {MAX_QUERY_BYTES:e}]"),
+            ));
+        }
+        crate::limits::check("collective.group_size", self.group_size)?;
+        crate::limits::check("collective.per_domain", self.per_domain)?;
+        if self.per_domain > self.group_size {
+            return Err(Error::invalid(
+                "collective.per_domain",
+                self.per_domain,
+                format!("1..={} (the group size)", self.group_size),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Prices each of `queries` on `gpu`'s calibrated fabrics, as [`Fabric::collective`] does inside
+/// a plan (the GPU and every query are validated first).
+pub fn price_collectives(gpu: &Gpu, queries: &[CollectiveQuery]) -> Result<Vec<CollectivePrice>> {
+    gpu.validate()?;
+    for q in queries {
+        q.validate()?;
+    }
+    let fabric = Fabric::of(&Cluster {
+        gpu: gpu.clone(),
+        num_gpus: 1,
+        gpus_per_node: None,
+        nvlink_domain: None,
+    });
+    Ok(queries
+        .iter()
+        .map(|q| {
+            let group = Group {
+                size: q.group_size,
+                per_domain: q.per_domain,
+            };
+            let c = fabric.collective(q.kind, q.bytes, group);
+            CollectivePrice {
+                total_s: c.total_s,
+                latency_s: c.latency_s,
+                bandwidth_s: c.bandwidth_s,
+                algorithm: c.algorithm.name(),
+                protocol: c.protocol.name(),
+            }
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -758,5 +848,40 @@ mod tests {
             (c.bandwidth_s - 8192.0 * 57344.0 / 50e9).abs() < 1e-9,
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn priced_queries_are_the_fabrics_own_costs() {
+        let gpu = crate::presets::gpu("h100-sxm").unwrap();
+        let q = CollectiveQuery {
+            kind: Collective::AllGather,
+            bytes: 1e8,
+            group_size: 16,
+            per_domain: 8,
+        };
+        let priced = price_collectives(&gpu, &[q]).unwrap();
+        let want = h100().collective(Collective::AllGather, 1e8, group(16, 8));
+        assert_eq!(priced[0].total_s, want.total_s);
+        assert_eq!(priced[0].algorithm, want.algorithm.name());
+    }
+
+    #[test]
+    fn bad_queries_name_the_field() {
+        let gpu = crate::presets::gpu("h100-sxm").unwrap();
+        let mut q = CollectiveQuery {
+            kind: Collective::AllReduce,
+            bytes: f64::NAN,
+            group_size: 8,
+            per_domain: 8,
+        };
+        let e = price_collectives(&gpu, &[q]).unwrap_err().to_string();
+        assert!(e.contains("collective.bytes"), "{e}");
+        q.bytes = 1.0;
+        q.per_domain = 9;
+        let e = price_collectives(&gpu, &[q]).unwrap_err().to_string();
+        assert!(e.contains("collective.per_domain"), "{e}");
+        q.group_size = 0;
+        let e = price_collectives(&gpu, &[q]).unwrap_err().to_string();
+        assert!(e.contains("collective.group_size"), "{e}");
     }
 }

@@ -99,6 +99,37 @@ impl Device {
     }
 }
 
+/// Largest GEMM dimension [`gemm_times_s`] accepts (2^24: far beyond any layer's M, N or K).
+pub const MAX_GEMM_DIM: f64 = 16_777_216.0;
+
+/// Seconds of each `M×K · K×N` GEMM of `shapes` (`[m, n, k]`) on `gpu` at `precision`, as the
+/// time model charges a linear layer's forward GEMM: what `meshplan calibrate` fits measured
+/// GEMM times against (the GPU and the shapes are validated first).
+pub fn gemm_times_s(
+    gpu: &Gpu,
+    precision: Precision,
+    shapes: &[[f64; 3]],
+) -> crate::error::Result<Vec<f64>> {
+    gpu.validate()?;
+    gpu.peak_flops(precision)?;
+    for shape in shapes {
+        for (name, v) in ["m", "n", "k"].iter().zip(shape) {
+            if !(v.is_finite() && (1.0..=MAX_GEMM_DIM).contains(v)) {
+                return Err(crate::error::Error::invalid(
+                    format!("gemm.{name}"),
+                    v,
+                    format!("a number in [1, {MAX_GEMM_DIM}]"),
+                ));
+            }
+        }
+    }
+    let dev = Device::of(gpu, precision).gemm;
+    Ok(shapes
+        .iter()
+        .map(|&[m, n, k]| crate::gemm::gemm_s(&dev, m, n, k))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +148,17 @@ mod tests {
     #[test]
     fn the_fallback_efficiency_is_data() {
         assert_eq!(defaults().fallback_gemm_efficiency, 0.5);
+    }
+
+    #[test]
+    fn gemm_times_are_the_roofline_and_bad_shapes_name_the_dimension() {
+        let gpu = crate::presets::gpu("h100-sxm").unwrap();
+        let t = gemm_times_s(&gpu, Precision::Bf16, &[[8192.0, 8192.0, 8192.0]]).unwrap();
+        let dev = Device::of(&gpu, Precision::Bf16).gemm;
+        assert_eq!(t[0], crate::gemm::gemm_s(&dev, 8192.0, 8192.0, 8192.0));
+        let e = gemm_times_s(&gpu, Precision::Bf16, &[[8.0, 0.0, 8.0]]).unwrap_err();
+        assert!(e.to_string().contains("gemm.n"), "{e}");
+        let e = gemm_times_s(&gpu, Precision::Nvfp4, &[[8.0, 8.0, 8.0]]).unwrap_err();
+        assert!(e.to_string().contains("precision"), "{e}");
     }
 }

@@ -227,6 +227,9 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("max_plans", Limit::new(1, MAX_PLANS)),
     ("threads", Limit::new(1, MAX_THREADS)),
     ("tp", DEGREE),
+    // One collective priced on its own (`comm::price_collectives`, `meshplan calibrate`).
+    ("collective.group_size", DEGREE),
+    ("collective.per_domain", DEGREE),
 ];
 
 /// The bounds of the field at `path` (a path of [`TABLE`]), if it is an integer input.

@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use crate::error::{Error, Result};
 use crate::hardware::Gpu;
 use crate::model::Model;
+use crate::provenance::Provenance;
 
 const MODELS_TOML: &str = include_str!("../data/models.toml");
 const MODEL_ALIASES_TOML: &str = include_str!("../data/model_aliases.toml");
@@ -69,7 +70,54 @@ pub fn model_aliases() -> Vec<ModelAlias> {
 
 fn gpus() -> &'static Table<Gpu> {
     static GPUS: OnceLock<Table<Gpu>> = OnceLock::new();
-    GPUS.get_or_init(|| parse_table(GPUS_TOML, "data/gpus.toml", Gpu::validate))
+    GPUS.get_or_init(|| {
+        let (gpus, _) = parse_gpus()?;
+        Ok(gpus)
+    })
+}
+
+fn provenances() -> &'static Table<Provenance> {
+    static PROVENANCE: OnceLock<Table<Provenance>> = OnceLock::new();
+    PROVENANCE.get_or_init(|| {
+        let (_, provenance) = parse_gpus()?;
+        Ok(provenance)
+    })
+}
+
+/// The GPU presets and their provenance, by preset name.
+type GpuTables = (BTreeMap<String, Gpu>, BTreeMap<String, Provenance>);
+
+/// `data/gpus.toml`: each preset's `provenance` table is taken out before the rest is read as a
+/// [`Gpu`], then checked against it and completed ([`crate::provenance::complete`]).
+fn parse_gpus() -> std::result::Result<GpuTables, Error> {
+    let what = "data/gpus.toml";
+    let data_error = |reason: String| Error::DataFile {
+        what: what.to_string(),
+        reason,
+    };
+    let mut root: toml::Table = toml::from_str(GPUS_TOML).map_err(|e| data_error(e.to_string()))?;
+    let mut raw = BTreeMap::new();
+    for (key, value) in root.iter_mut() {
+        let stated = match value {
+            toml::Value::Table(t) => t.remove("provenance"),
+            _ => None,
+        };
+        raw.insert(key.clone(), stated);
+    }
+    let gpus = parse_root(root, what, Gpu::validate)?;
+    let mut provenance = BTreeMap::new();
+    for (key, gpu) in &gpus {
+        let stated: Provenance = match raw.remove(key).flatten() {
+            Some(v) => v.try_into().map_err(|e: toml::de::Error| {
+                data_error(format!("preset '{key}': provenance: {e}"))
+            })?,
+            None => Provenance::new(),
+        };
+        let done = crate::provenance::complete(gpu, stated)
+            .map_err(|e| data_error(format!("preset '{key}': {e}")))?;
+        provenance.insert(key.clone(), done);
+    }
+    Ok((gpus, provenance))
 }
 
 /// The canonical spelling of a preset name: lower case, `-` as separator.
@@ -89,6 +137,19 @@ pub(crate) fn parse_table<T: DeserializeOwned>(
         reason,
     };
     let root: toml::Table = toml::from_str(text).map_err(|e| data_error(e.to_string()))?;
+    parse_root(root, what, validate)
+}
+
+/// [`parse_table`] on an already parsed file.
+fn parse_root<T: DeserializeOwned>(
+    root: toml::Table,
+    what: &str,
+    validate: impl Fn(&T) -> Result<()>,
+) -> Table<T> {
+    let data_error = |reason: String| Error::DataFile {
+        what: what.to_string(),
+        reason,
+    };
     let mut out = BTreeMap::new();
     for (key, value) in root {
         if normalize(&key) != key {
@@ -173,6 +234,11 @@ pub fn gpu_names() -> Vec<String> {
 /// The GPU preset `name`, or [`crate::Error::UnknownPreset`] listing the available ones.
 pub fn gpu(name: &str) -> Result<Gpu> {
     lookup(gpus(), "gpu", name)
+}
+
+/// Where each calibration constant of the GPU preset `name` comes from ([`crate::provenance`]).
+pub fn gpu_provenance(name: &str) -> Result<Provenance> {
+    lookup(provenances(), "gpu", name)
 }
 
 #[cfg(test)]
@@ -272,11 +338,41 @@ mod tests {
             "gb300-nvl72",
             "h100-sxm",
             "h100-sxm-96g",
+            "h20",
             "h200-sxm",
             "h800-sxm",
             "mi300x",
+            "mi325x",
+            "mi355x",
+            "rtx-pro-6000",
         ];
         assert_eq!(gpus, want);
+    }
+
+    #[test]
+    fn every_gpu_preset_states_where_its_constants_come_from() {
+        use crate::provenance::Source;
+        for name in gpu_names() {
+            let p = gpu_provenance(&name).unwrap();
+            for key in crate::provenance::required(&gpu(&name).unwrap()) {
+                assert!(p.contains_key(&key), "{name}: {key}");
+            }
+            // No preset copies another's constants without saying by which rule.
+            for (key, origin) in &p {
+                assert!(
+                    !origin.note.trim_start().starts_with("as ") || origin.note.contains(':'),
+                    "{name}.{key}: {}",
+                    origin.note
+                );
+            }
+        }
+        let h100 = gpu_provenance("h100-sxm").unwrap();
+        assert_eq!(h100["gemm_efficiency.bf16"].kind, Source::Fitted);
+        assert_eq!(crate::provenance::summary(&h100), Source::Fitted);
+        let gb300 = gpu_provenance("gb300-nvl72").unwrap();
+        assert_eq!(crate::provenance::summary(&gb300), Source::Derived);
+        assert_eq!(gb300["fragmentation"].kind, Source::Shared);
+        assert!(gpu_provenance("h999").is_err());
     }
 
     #[test]
@@ -551,7 +647,29 @@ mod tests {
             (448.0, 304, 8)
         );
         assert_eq!(mi.peak_tflops.mxfp8, None);
-        for n in gpu_names().iter().filter(|n| *n != "mi300x") {
+        let amd = ["mi300x", "mi325x", "mi355x"];
+        for n in amd {
+            assert_eq!(
+                gpu(n).unwrap().scaleup_topology,
+                ScaleupTopology::Mesh,
+                "{n}"
+            );
+        }
+        // MI355X: 256 CUs x 8,192 dense FP8 FLOP/clock x 2.4 GHz; MI325X: MI300X's compute.
+        let mi355 = gpu("mi355x").unwrap();
+        assert_eq!((mi355.sm_count, mi355.peak_tflops.fp8), (256, Some(5033.2)));
+        assert_eq!(gpu("mi325x").unwrap().peak_tflops, mi.peak_tflops);
+        assert_eq!(gpu("h20").unwrap().peak_tflops.bf16, Some(148.0));
+        let rtx = gpu("rtx-pro-6000").unwrap();
+        assert_eq!(
+            (
+                rtx.sm_count,
+                rtx.peak_tflops.nvfp4,
+                rtx.scaleup_bandwidth_gbps
+            ),
+            (188, Some(2000.0), 64.0)
+        );
+        for n in gpu_names().iter().filter(|n| !amd.contains(&n.as_str())) {
             assert_eq!(
                 gpu(n).unwrap().scaleup_topology,
                 ScaleupTopology::Switch,

@@ -145,6 +145,8 @@ fn limit_path(field: &str) -> String {
             _ => {}
         }
     }
+    // A list of records (`collective.[0].group_size`) names its fields as one record's.
+    let out = out.replace("..", ".");
     match out.strip_prefix("cluster.") {
         Some(rest) if rest.starts_with("gpu.") => rest.to_string(),
         _ => out,
@@ -559,6 +561,15 @@ fn gpu_preset(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     })
 }
 
+/// Where each calibration constant of the GPU preset `name` comes from:
+/// `{"summary": kind, "constants": {name: {"kind", "note"}}}`.
+#[pyfunction]
+fn gpu_provenance(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    run(py, arg::<String>(name, "name")?, None, |name| {
+        core::presets::gpu_provenance(&name).map(core::provenance::GpuProvenance::of)
+    })
+}
+
 /// A model dict from the text of a Hugging Face `config.json`.
 #[pyfunction]
 #[pyo3(signature = (json_text, name=None))]
@@ -729,6 +740,43 @@ fn apply_calibration(
         core::calibration::check_overrides(&overrides)?;
         core::calibration::apply_overrides(&overrides, &mut gpu)?;
         Ok(gpu)
+    })
+}
+
+/// Each collective of `queries` (dicts `{kind, bytes, group_size, per_domain}`) priced on the
+/// calibrated fabrics of `gpu` (a GPU dict), as the planner prices it: `meshplan calibrate`
+/// fits measured nccl-tests times against these.
+#[pyfunction]
+fn collective_times(
+    py: Python<'_>,
+    gpu: &Bound<'_, PyAny>,
+    queries: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (
+        arg::<core::Gpu>(gpu, "gpu")?,
+        arg::<Vec<core::comm::CollectiveQuery>>(queries, "collective")?,
+    );
+    run(py, inputs, None, |(gpu, queries)| {
+        core::comm::price_collectives(&gpu, &queries)
+    })
+}
+
+/// Seconds of each GEMM of `shapes` (`[m, n, k]` lists) on `gpu` (a GPU dict) at `precision`,
+/// as the time model charges it: `meshplan calibrate` fits measured GEMM times against these.
+#[pyfunction]
+fn gemm_times(
+    py: Python<'_>,
+    gpu: &Bound<'_, PyAny>,
+    precision: &Bound<'_, PyAny>,
+    shapes: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (
+        arg::<core::Gpu>(gpu, "gpu")?,
+        arg::<core::Precision>(precision, "precision")?,
+        arg::<Vec<[f64; 3]>>(shapes, "shapes")?,
+    );
+    run(py, inputs, None, |(gpu, precision, shapes)| {
+        core::device::gemm_times_s(&gpu, precision, &shapes)
     })
 }
 
@@ -1093,6 +1141,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model_aliases, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_presets, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_preset, m)?)?;
+    m.add_function(wrap_pyfunction!(gpu_provenance, m)?)?;
     m.add_function(wrap_pyfunction!(model_from_hf_config, m)?)?;
     m.add_function(wrap_pyfunction!(default_space, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;
@@ -1100,6 +1149,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(summarise, m)?)?;
     m.add_function(wrap_pyfunction!(apply_calibration, m)?)?;
+    m.add_function(wrap_pyfunction!(collective_times, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm_times, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(decode_traffic, m)?)?;
     m.add_function(wrap_pyfunction!(rank_orders, m)?)?;
@@ -1167,6 +1218,10 @@ mod tests {
         assert_eq!(limit_path("space.zero[1]"), "space.zero");
         assert_eq!(limit_path("cluster.gpu.sm_count"), "gpu.sm_count");
         assert_eq!(limit_path("cluster.num_gpus"), "cluster.num_gpus");
+        assert_eq!(
+            limit_path("collective.[3].group_size"),
+            "collective.group_size"
+        );
         for (path, _) in core::limits::TABLE {
             assert_eq!(limit_path(path), *path);
         }
