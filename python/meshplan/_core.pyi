@@ -62,6 +62,9 @@ def model_preset(name: str) -> dict[str, Any]:
 def gpu_presets() -> list[str]:
     """Names of the built-in GPU presets, sorted."""
 
+def stacks() -> list[dict[str, Any]]:
+    """Every training stack profile (core ``Stack`` shape), sorted by name."""
+
 def gpu_preset(name: str) -> dict[str, Any]:
     """The GPU preset ``name`` (core ``Gpu`` shape); ``UnknownPresetError`` otherwise."""
 

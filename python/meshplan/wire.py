@@ -216,6 +216,7 @@ def workload_message(workload: object) -> pb.Workload:
         lora=w.lora,
         flash_attention=w.flash_attention,
         fused_cross_entropy=w.fused_cross_entropy,
+        stack=w.stack,
     )
 
 
@@ -227,6 +228,7 @@ _SCALARS = (
     "ep_within_domain",
     "top_k",
     "max_candidates",
+    "distinct",
 )
 
 
@@ -360,7 +362,7 @@ def workload_from(msg: Any) -> Workload:
     given = {
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
-                     "fused_cross_entropy")
+                     "fused_cross_entropy", "stack")
         if msg.HasField(name)
     }
     return Workload(msg.global_batch, msg.seq_len, lora=msg.lora, **given)

@@ -282,6 +282,7 @@ class Workload(_message.Message):
     LORA_FIELD_NUMBER: _builtins.int
     FLASH_ATTENTION_FIELD_NUMBER: _builtins.int
     FUSED_CROSS_ENTROPY_FIELD_NUMBER: _builtins.int
+    STACK_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -298,6 +299,10 @@ class Workload(_message.Message):
     """Fused (flash) attention; default true."""
     fused_cross_entropy: _builtins.bool
     """Fused cross-entropy loss (8 bytes per logit); false: eager fp32 loss (14); default true."""
+    stack: _builtins.str
+    """Training stack that runs the plan: "megatron-core" (default), "torchtitan", "deepspeed" or
+    "maxtext"; how plans are timed and which ones it can run.
+    """
     def __init__(
         self,
         *,
@@ -309,10 +314,11 @@ class Workload(_message.Message):
         lora: _builtins.bool = ...,
         flash_attention: _builtins.bool | None = ...,
         fused_cross_entropy: _builtins.bool | None = ...,
+        stack: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__flash_attention: _TypeAlias = _typing.Literal["flash_attention"]  # noqa: Y015
     _WhichOneofArgType__flash_attention: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention"]  # noqa: Y015
@@ -324,6 +330,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__optimizer: _TypeAlias = _typing.Literal["_optimizer", b"_optimizer"]  # noqa: Y015
     _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
     _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
+    _WhichOneofReturnType__stack: _TypeAlias = _typing.Literal["stack"]  # noqa: Y015
+    _WhichOneofArgType__stack: _TypeAlias = _typing.Literal["_stack", b"_stack"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__flash_attention) -> _WhichOneofReturnType__flash_attention | None: ...
     @_typing.overload
@@ -334,6 +342,8 @@ class Workload(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__optimizer) -> _WhichOneofReturnType__optimizer | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__precision) -> _WhichOneofReturnType__precision | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stack) -> _WhichOneofReturnType__stack | None: ...
 
 Global___Workload: _TypeAlias = Workload  # noqa: Y015
 
@@ -407,6 +417,7 @@ class SearchSpace(_message.Message):
     TOP_K_FIELD_NUMBER: _builtins.int
     MAX_CANDIDATES_FIELD_NUMBER: _builtins.int
     ORDERS_FIELD_NUMBER: _builtins.int
+    DISTINCT_FIELD_NUMBER: _builtins.int
     memory_headroom_gib: _builtins.float
     """GiB kept free on every GPU."""
     tp_within_domain: _builtins.bool
@@ -417,6 +428,11 @@ class SearchSpace(_message.Message):
     max_candidates: _builtins.int
     """Refuse spaces with more candidates than this (RESOURCE_EXHAUSTED). The server's own cap,
     when it has one, applies as well: the smaller wins.
+    """
+    distinct: _builtins.bool
+    """Distinct plans: top_k counts groups of plans within 0.1 % step time and 0.5 GiB peak memory
+    of each other, and each returned plan is the best of its group (its group_size in
+    extra_json). Default false: the top_k best plans one by one.
     """
     @_builtins.property
     def dp(self) -> Global___DegreeConstraint: ...
@@ -477,13 +493,16 @@ class SearchSpace(_message.Message):
         top_k: _builtins.int | None = ...,
         max_candidates: _builtins.int | None = ...,
         orders: _abc.Iterable[_builtins.str] | None = ...,
+        distinct: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp_within_domain: _TypeAlias = _typing.Literal["cp_within_domain"]  # noqa: Y015
     _WhichOneofArgType__cp_within_domain: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain"]  # noqa: Y015
+    _WhichOneofReturnType__distinct: _TypeAlias = _typing.Literal["distinct"]  # noqa: Y015
+    _WhichOneofArgType__distinct: _TypeAlias = _typing.Literal["_distinct", b"_distinct"]  # noqa: Y015
     _WhichOneofReturnType__ep_within_domain: _TypeAlias = _typing.Literal["ep_within_domain"]  # noqa: Y015
     _WhichOneofArgType__ep_within_domain: _TypeAlias = _typing.Literal["_ep_within_domain", b"_ep_within_domain"]  # noqa: Y015
     _WhichOneofReturnType__max_candidates: _TypeAlias = _typing.Literal["max_candidates"]  # noqa: Y015
@@ -496,6 +515,8 @@ class SearchSpace(_message.Message):
     _WhichOneofArgType__tp_within_domain: _TypeAlias = _typing.Literal["_tp_within_domain", b"_tp_within_domain"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cp_within_domain) -> _WhichOneofReturnType__cp_within_domain | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__distinct) -> _WhichOneofReturnType__distinct | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep_within_domain) -> _WhichOneofReturnType__ep_within_domain | None: ...
     @_typing.overload

@@ -11,7 +11,10 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::hardware::{check_fraction, check_positive};
+use crate::hardware::{check_fraction, check_positive, Precision};
+use crate::model::Model;
+use crate::plan::{Plan, RankOrder, Recompute, Schedule};
+use crate::rules::Rule;
 
 /// The default stack's name.
 pub const DEFAULT_STACK: &str = "megatron-core";
@@ -26,6 +29,31 @@ pub enum LayerSplit {
     /// of the rank count, the first and last ranks take one layer fewer
     /// ([`crate::stages::layer_counts`]).
     MegatronEmbeddingLoss,
+}
+
+/// How a stack can split a pipeline rank's layers into its `vpp` chunks (its exporter's
+/// constraint, [`Rule::StackLayerSplit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PipelineSplit {
+    /// Any split of the modelled per-rank layer counts, exported as a custom layout
+    /// (Megatron's `--pipeline-model-parallel-layout`): every chunk holds a layer, except that
+    /// the first rank's first chunk may hold only the embedding and the last rank's last chunk
+    /// only the loss.
+    Layout,
+    /// Equal chunks only: with `pp > 1`, `L` a multiple of `pp·vpp` (torchtitan's
+    /// `pipeline_parallel_layers_per_stage`, DeepSpeed's uniform partition).
+    EvenChunks,
+}
+
+/// A parallel axis beside data parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StackAxis {
+    Tp,
+    Pp,
+    Cp,
+    Ep,
 }
 
 /// A training stack's behaviour; the field docs say where each value enters the cost model.
@@ -64,7 +92,35 @@ pub struct Stack {
     pub dp_overlap: f64,
     /// How pipeline ranks split the layers (§2.5).
     pub layer_split: LayerSplit,
+    /// Multiplier on the GPU's achieved GEMM and attention efficiency (§5.2; 1 for the stack the
+    /// GPU calibration was fitted on).
+    pub kernel_efficiency: f64,
+    /// Multiplier on the GPU's per-layer host and launch overhead (§5.3).
+    pub layer_overhead_factor: f64,
+    /// Training precisions the stack has.
+    pub precisions: Vec<Precision>,
+    /// Parallel axes beside data parallelism the stack can run (degree > 1).
+    pub parallelism: Vec<StackAxis>,
+    /// Rank orders the stack can build.
+    pub orders: Vec<RankOrder>,
+    /// Pipeline schedules the stack has.
+    pub schedules: Vec<Schedule>,
+    /// How a rank's layers may be split into its virtual chunks.
+    pub pipeline_split: PipelineSplit,
+    /// ZeRO stages the stack has.
+    pub zero: Vec<u8>,
+    /// ZeRO stages allowed with `pp > 1`.
+    pub zero_with_pp: Vec<u8>,
+    /// ZeRO stages allowed with `ep > 1`.
+    pub zero_with_ep: Vec<u8>,
+    /// Recompute modes the stack has.
+    pub recompute: Vec<Recompute>,
+    /// Sequence-parallel settings allowed with `tp > 1`.
+    pub sequence_parallel: Vec<bool>,
 }
+
+/// Why a stack cannot run a plan: the rule and its one-line message.
+pub type StackViolation = (Rule, String);
 
 impl Stack {
     /// Checks every value is finite and positive; the error names the stack and the field.
@@ -90,6 +146,8 @@ impl Stack {
                 "expert_activation_bytes_per_width",
                 self.expert_activation_bytes_per_width,
             ),
+            ("kernel_efficiency", self.kernel_efficiency),
+            ("layer_overhead_factor", self.layer_overhead_factor),
         ] {
             check_positive(&format!("stack.{}.{field}", self.name), v)?;
         }
@@ -99,7 +157,173 @@ impl Stack {
         ] {
             check_fraction(&format!("stack.{}.{field}", self.name), v, 0.0, 1.0)?;
         }
+        check_fraction(
+            &format!("stack.{}.kernel_efficiency", self.name),
+            self.kernel_efficiency,
+            0.0,
+            2.0,
+        )?;
+        for (field, empty) in [
+            ("precisions", self.precisions.is_empty()),
+            ("orders", self.orders.is_empty()),
+            ("schedules", self.schedules.is_empty()),
+            ("zero", self.zero.is_empty()),
+            ("recompute", self.recompute.is_empty()),
+            ("sequence_parallel", self.sequence_parallel.is_empty()),
+        ] {
+            if empty {
+                return Err(Error::invalid(
+                    format!("stack.{}.{field}", self.name),
+                    "[]",
+                    "at least one value",
+                ));
+            }
+        }
+        if let Some(z) = self.zero.iter().find(|z| **z > 3) {
+            return Err(Error::invalid(
+                format!("stack.{}.zero", self.name),
+                z,
+                "0, 1, 2 or 3",
+            ));
+        }
         Ok(())
+    }
+
+    /// Checks that this stack can run `plan` of `model` at `precision`, in the order of
+    /// [`Rule::ALL`]; each broken rule goes to `sink` with its message (the sink returns
+    /// `false` to stop early). These rules depend on the degrees, rank order, schedule and
+    /// knobs only, never on the micro-batch, so the search applies them when it enumerates a
+    /// tuple's knobs ([`crate::rules::Scope::Stack`]).
+    pub fn rules(
+        &self,
+        model: &Model,
+        precision: Precision,
+        plan: &Plan,
+        sink: &mut dyn FnMut(Rule, std::fmt::Arguments) -> bool,
+    ) {
+        let name = &self.name;
+        macro_rules! rule {
+            ($cond:expr, $key:expr, $($msg:tt)+) => {
+                if $cond && !sink($key, format_args!($($msg)+)) {
+                    return;
+                }
+            };
+        }
+        rule!(
+            !self.precisions.contains(&precision),
+            Rule::StackPrecision,
+            "{name} has no {} training (it has {})",
+            precision_name(precision),
+            list(self.precisions.iter().map(|p| precision_name(*p)))
+        );
+        for (axis, degree, label) in [
+            (StackAxis::Tp, plan.tp, "tp"),
+            (StackAxis::Pp, plan.pp, "pp"),
+            (StackAxis::Cp, plan.cp, "cp"),
+            (StackAxis::Ep, plan.ep, "ep"),
+        ] {
+            rule!(
+                degree > 1 && !self.parallelism.contains(&axis),
+                Rule::StackParallelism,
+                "{name} cannot run {label} = {degree} (it runs {label} = 1 only)"
+            );
+        }
+        rule!(
+            !self.orders.contains(&plan.order),
+            Rule::StackOrder,
+            "{name} cannot build rank order {} (it builds {})",
+            plan.order,
+            list(self.orders.iter())
+        );
+        rule!(
+            !self.schedules.contains(&plan.schedule()),
+            Rule::StackSchedule,
+            "{name} has no {} schedule (it has {})",
+            plan.schedule().name(),
+            list(self.schedules.iter().map(|s| s.name()))
+        );
+        if let Some(why) = self.split_problem(model, plan) {
+            rule!(
+                true,
+                Rule::StackLayerSplit,
+                "{name} cannot split the layers: {why}"
+            );
+        }
+        let allowed = self.zero_stages(plan);
+        rule!(
+            !allowed.contains(&plan.zero),
+            Rule::StackZero,
+            "{name} has no ZeRO-{} for this plan (it allows {})",
+            plan.zero,
+            list(allowed.iter())
+        );
+        rule!(
+            !self.recompute.contains(&plan.recompute),
+            Rule::StackRecompute,
+            "{name} has no {} recompute (it has {})",
+            plan.recompute.name(),
+            list(self.recompute.iter().map(|r| r.name()))
+        );
+        rule!(
+            plan.tp > 1 && !self.sequence_parallel.contains(&plan.sequence_parallel),
+            Rule::StackSequenceParallel,
+            "{name} runs tp > 1 with sequence parallelism {} only",
+            if plan.sequence_parallel { "off" } else { "on" }
+        );
+    }
+
+    /// The ZeRO stages this stack allows for the degrees of `plan`.
+    pub fn zero_stages(&self, plan: &Plan) -> Vec<u8> {
+        self.zero
+            .iter()
+            .copied()
+            .filter(|z| plan.pp == 1 || self.zero_with_pp.contains(z))
+            .filter(|z| plan.ep == 1 || self.zero_with_ep.contains(z))
+            .collect()
+    }
+
+    /// Why this stack cannot split `model`'s layers as `plan` does ([`PipelineSplit`]), if it
+    /// cannot.
+    pub fn split_problem(&self, model: &Model, plan: &Plan) -> Option<String> {
+        if plan.pp <= 1 {
+            return None;
+        }
+        let layers = model.layers as u64;
+        let chunks = plan.pp as u64 * plan.vpp as u64;
+        match self.pipeline_split {
+            PipelineSplit::EvenChunks => (layers % chunks != 0).then(|| {
+                format!("{layers} layers do not split into pp·vpp = {chunks} equal chunks")
+            }),
+            PipelineSplit::Layout => {
+                // Every chunk holds a layer, except the first rank's first chunk (which may hold
+                // only the embedding) and the last rank's last chunk (only the loss).
+                let (pp, vpp) = (plan.pp as u64, plan.vpp as u64);
+                let end_chunks = |r: u64| u64::from(r == 0) + u64::from(r == pp - 1);
+                crate::stages::rank_layer_runs(model.layers, plan.pp)
+                    .into_iter()
+                    .filter(|&(_, count, _)| count > 0)
+                    .find_map(|(first, count, per_rank)| {
+                        let (first, last) = (first as u64, first as u64 + count as u64 - 1);
+                        let ends_in_run = if first == last {
+                            u64::from(end_chunks(first) > 0)
+                        } else {
+                            u64::from(first == 0) + u64::from(last == pp - 1)
+                        };
+                        let has_inner = count as u64 > ends_in_run;
+                        let needed = if has_inner {
+                            vpp
+                        } else {
+                            vpp.saturating_sub(end_chunks(first).min(end_chunks(last)))
+                        };
+                        ((per_rank as u64) < needed).then(|| {
+                            format!(
+                                "a pipeline rank holds {per_rank} layers, fewer than the {needed} \
+                                 of its vpp = {vpp} chunks that need one"
+                            )
+                        })
+                    })
+            }
+        }
     }
 
     /// The stack called `name` in `data/stacks.toml` (case-insensitive, `_` for `-`).
@@ -108,7 +332,7 @@ impl Stack {
         let key = name.trim().to_lowercase().replace('_', "-");
         table.get(&key).ok_or_else(|| {
             Error::invalid(
-                "stack",
+                "workload.stack",
                 name,
                 format!(
                     "one of {}",
@@ -118,10 +342,28 @@ impl Stack {
         })
     }
 
+    /// Every stack of `data/stacks.toml`, sorted by name.
+    pub fn all() -> Result<Vec<Stack>> {
+        let table = stacks().as_ref().map_err(Clone::clone)?;
+        Ok(table.values().cloned().collect())
+    }
+
     /// The default stack, `megatron-core` (its values reproduce the cost model of docs/costmodel.md).
     pub fn default_stack() -> &'static Stack {
         Stack::named(DEFAULT_STACK).expect("data/stacks.toml has a valid megatron-core table")
     }
+}
+
+/// Names of `items`, comma-separated.
+fn list<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+    items.map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn precision_name(p: Precision) -> String {
+    serde_json::to_value(p)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{p:?}"))
 }
 
 type Table = std::result::Result<std::collections::BTreeMap<String, Stack>, Error>;

@@ -60,6 +60,14 @@ pub struct Workload {
     /// gradient, 14 bytes per logit at the start of the backward (§2.4.4).
     #[serde(default = "yes")]
     pub fused_cross_entropy: bool,
+    /// The training stack that runs the plan (a table of `data/stacks.toml`): how it times
+    /// the plan and which plans it can run.
+    #[serde(default = "default_stack_name")]
+    pub stack: String,
+}
+
+fn default_stack_name() -> String {
+    crate::stack::DEFAULT_STACK.to_string()
 }
 
 fn yes() -> bool {
@@ -82,6 +90,7 @@ impl Workload {
             lora: false,
             flash_attention: true,
             fused_cross_entropy: true,
+            stack: default_stack_name(),
         }
     }
 
@@ -97,7 +106,15 @@ impl Workload {
                 "2 or 4",
             ));
         }
+        crate::stack::Stack::named(&self.stack)?;
         Ok(())
+    }
+
+    /// The workload's stack profile; the default stack when the name is unknown, which
+    /// [`Workload::validate`] (run by [`crate::Problem::new`]) rules out.
+    pub fn stack_profile(&self) -> &'static crate::stack::Stack {
+        crate::stack::Stack::named(&self.stack)
+            .unwrap_or_else(|_| crate::stack::Stack::default_stack())
     }
 
     /// Tokens per optimizer step.

@@ -1,0 +1,114 @@
+"""Stack profiles (issue 11): every plan a search returns under a stack exports cleanly for that
+stack and parses back into the same plan; the top plans are distinct; a stack's rules are counted."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import meshplan as mp
+from meshplan.errors import InvalidInputError
+
+export = importlib.import_module("meshplan.export")
+
+STACKS = ("megatron-core", "torchtitan", "deepspeed", "maxtext")
+
+#: The README quick start and the four reference problems of docs/performance.md.
+REFERENCE = [
+    ("llama3-70b", "h100-sxm", 512, 1024, 8192),
+    ("llama3.1-405b", "h100-sxm", 16384, 2048, 8192),
+    ("deepseek-v3", "h800-sxm", 2048, 4096, 4096),
+    ("llama3-70b", "h100-sxm", 1024, 1024, 8192),
+    ("gpt3-175b", "a100-sxm-80g", 4096, 1536, 2048),
+]
+
+#: Smaller problems for the property: dense and MoE, uneven layer counts, several batches.
+SMALL = [
+    (model, gpu, n, gb, s)
+    for model, gpu in [("llama3-8b", "h100-sxm"), ("gpt-1.7b", "a100-sxm-40g"),
+                       ("mixtral-8x7b", "h100-sxm"), ("qwen3-30b-a3b", "gb200-nvl72")]
+    for n in (16, 64)
+    for gb, s in [(64, 4096), (256, 2048)]
+]
+
+
+def _round_trips(model: str, workload: mp.Workload, plans: list) -> None:
+    fmt = export.STACK_FORMATS[workload.stack]
+    for e in plans:
+        text = export.export(e.plan, model=model, workload=workload)
+        back = export.parse(text, fmt, model=model, workload=workload)
+        assert back == e.plan, (workload.stack, str(e.plan), str(back))
+
+
+@pytest.mark.parametrize("stack", STACKS)
+@pytest.mark.parametrize("model,gpu,n,gb,s", REFERENCE)
+def test_reference_problems_export_and_are_distinct(stack, model, gpu, n, gb, s):
+    workload = mp.Workload(global_batch=gb, seq_len=s, stack=stack)
+    r = mp.search(model, mp.Cluster(gpu, n), workload)
+    # Plain DeepSpeed (no TP, no interleaving) has no plan for 405B on 16,384 GPUs.
+    assert bool(r.plans) == (r.stats.feasible > 0)
+    _round_trips(model, workload, r.plans)
+    keys = {str(e.plan) for e in r.plans}
+    assert len(keys) == len(r.plans)
+    assert all(e.group_size >= 1 for e in r.plans)
+    # Distinct at the model's resolution: no two returned plans within 0.1 % and 0.5 GiB.
+    for i, a in enumerate(r.plans):
+        for b in r.plans[i + 1:]:
+            assert not (b.step_time_s <= a.step_time_s * 1.001
+                        and abs(b.peak_memory_gib - a.peak_memory_gib) <= 0.5)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_returned_plan_exports_for_its_stack(stack):
+    for model, gpu, n, gb, s in SMALL:
+        workload = mp.Workload(global_batch=gb, seq_len=s, stack=stack)
+        space = mp.SearchSpace(top_k=20, distinct=False,
+                               recompute=["none", "selective", "full", "selective-op"])
+        try:
+            r = mp.search(model, mp.Cluster(gpu, n), workload, space)
+        except InvalidInputError:
+            continue  # e.g. a precision or GPU the stack lacks
+        _round_trips(model, workload, r.plans)
+
+
+def test_stack_rules_are_counted_and_explained():
+    w = mp.Workload(global_batch=1024, seq_len=8192, stack="torchtitan")
+    r = mp.search("llama3-70b", mp.Cluster("h100-sxm", 512), w)
+    assert r.stats.pruned.get("stack_recompute", 0) > 0  # Megatron's selective
+    assert r.stats.pruned.get("stack_schedule", 0) > 0  # zb-h1
+    assert r.stats.pruned.get("stack_layer_split", 0) > 0  # vpp = 15 on 80 layers
+    ev = mp.evaluate("llama3-70b", mp.Cluster("h100-sxm", 512), w,
+                     "dp=32,tp=4,pp=4,vpp=15,zero=1,sp=on")
+    assert not ev.feasible
+    assert ev.reasons[0].rule.startswith("stack_")
+
+
+def test_an_unknown_stack_is_one_line_naming_the_known_ones():
+    with pytest.raises(InvalidInputError) as e:
+        mp.search("llama3-8b", mp.Cluster("h100-sxm", 8),
+                  mp.Workload(global_batch=8, seq_len=1024, stack="jax-9000"))
+    text = str(e.value)
+    assert "\n" not in text and "workload.stack" in text
+    for name in STACKS:
+        assert name in text
+
+
+def test_the_ungrouped_list_stays_available():
+    w = mp.Workload(global_batch=1024, seq_len=8192)
+    c = mp.Cluster("h100-sxm", 512)
+    grouped = mp.search("llama3-70b", c, w)
+    flat = mp.search("llama3-70b", c, w, mp.SearchSpace(distinct=False))
+    assert flat.plans[0].plan == grouped.plans[0].plan
+    assert all(e.group_size is None for e in flat.plans)
+    assert grouped.plans[0].group_size > 1  # the quick start's best plan stands for several
+    assert grouped.stats.groups_complete is True
+
+
+def test_megatron_export_carries_the_modelled_layout():
+    text = export.export("dp=32,tp=4,pp=4,vpp=15,zero=1,sp=on", "megatron", model="llama3-70b")
+    layout = next(l for l in text.splitlines() if "--pipeline-model-parallel-layout" in l)
+    stages = layout.split()[1].split("|")
+    assert len(stages) == 60
+    assert sum(s.count("t") for s in stages) == 80
+    assert stages[0].startswith("E") and stages[-1].endswith("L")
