@@ -116,7 +116,7 @@ def exercise_2() -> list[str]:
     assert model.moe is not None
     cluster = mp.Cluster("h100-sxm", 256)
     workload = mp.Workload(global_batch=512, seq_len=4096)
-    space = dict(ep=8, tp=1, max_micro_batch=2, top_k=1)
+    space = dict(ep=8, tp=1, cp=2, max_micro_batch=2, top_k=1)
     default = mp.search(model, cluster, workload, mp.SearchSpace(**space))  # type: ignore[arg-type]
     every = mp.search(model, cluster, workload,
                       mp.SearchSpace(**space, orders=_core.rank_orders()))  # type: ignore[arg-type]
@@ -136,12 +136,12 @@ def exercise_2() -> list[str]:
         "",
         f"The model: {model.layers} MoE layers, hidden {model.hidden}, {model.moe.num_experts} "
         f"routed experts of width {model.moe.expert_ffn_hidden}, top-{model.moe.top_k} "
-        "(about 400B parameters). The plan: the best one the search finds with EP = 8 and TP = 1 "
+        "(about 400B parameters). The plan: the best one the search finds with EP = 8, TP = 1 and CP = 2 "
         f"on {cluster.num_gpus} H100s, global batch {workload.global_batch} × {workload.seq_len}:",
         "",
         "```python",
         'best = mp.search(model, mp.Cluster("h100-sxm", 256), mp.Workload(512, 4096),',
-        "                 mp.SearchSpace(ep=8, tp=1, max_micro_batch=2, top_k=1)).best",
+        "                 mp.SearchSpace(ep=8, tp=1, cp=2, max_micro_batch=2, top_k=1)).best",
         'ep = mp.explain(model, cluster, workload, best.plan).axis("ep")',
         "```",
         "",
@@ -175,14 +175,14 @@ def exercise_2() -> list[str]:
         "The bytes do not depend on where the ranks sit; the time does. In Megatron's default "
         f"order ({x.mesh['order']}) the CP pair is innermost, so the EP group straddles two "
         f"nodes ({ep['members_per_domain']} GPUs in each) and every token also crosses the "
-        "network. Letting the search try every rank order (`--all-orders`) moves EP inside the "
-        f"node: order **{y.plan.order}**, EP on {ey['fabric']} "
-        f"({ey['group_size']} GPUs per domain), exposed all-to-all {ey['exposed_s']:.3f} s "
-        f"instead of {ep['exposed_s']:.3f} s, step {y.evaluation.step_time_s:.3f} s instead of "
-        f"{x.evaluation.step_time_s:.3f} s "
-        f"({100 * (1 - y.evaluation.step_time_s / x.evaluation.step_time_s):.1f} % faster); the "
-        f"CP ring moves to the {cy['fabric']} instead and exposes {cy['exposed_s']:.3f} s of its "
-        f"{cy['exposed_s'] + cy['overlapped_s']:.3f} s (the rest hides behind attention).",
+        "network. Letting the search try every rank order (`--all-orders`) picks order "
+        f"**{y.plan.order}**: EP on {ey['fabric']} ({ey['members_per_domain']} of its "
+        f"{ey['group_size']} GPUs per domain), exposed all-to-all {ey['exposed_s']:.3f} s "
+        f"instead of {ep['exposed_s']:.3f} s; CP on {cy['fabric']}, exposing "
+        f"{cy['exposed_s']:.3f} s of its {cy['exposed_s'] + cy['overlapped_s']:.3f} s (the rest "
+        f"hides behind attention); data-parallel gradient reduction on {y.axis('zero' if y.plan.zero else 'dp')['fabric']}; "
+        f"step {y.evaluation.step_time_s:.3f} s instead of {x.evaluation.step_time_s:.3f} s "
+        f"({100 * (1 - y.evaluation.step_time_s / x.evaluation.step_time_s):.1f} % faster).",
         "",
     ]
     return out

@@ -6,11 +6,15 @@ What is fitted, and how (see docs/calibration.md):
   signed throughput error of that group's *dense* runs is zero (dense runs only, so that errors
   of the MoE terms do not leak into the GEMM efficiency); groups with fewer than 3 runs keep
   their data-file value;
-* five software constants shared by every GPU — ``elementwise_bytes_per_hidden``,
-  ``attention_efficiency``, ``layer_overhead_us``, ``tp_overlap`` and ``dp_overlap`` — on a grid; each grid point
+* four software constants shared by every GPU — ``elementwise_bytes_per_hidden``,
+  ``attention_efficiency``, ``layer_overhead_us`` and ``tp_overlap`` — on a grid; each grid point
   refits the GEMM efficiencies and is scored by
   ``median APE + p90 APE / 4 + median regret`` over all representable runs (the regret term needs
   a search per run, so it is what makes a grid point slow).
+
+``dp_overlap`` is no longer fitted (Dec 2026): with collectives priced as NCCL runs them and
+gradient buckets reduced as the backward produces them (docs/costmodel.md §3.1, §3.6), the
+megatron-core stack's value is 1 (all of the pass may hide communication), not a fit.
 
 The result is printed as a calibration-overrides JSON (the format ``--calibration`` reads) and
 the summary of the best point. Copy the values into ``rust/meshplan-core/data/gpus.toml`` with a
@@ -51,24 +55,22 @@ def main() -> None:
     ap.add_argument("--attention", type=_floats, default=[0.30])
     ap.add_argument("--overhead", type=_floats, default=[300.0])
     ap.add_argument("--tp-overlap", type=_floats, default=[0.7])
-    ap.add_argument("--dp-overlap", type=_floats, default=[0.3])
     args = ap.parse_args()
     best: tuple[float, dict[str, Any], mp.ValidationReport] | None = None
-    grid = itertools.product(args.elementwise, args.attention, args.overhead, args.tp_overlap, args.dp_overlap)
-    for e, a, o, t, d in grid:
+    grid = itertools.product(args.elementwise, args.attention, args.overhead, args.tp_overlap)
+    for e, a, o, t in grid:
         shared = {
             "elementwise_bytes_per_hidden": e,
             "attention_efficiency": a,
             "layer_overhead_us": o,
             "tp_overlap": t,
-            "dp_overlap": d,
         }
         overrides = fit_gemm(args.cases, shared)
         report = mp.validate(args.cases, search=True, calibration=overrides)
         s = report.summary
         score = s["throughput"]["median_ape"] + s["throughput"]["p90_ape"] / 4 + s["regret"]["median"]
         print(
-            f"elementwise={e} attention={a} overhead_us={o} tp_overlap={t} dp_overlap={d}: "
+            f"elementwise={e} attention={a} overhead_us={o} tp_overlap={t}: "
             f"median {s['throughput']['median_ape']:.4f} p90 {s['throughput']['p90_ape']:.4f} "
             f"regret {s['regret']['median']:.4f} recall {s['feasible_recall']:.3f}",
             flush=True,

@@ -73,10 +73,12 @@ def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any]
         "type, source (the case-id prefix: `mbridge`, `dgxc`, `narayanan21`, ...) or model, the GEMM "
         "efficiency of every (GPU, precision) is refitted on the *other* groups' dense runs and the "
         "group is predicted with it; a held-out GPU (always so when leaving a GPU out) gets the median "
-        "of the fold's fitted values at its precision. The five constants shared by every GPU "
-        "(element-wise bytes, attention efficiency, layer overhead, TP and DP overlap) keep their "
+        "of the fold's fitted values at its precision. The four constants shared by every GPU "
+        "(element-wise bytes, attention efficiency, layer overhead, TP overlap) keep their "
         "shipped values in every fold — they were fitted on all runs and a grid per fold is too slow — "
-        "so the leave-one-out figures are, if anything, still slightly optimistic. Time of each "
+        "so the leave-one-out figures are, if anything, still slightly optimistic. The DP overlap is "
+        "not fitted (1: collectives are priced as NCCL runs them and gradient buckets overlap the "
+        "backward as in Megatron, docs/costmodel.md §3.1 and §3.6). Time of each "
         "cross-validation on this machine: "
         + ", ".join(f"{g} {seconds[g]:.1f} s" for g in cvs) + ".",
         "",

@@ -223,7 +223,8 @@ def format_explanation(x: Explanation) -> str:
                 f"  {c['op']:<14} {c['when']}: x{c['count_per_step']:,}/step of "
                 f"{format_bytes(c['message_bytes'])}; sends {format_bytes(c['bytes_per_token_per_gpu'])}"
                 f"/token, {format_bytes(c['bytes_per_step_per_gpu'])}/step per GPU, "
-                f"{format_seconds(c['seconds_per_step'])}/step{bound}"
+                f"{format_seconds(c['seconds_per_step'])}/step ({c['algorithm']}, "
+                f"latency {format_seconds(c['latency_seconds_per_step'])}){bound}"
             )
         lines += [f"  note      {n}" for n in a["notes"]]
     return "\n".join(lines)

@@ -259,9 +259,9 @@ def cross_validate(
     predicted with them; a (GPU, precision) the other groups cannot fit (fewer than
     :data:`FIT_MIN_RUNS` dense runs: always so for the held-out GPU under ``by="gpu"``) gets
     the median of that fold's fitted values at the same precision (or of all of them), never the
-    data file's in-sample value. The five constants shared by every GPU
+    data file's in-sample value. The four constants shared by every GPU
     (``elementwise_bytes_per_hidden``, ``attention_efficiency``, ``layer_overhead_us``,
-    ``tp_overlap``, ``dp_overlap``) keep the data file's values (or ``calibration``'s): they were
+    ``tp_overlap``) keep the data file's values (or ``calibration``'s): they were
     fitted once on all cases on a grid that is too slow to rerun per fold, so they remain
     in-sample. Raises ValueError for an unknown ``by``.
     """

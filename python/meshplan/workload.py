@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from ._fields import check_fields, checked
 
@@ -37,6 +37,9 @@ class Workload:
     ``deepspeed`` or ``maxtext`` (``meshplan stacks``). It sets how the plan is timed (overlap,
     kernel efficiency, host overhead) and which plans the search returns (what the stack can
     run); each value and its source are in the core's ``data/stacks.toml``."""
+    bucket_params: Optional[int] = None
+    """Parameters per data-parallel gradient bucket (Megatron ``--ddp-bucket-size``); None takes
+    the stack's default (Megatron-Core: ``max(40 M, 1 M · data-parallel ranks)``)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
@@ -52,6 +55,7 @@ class Workload:
             "flash_attention": self.flash_attention,
             "fused_cross_entropy": self.fused_cross_entropy,
             "stack": self.stack,
+            **({} if self.bucket_params is None else {"bucket_params": self.bucket_params}),
         }
 
     @classmethod
@@ -63,5 +67,6 @@ _KINDS = {
     "global_batch": "int", "seq_len": "int", "precision": "str", "optimizer": "str",
     "grad_bytes": "int", "lora": "bool", "flash_attention": "bool", "fused_cross_entropy": "bool",
     "stack": "str",
+    "bucket_params": "int?",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

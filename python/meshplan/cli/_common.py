@@ -72,6 +72,10 @@ def problem_flags() -> Parser:
     g.add_argument("--precision", default="bf16", help="bf16 (default), fp16, fp8, mxfp8 or nvfp4")
     g.add_argument("--optimizer", default="adam", help="adam (default) or sgd-momentum")
     g.add_argument("--grad-bytes", type=int, default=4, help="gradient bytes per element, 4 (default) or 2")
+    g.add_argument(
+        "--bucket-params", type=int, default=None, metavar="N",
+        help="parameters per DP gradient bucket (default: the stack's, max(40 M, 1 M per DP rank))",
+    )
     g.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
     g.add_argument(
         "--no-flash-attention", dest="flash_attention", action="store_false",
@@ -206,7 +210,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
     """The workload flags as a :class:`Workload`."""
     return Workload(
         args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
-        args.lora, args.flash_attention, args.fused_cross_entropy, args.stack,
+        args.lora, args.flash_attention, args.fused_cross_entropy, args.stack, args.bucket_params,
     )
 
 

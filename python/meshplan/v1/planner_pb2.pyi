@@ -283,6 +283,7 @@ class Workload(_message.Message):
     FLASH_ATTENTION_FIELD_NUMBER: _builtins.int
     FUSED_CROSS_ENTROPY_FIELD_NUMBER: _builtins.int
     STACK_FIELD_NUMBER: _builtins.int
+    BUCKET_PARAMS_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -303,6 +304,10 @@ class Workload(_message.Message):
     """Training stack that runs the plan: "megatron-core" (default), "torchtitan", "deepspeed" or
     "maxtext"; how plans are timed and which ones it can run.
     """
+    bucket_params: _builtins.int
+    """Parameters per data-parallel gradient bucket; default: the stack's (Megatron-Core:
+    max(40 M, 1 M per data-parallel rank)).
+    """
     def __init__(
         self,
         *,
@@ -315,11 +320,14 @@ class Workload(_message.Message):
         flash_attention: _builtins.bool | None = ...,
         fused_cross_entropy: _builtins.bool | None = ...,
         stack: _builtins.str | None = ...,
+        bucket_params: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
+    _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
     _WhichOneofReturnType__flash_attention: _TypeAlias = _typing.Literal["flash_attention"]  # noqa: Y015
     _WhichOneofArgType__flash_attention: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention"]  # noqa: Y015
     _WhichOneofReturnType__fused_cross_entropy: _TypeAlias = _typing.Literal["fused_cross_entropy"]  # noqa: Y015
@@ -332,6 +340,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
     _WhichOneofReturnType__stack: _TypeAlias = _typing.Literal["stack"]  # noqa: Y015
     _WhichOneofArgType__stack: _TypeAlias = _typing.Literal["_stack", b"_stack"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bucket_params) -> _WhichOneofReturnType__bucket_params | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__flash_attention) -> _WhichOneofReturnType__flash_attention | None: ...
     @_typing.overload
@@ -804,6 +814,7 @@ class Evaluation(_message.Message):
     MICRO_BATCHES_FIELD_NUMBER: _builtins.int
     WORST_STAGE_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    GROUP_SIZE_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     """1-based rank in a search result; unset for a single evaluation."""
     feasible: _builtins.bool
@@ -822,6 +833,10 @@ class Evaluation(_message.Message):
     """Index of the pipeline stage with the highest memory."""
     extra_json: _builtins.str
     """Fields a newer core adds, as a JSON object ("" when none)."""
+    group_size: _builtins.int
+    """In a search for distinct plans: how many plans indistinguishable from this one (itself
+    included) it stands for; absent otherwise.
+    """
     @_builtins.property
     def plan(self) -> Global___Plan:
         """The plan, with its schedule resolved."""
@@ -850,13 +865,19 @@ class Evaluation(_message.Message):
         micro_batches: _builtins.int = ...,
         worst_stage: _builtins.int = ...,
         extra_json: _builtins.str = ...,
+        group_size: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "memory_gib", b"memory_gib", "plan", b"plan", "rank", b"rank", "time_s", b"time_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_group_size", b"_group_size", "_rank", b"_rank", "group_size", b"group_size", "memory_gib", b"memory_gib", "plan", b"plan", "rank", b"rank", "time_s", b"time_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "extra_json", b"extra_json", "feasible", b"feasible", "hardware_tflops_per_gpu", b"hardware_tflops_per_gpu", "memory_gib", b"memory_gib", "mfu", b"mfu", "micro_batches", b"micro_batches", "model_tflops_per_gpu", b"model_tflops_per_gpu", "peak_memory_gib", b"peak_memory_gib", "plan", b"plan", "rank", b"rank", "reasons", b"reasons", "step_time_s", b"step_time_s", "time_s", b"time_s", "tokens_per_s_per_gpu", b"tokens_per_s_per_gpu", "worst_stage", b"worst_stage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_group_size", b"_group_size", "_rank", b"_rank", "extra_json", b"extra_json", "feasible", b"feasible", "group_size", b"group_size", "hardware_tflops_per_gpu", b"hardware_tflops_per_gpu", "memory_gib", b"memory_gib", "mfu", b"mfu", "micro_batches", b"micro_batches", "model_tflops_per_gpu", b"model_tflops_per_gpu", "peak_memory_gib", b"peak_memory_gib", "plan", b"plan", "rank", b"rank", "reasons", b"reasons", "step_time_s", b"step_time_s", "time_s", b"time_s", "tokens_per_s_per_gpu", b"tokens_per_s_per_gpu", "worst_stage", b"worst_stage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__group_size: _TypeAlias = _typing.Literal["group_size"]  # noqa: Y015
+    _WhichOneofArgType__group_size: _TypeAlias = _typing.Literal["_group_size", b"_group_size"]  # noqa: Y015
     _WhichOneofReturnType__rank: _TypeAlias = _typing.Literal["rank"]  # noqa: Y015
     _WhichOneofArgType__rank: _TypeAlias = _typing.Literal["_rank", b"_rank"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__group_size) -> _WhichOneofReturnType__group_size | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__rank) -> _WhichOneofReturnType__rank | None: ...
 
 Global___Evaluation: _TypeAlias = Evaluation  # noqa: Y015
@@ -893,6 +914,7 @@ class SearchStats(_message.Message):
     ELAPSED_S_FIELD_NUMBER: _builtins.int
     THREADS_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    GROUPS_COMPLETE_FIELD_NUMBER: _builtins.int
     candidates: _builtins.int
     """Every plan of the space, pruned or not."""
     feasible: _builtins.int
@@ -902,6 +924,10 @@ class SearchStats(_message.Message):
     """Worker threads the core used."""
     extra_json: _builtins.str
     """Fields a newer core adds, as a JSON object ("" when none)."""
+    groups_complete: _builtins.bool
+    """In a search for distinct plans: whether every group_size counts all of its group; absent
+    otherwise.
+    """
     @_builtins.property
     def pruned(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Plans removed, by rule."""
@@ -915,12 +941,15 @@ class SearchStats(_message.Message):
         elapsed_s: _builtins.float = ...,
         threads: _builtins.int = ...,
         extra_json: _builtins.str = ...,
+        groups_complete: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_groups_complete", b"_groups_complete", "groups_complete", b"groups_complete"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "elapsed_s", b"elapsed_s", "extra_json", b"extra_json", "feasible", b"feasible", "pruned", b"pruned", "threads", b"threads"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_groups_complete", b"_groups_complete", "candidates", b"candidates", "elapsed_s", b"elapsed_s", "extra_json", b"extra_json", "feasible", b"feasible", "groups_complete", b"groups_complete", "pruned", b"pruned", "threads", b"threads"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__groups_complete: _TypeAlias = _typing.Literal["groups_complete"]  # noqa: Y015
+    _WhichOneofArgType__groups_complete: _TypeAlias = _typing.Literal["_groups_complete", b"_groups_complete"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__groups_complete) -> _WhichOneofReturnType__groups_complete | None: ...
 
 Global___SearchStats: _TypeAlias = SearchStats  # noqa: Y015
 
@@ -1047,6 +1076,8 @@ class Collective(_message.Message):
     BYTES_PER_STEP_PER_GPU_FIELD_NUMBER: _builtins.int
     SECONDS_PER_STEP_FIELD_NUMBER: _builtins.int
     LATENCY_BOUND_FIELD_NUMBER: _builtins.int
+    LATENCY_SECONDS_PER_STEP_FIELD_NUMBER: _builtins.int
+    ALGORITHM_FIELD_NUMBER: _builtins.int
     op: _builtins.str
     """e.g. "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"."""
     when: _builtins.str
@@ -1058,6 +1089,12 @@ class Collective(_message.Message):
     seconds_per_step: _builtins.float
     latency_bound: _builtins.bool
     """Whether latency, not bandwidth, dominates its time."""
+    latency_seconds_per_step: _builtins.float
+    """The latency share of seconds_per_step (NCCL's base and per-step latencies of the algorithm)."""
+    algorithm: _builtins.str
+    """The algorithm (and NCCL protocol) chosen for one call: "ring/Simple", "tree/LL128", "nvls",
+    "nvls-tree", "pat", "pairwise", "domain-deduplicated dispatch" or "point-to-point".
+    """
     def __init__(
         self,
         *,
@@ -1069,10 +1106,12 @@ class Collective(_message.Message):
         bytes_per_step_per_gpu: _builtins.float = ...,
         seconds_per_step: _builtins.float = ...,
         latency_bound: _builtins.bool = ...,
+        latency_seconds_per_step: _builtins.float = ...,
+        algorithm: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes_per_step_per_gpu", b"bytes_per_step_per_gpu", "bytes_per_token_per_gpu", b"bytes_per_token_per_gpu", "count_per_step", b"count_per_step", "latency_bound", b"latency_bound", "message_bytes", b"message_bytes", "op", b"op", "seconds_per_step", b"seconds_per_step", "when", b"when"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["algorithm", b"algorithm", "bytes_per_step_per_gpu", b"bytes_per_step_per_gpu", "bytes_per_token_per_gpu", b"bytes_per_token_per_gpu", "count_per_step", b"count_per_step", "latency_bound", b"latency_bound", "latency_seconds_per_step", b"latency_seconds_per_step", "message_bytes", b"message_bytes", "op", b"op", "seconds_per_step", b"seconds_per_step", "when", b"when"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -36,6 +36,8 @@ pub struct CalibrationOverride {
     #[serde(default)]
     pub network_latency_us: Option<f64>,
     #[serde(default)]
+    pub nvls_efficiency: Option<f64>,
+    #[serde(default)]
     pub fixed_memory_gib: Option<f64>,
     #[serde(default)]
     pub fragmentation: Option<f64>,
@@ -126,8 +128,6 @@ impl CalibrationOverride {
             ),
             (self.scaleup_bus_efficiency, &mut cal.scaleup_bus_efficiency),
             (self.network_bus_efficiency, &mut cal.network_bus_efficiency),
-            (self.scaleup_latency_us, &mut cal.scaleup_latency_us),
-            (self.network_latency_us, &mut cal.network_latency_us),
             (self.fixed_memory_gib, &mut cal.fixed_memory_gib),
             (self.fragmentation, &mut cal.fragmentation),
             (self.ep_overlap, &mut cal.ep_overlap),
@@ -139,8 +139,12 @@ impl CalibrationOverride {
                 *slot = v;
             }
         }
-        // Overrides of the stack's overlap shares (`None` on the GPU takes the stack's value).
+        // Optional constants: measured latencies rescale NCCL's tables, NVLS where the switch
+        // has it, and overrides of the stack's overlap shares (`None` takes the default).
         for (value, slot) in [
+            (self.scaleup_latency_us, &mut cal.scaleup_latency_us),
+            (self.network_latency_us, &mut cal.network_latency_us),
+            (self.nvls_efficiency, &mut cal.nvls_efficiency),
             (self.tp_overlap, &mut cal.tp_overlap),
             (self.dp_overlap, &mut cal.dp_overlap),
         ] {

@@ -1,15 +1,22 @@
-//! α–β costs of collectives on the fabric a group lands on (docs/costmodel.md §3.1–3.2): ring-style
-//! bandwidth terms (`2(P−1)/P` all-reduce, `(P−1)/P` all-gather, reduce-scatter, all-to-all),
-//! hierarchical NVLink-then-network decomposition, and log-depth latency terms.
+//! Collectives as NCCL runs them (docs/costmodel.md §3.1–3.3): for every call, the time of each
+//! algorithm and protocol NCCL would consider — ring, double-binary tree, NVLink SHARP (NVLS),
+//! NVLS-tree and PAT, each with LL, LL128 or Simple where NCCL offers it — priced with NCCL's own
+//! tuning constants (`data/collectives.toml`, from `src/graph/tuning.cc`) on meshplan's calibrated
+//! link rates, and the cheapest one charged, as NCCL's tuner picks it.
 //!
 //! Every cost goes through one interface, [`CollectiveModel`]: a collective, an MoE dispatch or a
-//! point-to-point transfer gives a [`CollectiveCost`] — its latency, its bandwidth time and the
-//! algorithm chosen. Time uses the total, explain the two terms; a new algorithm (NCCL's tree,
-//! PAT, NVLS) is a new [`Algorithm`] chosen inside an implementation of the trait, with no change
-//! to its callers. [`Fabric`] is today's model; `Fabric::collective_s` and friends are the totals.
+//! point-to-point transfer gives a [`CollectiveCost`] — its latency, its bandwidth time, the
+//! algorithm and the protocol chosen. Time uses the total, explain all four. [`Fabric`] is the
+//! implementation; `Fabric::collective_s` and friends are the totals.
+
+use std::sync::OnceLock;
+
+use serde::Deserialize;
 
 use crate::hardware::{Cluster, ScaleupTopology};
 use crate::layout::Group;
+
+const COLLECTIVES_TOML: &str = include_str!("../data/collectives.toml");
 
 /// Collective kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,10 +32,16 @@ pub enum Collective {
 pub enum Algorithm {
     /// Nothing to move (a group of one, or no bytes).
     Nothing,
-    /// A ring inside one scale-up domain.
+    /// NCCL's ring over every member, crossing each domain once per channel (§3.2).
     Ring,
-    /// A ring inside each domain, then a ring over the domains on the network (§3.2).
-    HierarchicalRing,
+    /// NCCL's double binary tree across domains, a chain inside each (all-reduce only).
+    Tree,
+    /// NVLink SHARP: reductions and multicast in the NVSwitch, inside one domain.
+    Nvls,
+    /// NVLS inside each domain, trees across the domains (all-reduce).
+    NvlsTree,
+    /// Parallel aggregated trees: log-depth all-gather/reduce-scatter, one rank per domain.
+    Pat,
     /// Every rank sends each peer its share directly (all-to-all, §3.2).
     Pairwise,
     /// MoE dispatch deduplicated per remote domain, fanned out over NVLink there (§3.7).
@@ -38,12 +51,15 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
-    /// A short human name.
+    /// A short human name (NCCL's, lower case, where it is one of NCCL's).
     pub fn name(self) -> &'static str {
         match self {
             Algorithm::Nothing => "none",
             Algorithm::Ring => "ring",
-            Algorithm::HierarchicalRing => "hierarchical ring",
+            Algorithm::Tree => "tree",
+            Algorithm::Nvls => "nvls",
+            Algorithm::NvlsTree => "nvls-tree",
+            Algorithm::Pat => "pat",
             Algorithm::Pairwise => "pairwise",
             Algorithm::DomainDeduplicatedDispatch => "domain-deduplicated dispatch",
             Algorithm::PointToPoint => "point-to-point",
@@ -51,15 +67,42 @@ impl Algorithm {
     }
 }
 
-/// The cost of one collective: `total_s` is the time charged (the latency and bandwidth terms of
-/// the algorithm, summed as the algorithm's formula sums them); `bandwidth_s` is what is left of
-/// it beyond the latency.
+/// NCCL's wire protocols: LL (8-byte stores with a flag, lowest latency, half the bandwidth),
+/// LL128 (128-byte lines, 120 bytes of data) and Simple (full bandwidth, highest latency).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Ll,
+    Ll128,
+    Simple,
+}
+
+impl Protocol {
+    /// Every protocol, in the order of the data file's `[LL, LL128, Simple]` arrays.
+    pub const ALL: [Protocol; 3] = [Protocol::Ll, Protocol::Ll128, Protocol::Simple];
+
+    /// NCCL's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Ll => "LL",
+            Protocol::Ll128 => "LL128",
+            Protocol::Simple => "Simple",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The cost of one collective: `total_s` is the time charged (the algorithm's latency plus its
+/// bandwidth term); `bandwidth_s` is what is left of it beyond the latency.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CollectiveCost {
     pub latency_s: f64,
     pub bandwidth_s: f64,
     pub total_s: f64,
     pub algorithm: Algorithm,
+    pub protocol: Protocol,
 }
 
 impl CollectiveCost {
@@ -68,14 +111,26 @@ impl CollectiveCost {
         bandwidth_s: 0.0,
         total_s: 0.0,
         algorithm: Algorithm::Nothing,
+        protocol: Protocol::Simple,
     };
 
-    fn of(latency_s: f64, total_s: f64, algorithm: Algorithm) -> Self {
+    fn of(latency_s: f64, bandwidth_s: f64, algorithm: Algorithm, protocol: Protocol) -> Self {
         CollectiveCost {
             latency_s,
-            bandwidth_s: total_s - latency_s,
-            total_s,
+            bandwidth_s,
+            total_s: latency_s + bandwidth_s,
             algorithm,
+            protocol,
+        }
+    }
+
+    /// `algorithm/protocol`, e.g. `ring/Simple` (just the algorithm where there is no choice).
+    pub fn label(&self) -> String {
+        match self.algorithm {
+            Algorithm::Ring | Algorithm::Tree => {
+                format!("{}/{}", self.algorithm.name(), self.protocol.name())
+            }
+            a => a.name().to_string(),
         }
     }
 }
@@ -96,8 +151,83 @@ pub trait CollectiveModel {
     fn p2p(&self, bytes: f64, same_domain: bool) -> CollectiveCost;
 }
 
-/// Achieved bandwidths (bytes/s) and latencies (s) of a cluster's two fabrics, with the
-/// calibration efficiencies applied.
+/// Latency constants of one NCCL algorithm per protocol, microseconds.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StepLatencies {
+    base_latency_us: [f64; 3],
+    nvlink_step_us: [f64; 3],
+    network_step_us: [f64; 3],
+    #[serde(default = "one")]
+    bandwidth_factor: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NvlsConstants {
+    nvlink_latency_us: f64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NvlsTreeConstants {
+    nvlink_latency_us: f64,
+    network_step_us: f64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatConstants {
+    base_latency_us: f64,
+    per_rank_us: f64,
+    log_step_divisor: f64,
+    bandwidth_factor: f64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProtocolConstants {
+    ll_bandwidth_factor: f64,
+    ll_max_gbps_one_domain: f64,
+    ll_max_gbps_two_domains: f64,
+    ll_max_gbps_more_domains: f64,
+    ll128_bandwidth_factor: f64,
+    tree_ll_bandwidth_factor: f64,
+    tree_ll128_bandwidth_factor: f64,
+    ll_multi_domain_latency_factor: f64,
+    net_overhead_us: f64,
+    net_overhead_simple_factor: f64,
+    ring_allreduce_plateau_factor: f64,
+    ring_allreduce_plateau_bytes_per_rank: f64,
+}
+
+/// NCCL's tuning constants (`data/collectives.toml`).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Tuning {
+    ring: StepLatencies,
+    tree: StepLatencies,
+    nvls: NvlsConstants,
+    nvls_tree: NvlsTreeConstants,
+    pat: PatConstants,
+    protocols: ProtocolConstants,
+}
+
+fn tuning() -> &'static Tuning {
+    static TUNING: OnceLock<Tuning> = OnceLock::new();
+    TUNING.get_or_init(|| {
+        toml::from_str(COLLECTIVES_TOML)
+            .expect("data/collectives.toml holds NCCL's tuning constants")
+    })
+}
+
+/// Achieved bandwidths (bytes/s) of a cluster's fabrics with the calibration efficiencies
+/// applied, and the scale of NCCL's latency tables (1 unless the GPU's calibration measured its
+/// own step latencies).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Fabric {
     /// Per-direction scale-up bandwidth a GPU reaches to its domain peers (switch topology).
@@ -106,8 +236,12 @@ pub struct Fabric {
     mesh_peer_bytes_per_s: f64,
     /// Per-direction network bandwidth per GPU.
     network_bytes_per_s: f64,
-    scaleup_latency_s: f64,
-    network_latency_s: f64,
+    /// NVLS bus bandwidth: the link rate times NCCL's NVLS efficiency (0: no NVLink SHARP).
+    nvls_bytes_per_s: f64,
+    /// Multiplier on NCCL's NVLink latencies (a measured ring step over NCCL's 3.4 µs).
+    scaleup_latency_scale: f64,
+    /// Multiplier on NCCL's network latencies (a measured ring step over NCCL's 14 µs).
+    network_latency_scale: f64,
 }
 
 fn log2_ceil(n: u32) -> f64 {
@@ -118,22 +252,36 @@ fn log2_ceil(n: u32) -> f64 {
     }
 }
 
+const US: f64 = 1e-6;
+
 impl Fabric {
     /// The fabrics of `cluster`, calibrated.
     pub fn of(cluster: &Cluster) -> Self {
         let gpu = &cluster.gpu;
         let cal = &gpu.calibration;
-        let up = gpu.scaleup_bandwidth_gbps * 1e9 * cal.scaleup_bus_efficiency;
+        let link = gpu.scaleup_bandwidth_gbps * 1e9;
+        let up = link * cal.scaleup_bus_efficiency;
         let mesh_peer = match gpu.scaleup_topology {
             ScaleupTopology::Switch => 0.0,
             ScaleupTopology::Mesh => up / (gpu.scaleup_domain.max(2) - 1) as f64,
         };
+        let nvls = match gpu.scaleup_topology {
+            ScaleupTopology::Switch => cal.nvls_efficiency.unwrap_or(0.0) * link,
+            ScaleupTopology::Mesh => 0.0,
+        };
+        let ring = &tuning().ring;
+        let simple = Protocol::Simple.index();
         Fabric {
             scaleup_bytes_per_s: up,
             mesh_peer_bytes_per_s: mesh_peer,
             network_bytes_per_s: gpu.network_bandwidth_gbps * 1e9 * cal.network_bus_efficiency,
-            scaleup_latency_s: cal.scaleup_latency_us * 1e-6,
-            network_latency_s: cal.network_latency_us * 1e-6,
+            nvls_bytes_per_s: nvls,
+            scaleup_latency_scale: cal
+                .scaleup_latency_us
+                .map_or(1.0, |us| us / ring.nvlink_step_us[simple]),
+            network_latency_scale: cal
+                .network_latency_us
+                .map_or(1.0, |us| us / ring.network_step_us[simple]),
         }
     }
 
@@ -161,56 +309,220 @@ impl Fabric {
     pub fn p2p_s(&self, bytes: f64, same_domain: bool) -> f64 {
         self.p2p(bytes, same_domain).total_s
     }
+
+    /// Seconds of one posted transfer: the base latency and one step of NCCL's Simple ring on
+    /// the fabric (send/receive and all-to-all run on the same Simple machinery).
+    fn transfer_latency_s(&self, network: bool) -> f64 {
+        let ring = &tuning().ring;
+        let simple = Protocol::Simple.index();
+        let step = if network {
+            ring.network_step_us[simple] * self.network_latency_scale
+        } else {
+            ring.nvlink_step_us[simple] * self.scaleup_latency_scale
+        };
+        (ring.base_latency_us[simple] + step) * US
+    }
+
+    /// A ring's bus bandwidth over `p1` members per domain in `domains` domains: the scale-up
+    /// rate inside one domain; across domains, capped by the NICs of the domain's members, as
+    /// NCCL's rings enter and leave each domain once per channel.
+    fn ring_bus_bytes_per_s(&self, p1: u32, domains: u32) -> f64 {
+        let net = p1 as f64 * self.network_bytes_per_s;
+        match (domains, p1) {
+            (1, _) => self.domain_bytes_per_s(p1),
+            (_, 1) => net,
+            _ => self.domain_bytes_per_s(p1).min(net),
+        }
+    }
+
+    /// LL's bandwidth cap (llMaxBws) for a communicator over `domains` domains.
+    fn ll_max_bytes_per_s(domains: u32) -> f64 {
+        let p = &tuning().protocols;
+        1e9 * match domains {
+            1 => p.ll_max_gbps_one_domain,
+            2 => p.ll_max_gbps_two_domains,
+            _ => p.ll_max_gbps_more_domains,
+        }
+    }
+
+    /// NCCL's ring on protocol `proto` (tuning.cc: `nsteps` steps, `nInterSteps` of them over the
+    /// network, algorithm bandwidth `busBw · P / nsteps`).
+    fn ring(
+        &self,
+        kind: Collective,
+        bytes: f64,
+        p: u32,
+        p1: u32,
+        domains: u32,
+        proto: Protocol,
+    ) -> CollectiveCost {
+        let t = tuning();
+        let c = &t.protocols;
+        let i = proto.index();
+        let all_reduce = kind == Collective::AllReduce;
+        let steps = if all_reduce { 2 * (p - 1) } else { p - 1 } as f64;
+        let inter_steps = match (domains, all_reduce) {
+            (1, _) => 0.0,
+            (_, true) => 2.0 * (domains - 1) as f64,
+            (_, false) => (domains - 1) as f64,
+        };
+        let mut bus = self.ring_bus_bytes_per_s(p1, domains);
+        match proto {
+            Protocol::Ll => {
+                bus = (bus * c.ll_bandwidth_factor).min(Self::ll_max_bytes_per_s(domains))
+            }
+            Protocol::Ll128 => bus *= c.ll128_bandwidth_factor,
+            Protocol::Simple => {}
+        }
+        let mut intra = t.ring.nvlink_step_us[i] * self.scaleup_latency_scale;
+        if domains > 1 {
+            if proto == Protocol::Ll {
+                intra *= c.ll_multi_domain_latency_factor;
+            }
+            let overhead = c.net_overhead_us
+                * if proto == Protocol::Simple {
+                    c.net_overhead_simple_factor
+                } else {
+                    1.0
+                };
+            intra = intra.max(overhead);
+        }
+        // With one rank per domain every step is exposed: NCCL takes the tree's network latency.
+        let inter_table = if p1 == 1 { &t.tree } else { &t.ring };
+        let inter = inter_table.network_step_us[i] * self.network_latency_scale;
+        let mut latency =
+            t.ring.base_latency_us[i] + (steps - inter_steps) * intra + inter_steps * inter;
+        if all_reduce
+            && proto == Protocol::Simple
+            && domains > 1
+            && bytes >= c.ring_allreduce_plateau_bytes_per_rank * p as f64
+        {
+            latency *= c.ring_allreduce_plateau_factor;
+        }
+        let bandwidth = bytes * steps / p as f64 / bus;
+        CollectiveCost::of(latency * US, bandwidth, Algorithm::Ring, proto)
+    }
+
+    /// NCCL's double binary tree all-reduce across `domains` domains (a chain of `p1` inside
+    /// each): algorithm bandwidth half the bus bandwidth, latency
+    /// `2·((p1 − 1)·intra + log2(domains)·inter)`.
+    fn tree(&self, bytes: f64, p1: u32, domains: u32, proto: Protocol) -> CollectiveCost {
+        let t = tuning();
+        let c = &t.protocols;
+        let i = proto.index();
+        let mut bus = self.ring_bus_bytes_per_s(p1, domains) * t.tree.bandwidth_factor;
+        match proto {
+            Protocol::Ll => {
+                bus = (bus * c.tree_ll_bandwidth_factor).min(Self::ll_max_bytes_per_s(domains))
+            }
+            Protocol::Ll128 => bus *= c.tree_ll128_bandwidth_factor,
+            Protocol::Simple => {}
+        }
+        let mut intra = t.tree.nvlink_step_us[i] * self.scaleup_latency_scale;
+        if proto == Protocol::Ll {
+            intra *= c.ll_multi_domain_latency_factor;
+        }
+        let inter = t.tree.network_step_us[i] * self.network_latency_scale;
+        let latency = t.tree.base_latency_us[i]
+            + 2.0 * ((p1 - 1) as f64 * intra + log2_ceil(domains) * inter);
+        CollectiveCost::of(latency * US, 2.0 * bytes / bus, Algorithm::Tree, proto)
+    }
+
+    /// NVLink SHARP inside one domain of `p` members (Simple only): an all-reduce moves
+    /// `(P−1)/P` of the buffer at the NVLS rate (the switch reduces), an all-gather or
+    /// reduce-scatter the whole buffer at `(P−1)/P` of it (tuning.cc's busBw conversions).
+    fn nvls(&self, kind: Collective, bytes: f64, p: u32) -> CollectiveCost {
+        let frac = (p - 1) as f64 / p as f64;
+        let bandwidth = match kind {
+            Collective::AllReduce => frac * bytes / self.nvls_bytes_per_s,
+            _ => bytes / (frac * self.nvls_bytes_per_s),
+        };
+        let latency = tuning().nvls.nvlink_latency_us * self.scaleup_latency_scale;
+        CollectiveCost::of(latency * US, bandwidth, Algorithm::Nvls, Protocol::Simple)
+    }
+
+    /// NVLS inside each of `domains` domains, trees across them (all-reduce, Simple): bus
+    /// bandwidth the lesser of twice the NVLS rate and the domain's NICs (doubled on two
+    /// domains), latency `NVLink + 2·log2(domains)·network`.
+    fn nvls_tree(&self, bytes: f64, p: u32, p1: u32, domains: u32) -> CollectiveCost {
+        let t = &tuning().nvls_tree;
+        let nics = p1 as f64 * self.network_bytes_per_s * if domains <= 2 { 2.0 } else { 1.0 };
+        let bus = (2.0 * self.nvls_bytes_per_s).min(nics);
+        let bandwidth = 2.0 * (p - 1) as f64 / p as f64 * bytes / bus;
+        let latency = t.nvlink_latency_us * self.scaleup_latency_scale
+            + 2.0 * log2_ceil(domains) * t.network_step_us * self.network_latency_scale;
+        CollectiveCost::of(
+            latency * US,
+            bandwidth,
+            Algorithm::NvlsTree,
+            Protocol::Simple,
+        )
+    }
+
+    /// PAT all-gather or reduce-scatter over `p` ranks, one per domain (Simple): the whole
+    /// buffer at 0.75 of the NIC rate, latency `8 + log2(P)·tree network latency / 3.5 + 2.8·P`.
+    fn pat(&self, bytes: f64, p: u32) -> CollectiveCost {
+        let t = tuning();
+        let c = &t.pat;
+        let simple = Protocol::Simple.index();
+        let inter = t.tree.network_step_us[simple] * self.network_latency_scale;
+        let latency = c.base_latency_us
+            + log2_ceil(p) * inter / c.log_step_divisor
+            + c.per_rank_us * p as f64;
+        let bandwidth = bytes / (c.bandwidth_factor * self.network_bytes_per_s);
+        CollectiveCost::of(latency * US, bandwidth, Algorithm::Pat, Protocol::Simple)
+    }
 }
 
 impl CollectiveModel for Fabric {
+    /// The cheapest of the algorithms and protocols NCCL would consider for the call
+    /// (ncclTopoGetAlgoTime: latency + bytes / algorithm bandwidth); all-to-all is pairwise.
     fn collective(&self, kind: Collective, bytes: f64, group: Group) -> CollectiveCost {
         let p = group.size;
         if p <= 1 || bytes <= 0.0 {
             return CollectiveCost::NOTHING;
         }
         let p1 = group.per_domain.clamp(1, p);
-        let p2 = (p / p1).max(1);
-        let (pf, p1f, p2f) = (p as f64, p1 as f64, p2 as f64);
-        let b_up = self.domain_bytes_per_s(p1);
-        let b_net = self.network_bytes_per_s;
-        let lat = log2_ceil(p1) * self.scaleup_latency_s + log2_ceil(p2) * self.network_latency_s;
-        let ring = if p2 > 1 {
-            Algorithm::HierarchicalRing
-        } else {
-            Algorithm::Ring
-        };
-        match kind {
-            Collective::AllReduce => {
-                // Reduce-scatter + all-gather inside the domain, all-reduce of 1/P1 across domains (§3.2).
-                let intra = 2.0 * (p1f - 1.0) / p1f * bytes / b_up;
-                let inter = 2.0 * (p2f - 1.0) / p2f * (bytes / p1f) / b_net;
-                CollectiveCost::of(2.0 * lat, 2.0 * lat + intra + inter, ring)
-            }
-            Collective::AllGather | Collective::ReduceScatter => {
-                let intra = (p1f - 1.0) / p1f * bytes / b_up;
-                let inter = (p2f - 1.0) / p2f * (bytes / p1f) / b_net;
-                // NCCL runs all-gather and reduce-scatter as rings: P − 1 steps, each as slow as
-                // the network once the ring leaves the domain ([THAKUR05] ring latency term).
-                let step = if p2 > 1 {
-                    self.network_latency_s
-                } else {
-                    self.scaleup_latency_s
-                };
-                CollectiveCost::of((pf - 1.0) * step, (pf - 1.0) * step + intra + inter, ring)
-            }
-            Collective::AllToAll => {
-                // (P1−1)/P of the buffer stays in the domain, (P−P1)/P crosses the network (§3.2).
-                let intra = (p1f - 1.0) / pf * bytes / b_up;
-                let inter = (pf - p1f) / pf * bytes / b_net;
-                let lat = if p2 > 1 {
-                    self.network_latency_s
-                } else {
-                    self.scaleup_latency_s
-                };
-                CollectiveCost::of(lat, lat + intra.max(inter), Algorithm::Pairwise)
-            }
+        let domains = (p / p1).max(1);
+        if kind == Collective::AllToAll {
+            // (P1−1)/P of the buffer stays in the domain, (P−P1)/P crosses the network (§3.2).
+            let (pf, p1f) = (p as f64, p1 as f64);
+            let intra = (p1f - 1.0) / pf * bytes / self.domain_bytes_per_s(p1);
+            let inter = (pf - p1f) / pf * bytes / self.network_bytes_per_s;
+            let latency = self.transfer_latency_s(domains > 1);
+            return CollectiveCost::of(
+                latency,
+                intra.max(inter),
+                Algorithm::Pairwise,
+                Protocol::Simple,
+            );
         }
+        let mut best = self.ring(kind, bytes, p, p1, domains, Protocol::Simple);
+        let mut consider = |c: CollectiveCost| {
+            if c.total_s < best.total_s {
+                best = c;
+            }
+        };
+        for proto in [Protocol::Ll, Protocol::Ll128] {
+            consider(self.ring(kind, bytes, p, p1, domains, proto));
+        }
+        let nvls = self.nvls_bytes_per_s > 0.0 && p1 >= 2;
+        match kind {
+            Collective::AllReduce if domains > 1 => {
+                for proto in Protocol::ALL {
+                    consider(self.tree(bytes, p1, domains, proto));
+                }
+                if nvls {
+                    consider(self.nvls_tree(bytes, p, p1, domains));
+                }
+            }
+            _ if domains == 1 && nvls => consider(self.nvls(kind, bytes, p)),
+            Collective::AllGather | Collective::ReduceScatter if p1 == 1 => {
+                consider(self.pat(bytes, p))
+            }
+            _ => {}
+        }
+        best
     }
 
     /// Time of one MoE token dispatch (or combine) over the expert-parallel `group`: `tokens`
@@ -239,36 +551,31 @@ impl CollectiveModel for Fabric {
         let network_copies = (d - 1.0) * (1.0 - (1.0 - 1.0 / d).powf(k));
         let intra = tokens * nvlink_copies * bytes_per_copy / self.domain_bytes_per_s(p1.max(2));
         let inter = tokens * network_copies * bytes_per_copy / self.network_bytes_per_s;
-        let lat = if d > 1.0 {
-            self.network_latency_s
-        } else {
-            self.scaleup_latency_s
-        };
         let algorithm = if d > 1.0 {
             Algorithm::DomainDeduplicatedDispatch
         } else {
             Algorithm::Pairwise
         };
-        CollectiveCost::of(lat, lat + intra.max(inter), algorithm)
+        let latency = self.transfer_latency_s(d > 1.0);
+        CollectiveCost::of(latency, intra.max(inter), algorithm, Protocol::Simple)
     }
 
     fn p2p(&self, bytes: f64, same_domain: bool) -> CollectiveCost {
         if bytes <= 0.0 {
             return CollectiveCost::NOTHING;
         }
-        let p2p = Algorithm::PointToPoint;
-        if same_domain {
-            let b = if self.mesh_peer_bytes_per_s > 0.0 {
-                self.mesh_peer_bytes_per_s
-            } else {
-                self.scaleup_bytes_per_s
-            };
-            let lat = self.scaleup_latency_s;
-            CollectiveCost::of(lat, lat + bytes / b, p2p)
-        } else {
-            let lat = self.network_latency_s;
-            CollectiveCost::of(lat, lat + bytes / self.network_bytes_per_s, p2p)
-        }
+        let b = match (same_domain, self.mesh_peer_bytes_per_s > 0.0) {
+            (true, true) => self.mesh_peer_bytes_per_s,
+            (true, false) => self.scaleup_bytes_per_s,
+            (false, _) => self.network_bytes_per_s,
+        };
+        let latency = self.transfer_latency_s(!same_domain);
+        CollectiveCost::of(
+            latency,
+            bytes / b,
+            Algorithm::PointToPoint,
+            Protocol::Simple,
+        )
     }
 }
 
@@ -276,82 +583,180 @@ impl CollectiveModel for Fabric {
 mod tests {
     use super::*;
 
+    /// 450 GB/s NVLink, 50 GB/s NIC, no NVLS, NCCL's latency tables as they are.
     fn fabric() -> Fabric {
         Fabric {
             scaleup_bytes_per_s: 450e9,
             mesh_peer_bytes_per_s: 0.0,
             network_bytes_per_s: 50e9,
-            scaleup_latency_s: 0.0,
-            network_latency_s: 0.0,
+            nvls_bytes_per_s: 0.0,
+            scaleup_latency_scale: 1.0,
+            network_latency_scale: 1.0,
+        }
+    }
+
+    fn group(size: u32, per_domain: u32) -> Group {
+        Group { size, per_domain }
+    }
+
+    fn h100() -> Fabric {
+        Fabric::of(&Cluster {
+            gpu: crate::presets::gpu("h100-sxm").unwrap(),
+            num_gpus: 64,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        })
+    }
+
+    #[test]
+    fn a_large_all_reduce_inside_a_domain_is_a_bandwidth_bound_simple_ring() {
+        let c = fabric().collective(Collective::AllReduce, 450e9, group(8, 8));
+        assert_eq!(
+            (c.algorithm, c.protocol),
+            (Algorithm::Ring, Protocol::Simple)
+        );
+        assert!((c.bandwidth_s - 2.0 * 7.0 / 8.0).abs() < 1e-12);
+        // NCCL: baseLat 8.4 + 2·7 steps · 3.4 µs NVLink.
+        assert!((c.latency_s - (8.4 + 14.0 * 3.4) * 1e-6).abs() < 1e-12);
+        assert_eq!(c.total_s, c.latency_s + c.bandwidth_s);
+    }
+
+    #[test]
+    fn a_tiny_all_reduce_inside_a_domain_takes_ll() {
+        let c = fabric().collective(Collective::AllReduce, 16_384.0, group(8, 8));
+        assert_eq!((c.algorithm, c.protocol), (Algorithm::Ring, Protocol::Ll));
+        assert!(
+            (c.latency_s - (6.6 + 14.0 * 0.6) * 1e-6).abs() < 1e-12,
+            "{c:?}"
+        );
+        assert!(c.latency_s > c.bandwidth_s);
+    }
+
+    #[test]
+    fn nvls_wins_large_all_reduces_inside_an_nvswitch_domain() {
+        let f = h100();
+        let g = group(8, 8);
+        let c = f.collective(Collective::AllReduce, 1e9, g);
+        assert_eq!(c.algorithm, Algorithm::Nvls);
+        // The switch reduces: (P−1)/P of the buffer at 0.85 of the 450 GB/s link.
+        assert!((c.bandwidth_s - 7.0 / 8.0 * 1e9 / (0.85 * 450e9)).abs() < 1e-12);
+        let ring = f.ring(Collective::AllReduce, 1e9, 8, 8, 1, Protocol::Simple);
+        assert!(c.total_s < 0.6 * ring.total_s, "{c:?} vs {ring:?}");
+        // No NVLS across domains for all-gather (it needs CollNet), nor on a mesh or an A100.
+        let across = f.collective(Collective::AllGather, 1e9, group(16, 8));
+        assert_eq!(across.algorithm, Algorithm::Ring);
+    }
+
+    #[test]
+    fn ring_latency_across_domains_is_nccls_step_count() {
+        // 256 ranks, 32 per domain, 8 domains, Simple: 8.4 + (255 − 7)·max(3.4, 3·1) + 7·14 µs.
+        let c = fabric().ring(Collective::AllGather, 1e9, 256, 32, 8, Protocol::Simple);
+        let want = (8.4 + 248.0 * 3.4 + 7.0 * 14.0) * 1e-6;
+        assert!(
+            (c.latency_s - want).abs() < 1e-12,
+            "{} vs {want}",
+            c.latency_s
+        );
+        // The ring crosses each domain once per channel: its bus bandwidth is the lesser of
+        // NVLink and the 32 members' NICs (32 · 50 GB/s > 450 GB/s here).
+        assert!((c.bandwidth_s - 255.0 / 256.0 * 1e9 / 450e9).abs() < 1e-12);
+    }
+
+    #[test]
+    fn small_all_reduces_over_many_domains_take_the_tree() {
+        let f = fabric();
+        let g = group(512, 8);
+        let c = f.collective(Collective::AllReduce, 1e6, g);
+        assert_eq!(c.algorithm, Algorithm::Tree, "{c:?}");
+        let ring = f.ring(Collective::AllReduce, 1e6, 512, 8, 64, c.protocol);
+        assert!(c.latency_s < ring.latency_s / 10.0);
+        // Large ones over fewer domains go back to the ring (the tree moves 2·S at 0.92 of the
+        // bus bandwidth, the ring 2·(P−1)/P·S at all of it).
+        let big = f.collective(Collective::AllReduce, 8e9, group(64, 8));
+        assert_eq!(big.algorithm, Algorithm::Ring);
+    }
+
+    #[test]
+    fn one_rank_per_domain_all_gathers_take_pat_when_small() {
+        let f = fabric();
+        let g = group(64, 1);
+        let c = f.collective(Collective::AllGather, 1e6, g);
+        assert_eq!(c.algorithm, Algorithm::Pat, "{c:?}");
+        // 8 + log2(64)·14/3.5 + 2.8·64 µs.
+        let want = (8.0 + 6.0 * 14.0 / 3.5 + 2.8 * 64.0) * 1e-6;
+        assert!((c.latency_s - want).abs() < 1e-12);
+        // Not with two ranks per domain.
+        let two = f.collective(Collective::AllGather, 1e6, group(64, 2));
+        assert_ne!(two.algorithm, Algorithm::Pat);
+    }
+
+    #[test]
+    fn the_charged_algorithm_is_never_worse_than_a_simple_ring() {
+        let f = h100();
+        for (p, p1) in [(2, 2), (8, 8), (16, 8), (64, 8), (64, 1), (1024, 8)] {
+            for kind in [
+                Collective::AllReduce,
+                Collective::AllGather,
+                Collective::ReduceScatter,
+            ] {
+                for bytes in [1e3, 1e5, 1e7, 1e9] {
+                    let c = f.collective(kind, bytes, group(p, p1));
+                    let ring = f.ring(kind, bytes, p, p1, p / p1, Protocol::Simple);
+                    assert!(c.total_s <= ring.total_s, "{kind:?} {p}/{p1} {bytes}");
+                    assert!(c.latency_s > 0.0 && c.bandwidth_s > 0.0);
+                }
+            }
         }
     }
 
     #[test]
-    fn all_reduce_inside_domain_is_ring_bound() {
-        let g = Group {
-            size: 8,
-            per_domain: 8,
-        };
-        let t = fabric().collective_s(Collective::AllReduce, 450e9, g);
-        assert!((t - 2.0 * 7.0 / 8.0).abs() < 1e-12);
+    fn a_measured_step_latency_rescales_nccls_table() {
+        let mut f = fabric();
+        let base = f.ring(Collective::AllGather, 1e6, 8, 8, 1, Protocol::Simple);
+        f.scaleup_latency_scale = 2.0;
+        let slow = f.ring(Collective::AllGather, 1e6, 8, 8, 1, Protocol::Simple);
+        assert!((slow.latency_s - base.latency_s - 7.0 * 3.4e-6).abs() < 1e-12);
     }
 
     #[test]
-    fn all_reduce_across_nodes_with_one_member_per_domain_runs_at_nic_speed() {
-        // §3.2 special case P1 = 1.
-        let g = Group {
-            size: 16,
-            per_domain: 1,
-        };
-        let t = fabric().collective_s(Collective::AllReduce, 50e9, g);
-        assert!((t - 2.0 * 15.0 / 16.0).abs() < 1e-12);
-    }
-
-    #[test]
-    fn all_gather_is_half_an_all_reduce() {
-        let g = Group {
-            size: 64,
-            per_domain: 8,
-        };
+    fn all_gather_bandwidth_is_half_an_all_reduce() {
         let f = fabric();
-        let ar = f.collective_s(Collective::AllReduce, 1e9, g);
-        let ag = f.collective_s(Collective::AllGather, 1e9, g);
-        assert!((ar - 2.0 * ag).abs() < 1e-12);
+        let g = group(64, 8);
+        let ar = f.ring(Collective::AllReduce, 1e9, 64, 8, 8, Protocol::Simple);
+        let ag = f.ring(Collective::AllGather, 1e9, 64, 8, 8, Protocol::Simple);
+        assert!((ar.bandwidth_s - 2.0 * ag.bandwidth_s).abs() < 1e-12);
+        assert_eq!(
+            f.collective(Collective::AllReduce, 0.0, g),
+            CollectiveCost::NOTHING
+        );
     }
 
     #[test]
     fn dispatch_inside_a_domain_is_the_all_to_all() {
         let f = fabric();
-        let g = Group {
-            size: 8,
-            per_domain: 8,
-        };
-        let a2a = f.collective_s(Collective::AllToAll, 8192.0 * 2.0 * 8192.0 * 2.0, g);
-        let dispatch = f.dispatch_s(8192.0, 8192.0 * 2.0, 2, g);
-        assert!((a2a - dispatch).abs() < 1e-12, "{a2a} vs {dispatch}");
+        let g = group(8, 8);
+        let a2a = f.collective(Collective::AllToAll, 8192.0 * 2.0 * 8192.0 * 2.0, g);
+        let dispatch = f.dispatch(8192.0, 8192.0 * 2.0, 2, g);
+        assert_eq!(a2a, dispatch);
     }
 
     #[test]
     fn dispatch_across_domains_sends_each_token_once_per_remote_domain() {
-        let f = fabric();
         // 64 ranks over 8 domains, top-8: (8 − 1)·(1 − (7/8)^8) = 4.59 network copies, not 7.
-        let g = Group {
-            size: 64,
-            per_domain: 8,
-        };
-        let t = f.dispatch_s(1.0, 50e9, 8, g);
+        let c = fabric().dispatch(1.0, 50e9, 8, group(64, 8));
         let want = 7.0 * (1.0 - (7.0f64 / 8.0).powi(8));
-        assert!((t - want).abs() < 1e-9, "{t} vs {want}");
+        assert!((c.bandwidth_s - want).abs() < 1e-9, "{c:?} vs {want}");
+        assert_eq!(c.algorithm, Algorithm::DomainDeduplicatedDispatch);
+        assert!((c.latency_s - (8.4 + 14.0) * 1e-6).abs() < 1e-12);
     }
 
     #[test]
     fn all_to_all_across_domains_is_network_bound() {
         // §7(b): 470 MB over EP = 8 across nodes at 50 GB/s ≈ 9.4 ms.
-        let g = Group {
-            size: 8,
-            per_domain: 1,
-        };
-        let t = fabric().collective_s(Collective::AllToAll, 8192.0 * 65536.0, g);
-        assert!((t - 8192.0 * 57344.0 / 50e9).abs() < 1e-9, "{t}");
+        let c = fabric().collective(Collective::AllToAll, 8192.0 * 65536.0, group(8, 1));
+        assert!(
+            (c.bandwidth_s - 8192.0 * 57344.0 / 50e9).abs() < 1e-9,
+            "{c:?}"
+        );
     }
 }

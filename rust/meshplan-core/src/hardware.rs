@@ -108,10 +108,20 @@ pub struct Calibration {
     pub scaleup_bus_efficiency: f64,
     /// Same for the scale-out network (§3.1).
     pub network_bus_efficiency: f64,
-    /// Per-step latency of a collective inside the scale-up domain, microseconds (§3.1).
-    pub scaleup_latency_us: f64,
-    /// Per-step latency of a collective over the network, microseconds (§3.1).
-    pub network_latency_us: f64,
+    /// A measured ring step inside the scale-up domain, microseconds (§3.1): rescales NCCL's
+    /// NVLink latency table (`data/collectives.toml`, 3.4 µs for a Simple ring step); `None`
+    /// takes NCCL's table as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaleup_latency_us: Option<f64>,
+    /// A measured ring step over the network, microseconds (§3.1): rescales NCCL's network
+    /// latency table (14 µs for a Simple ring step); `None` takes NCCL's table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_latency_us: Option<f64>,
+    /// NVLink SHARP (NVLS) bus bandwidth over the per-direction link rate (NCCL's
+    /// `nvlsEfficiency`: Hopper 0.85, Blackwell 0.74, §3.1); `None` where the scale-up switch
+    /// has no in-network reduction (no NVLS algorithm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvls_efficiency: Option<f64>,
     /// CUDA context, libraries and NCCL buffers per GPU, GiB (§2.6).
     pub fixed_memory_gib: f64,
     /// Allocator fragmentation as a fraction of activations and transients (§2.6).
@@ -259,18 +269,15 @@ impl Gpu {
             0.0,
             1e4,
         )?;
-        check_fraction(
-            "gpu.calibration.scaleup_latency_us",
-            c.scaleup_latency_us,
-            0.0,
-            1e4,
-        )?;
-        check_fraction(
-            "gpu.calibration.network_latency_us",
-            c.network_latency_us,
-            0.0,
-            1e4,
-        )?;
+        for (field, value, lo, hi) in [
+            ("scaleup_latency_us", c.scaleup_latency_us, 0.01, 1e4),
+            ("network_latency_us", c.network_latency_us, 0.01, 1e4),
+            ("nvls_efficiency", c.nvls_efficiency, 0.01, 1.5),
+        ] {
+            if let Some(v) = value {
+                check_fraction(&format!("gpu.calibration.{field}"), v, lo, hi)?;
+            }
+        }
         check_fraction(
             "gpu.calibration.fixed_memory_gib",
             c.fixed_memory_gib,

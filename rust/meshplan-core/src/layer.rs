@@ -491,6 +491,10 @@ pub struct OpsContext {
     pub moe_imbalance: f64,
     /// Element-wise bytes per token and per `h` of one layer's forward pass (§5.3).
     pub elementwise_bytes_per_hidden: f64,
+    /// The part of them outside the tensor-parallel regions (norms, residual adds, dropout):
+    /// replicated on every TP rank unless sequence parallelism splits it (the stack's
+    /// [`crate::stack::Stack::replicated_elementwise_bytes_per_hidden`], at most the total).
+    pub replicated_elementwise_bytes_per_hidden: f64,
     /// Bytes the permute and unpermute move per element of a routed copy's hidden vector
     /// (the stack's [`crate::stack::Stack::routed_copy_bytes_per_hidden`]).
     pub routed_copy_bytes_per_hidden: f64,
@@ -552,8 +556,14 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
         }
     }
     let gate_up = gate_up_matrices(model);
-    // Element-wise work (norms, activation, RoPE, residuals), sequence-sharded with SP (§5.3).
-    ops.elementwise_bytes = ctx.elementwise_bytes_per_hidden * h * tok / shard.sp_div();
+    // Element-wise work (§5.3): norms, residual adds and dropout run on the whole sequence on
+    // every TP rank unless SP splits it; the activation, RoPE and the rest inside the
+    // tensor-parallel regions are split `tp` ways either way.
+    let replicated = ctx
+        .replicated_elementwise_bytes_per_hidden
+        .min(ctx.elementwise_bytes_per_hidden);
+    let inside_tp = ctx.elementwise_bytes_per_hidden - replicated;
+    ops.elementwise_bytes = (replicated / shard.sp_div() + inside_tp / t) * h * tok;
     match &spec.mlp {
         Mlp::Moe(m) => {
             let e = shard.ep as f64;
@@ -651,6 +661,7 @@ mod tests {
             tokens: 4096.0,
             moe_imbalance: 1.0,
             elementwise_bytes_per_hidden: 40.0,
+            replicated_elementwise_bytes_per_hidden: 20.0,
             routed_copy_bytes_per_hidden: 8.0,
             expert_activation_bytes_per_width: 6.0,
         };

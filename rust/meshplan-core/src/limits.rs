@@ -51,6 +51,9 @@ pub const MAX_SM_COUNT: u32 = 1 << 16;
 pub const MAX_GLOBAL_BATCH: u32 = 1 << 24;
 /// Tokens per sequence: 2^24 = 16,777,216 (the longest contexts trained are ~1–10 M tokens).
 pub const MAX_SEQ_LEN: u32 = 1 << 24;
+/// Parameters per data-parallel gradient bucket: 2^31 (Megatron's default is 40 M, or 1 M per
+/// data-parallel rank; a bucket of 2 G parameters is already one bucket for most models).
+pub const MAX_BUCKET_PARAMS: u32 = 1 << 31;
 /// Sequences per micro-batch, and the bound on `vpp` (model chunks per pipeline rank): 2^16. The
 /// search lists every allowed value of both knobs, so this also bounds its enumeration.
 pub const MAX_KNOB: u32 = 1 << 16;
@@ -161,6 +164,7 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("workload.global_batch", up_to(MAX_GLOBAL_BATCH)),
     ("workload.seq_len", up_to(MAX_SEQ_LEN)),
     ("workload.grad_bytes", GRAD_BYTES),
+    ("workload.bucket_params", up_to(MAX_BUCKET_PARAMS)),
     ("plan.dp", DEGREE),
     ("plan.tp", DEGREE),
     ("plan.pp", DEGREE),

@@ -37,12 +37,13 @@ pub enum LayerSplit {
 #[serde(rename_all = "kebab-case")]
 pub enum PipelineSplit {
     /// Any split of the modelled per-rank layer counts, exported as a custom layout
-    /// (Megatron's `--pipeline-model-parallel-layout`): every chunk holds a layer, except that
-    /// the first rank's first chunk may hold only the embedding and the last rank's last chunk
-    /// only the loss.
+    /// (Megatron's `--pipeline-model-parallel-layout`, torchtitan's
+    /// `module_fqns_per_model_part`): every chunk holds a layer, except that the first rank's
+    /// first chunk may hold only the embedding and the last rank's last chunk only the loss.
     Layout,
-    /// Equal chunks only: with `pp > 1`, `L` a multiple of `pp·vpp` (torchtitan's
-    /// `pipeline_parallel_layers_per_stage`, DeepSpeed's uniform partition).
+    /// Equal chunks only: with `pp > 1`, `L` a multiple of `pp·vpp` (DeepSpeed's uniform
+    /// partition, which otherwise gives the extra layers to the first stages, not the split the
+    /// cost model times).
     EvenChunks,
 }
 
@@ -61,8 +62,18 @@ pub enum StackAxis {
 #[serde(deny_unknown_fields)]
 pub struct Stack {
     pub name: String,
-    /// Parameters per data-parallel gradient bucket, each bucket a collective of its own (§3.6).
+    /// Parameters per data-parallel gradient bucket at least, each bucket a collective of its
+    /// own (§3.6); a workload's `bucket_params` overrides the bucket size.
     pub ddp_bucket_params: f64,
+    /// Parameters per bucket per rank of the data-parallel group: the bucket is
+    /// `max(ddp_bucket_params, this · group size)` (Megatron's default, §3.6).
+    pub ddp_bucket_params_per_rank: f64,
+    /// Buckets are reduced as the backward produces them (Megatron `overlap_grad_reduce`),
+    /// rather than after it (§3.6).
+    pub overlap_grad_reduce: bool,
+    /// The ZeRO-1/2 weight all-gather runs bucket by bucket under the next step's forward
+    /// (Megatron `overlap_param_gather`), rather than after the optimizer step (§3.6).
+    pub overlap_param_gather: bool,
     /// FSDP units per transformer layer under ZeRO-3, each gathered and reduce-scattered as a
     /// collective of its own (§3.6).
     pub fsdp_units_per_layer: f64,
@@ -80,6 +91,11 @@ pub struct Stack {
     pub cross_entropy_passes: f64,
     /// Bytes per hidden element the embedding lookup moves per token (§5.3).
     pub embedding_bytes_per_element: f64,
+    /// Element-wise bytes per token and per `h` of a layer's forward outside the tensor-parallel
+    /// regions — the two norms, residual adds and dropout — which every TP rank repeats on the
+    /// whole sequence unless sequence parallelism splits it (§5.3); the rest of the GPU's
+    /// `elementwise_bytes_per_hidden` is split `tp` ways either way.
+    pub replicated_elementwise_bytes_per_hidden: f64,
     /// Bytes per element of a routed copy's hidden vector moved by permute and unpermute (§5.3).
     pub routed_copy_bytes_per_hidden: f64,
     /// Bytes per element of a routed copy's `f_e/t` width moved by the expert activation (§5.3).
@@ -87,8 +103,9 @@ pub struct Stack {
     /// Fraction of tensor-parallel communication hidden behind GEMMs (§3.4 ω_TP); a GPU's
     /// `calibration.tp_overlap`, when set, takes precedence.
     pub tp_overlap: f64,
-    /// Fraction of a micro-batch's backward that can hide DP/ZeRO communication (§3.6 ω_DP); a
-    /// GPU's `calibration.dp_overlap`, when set, takes precedence.
+    /// Share of the compute a DP/ZeRO collective runs under that hides it (§3.6 ω_DP): 1 when
+    /// communication and compute share the GPU without slowing each other; a GPU's
+    /// `calibration.dp_overlap`, when set, takes precedence.
     pub dp_overlap: f64,
     /// How pipeline ranks split the layers (§2.5).
     pub layer_split: LayerSplit,
@@ -107,9 +124,10 @@ pub struct Stack {
     pub schedules: Vec<Schedule>,
     /// How a rank's layers may be split into its virtual chunks.
     pub pipeline_split: PipelineSplit,
-    /// ZeRO stages the stack has.
+    /// ZeRO stages the stack has without pipelining (`pp = 1`).
     pub zero: Vec<u8>,
-    /// ZeRO stages allowed with `pp > 1`.
+    /// ZeRO stages the stack has with `pp > 1` (in place of `zero`: a stack may run a stage only
+    /// under pipelining, as torchtitan's FSDP2 is ZeRO-1 only there).
     pub zero_with_pp: Vec<u8>,
     /// ZeRO stages allowed with `ep > 1`.
     pub zero_with_ep: Vec<u8>,
@@ -139,6 +157,10 @@ impl Stack {
                 self.embedding_bytes_per_element,
             ),
             (
+                "replicated_elementwise_bytes_per_hidden",
+                self.replicated_elementwise_bytes_per_hidden,
+            ),
+            (
                 "routed_copy_bytes_per_hidden",
                 self.routed_copy_bytes_per_hidden,
             ),
@@ -150,6 +172,15 @@ impl Stack {
             ("layer_overhead_factor", self.layer_overhead_factor),
         ] {
             check_positive(&format!("stack.{}.{field}", self.name), v)?;
+        }
+        // 0 per rank: a fixed bucket size (PyTorch DDP, DeepSpeed, XLA's combine threshold).
+        let per_rank = self.ddp_bucket_params_per_rank;
+        if !(per_rank.is_finite() && per_rank >= 0.0) {
+            return Err(Error::invalid(
+                format!("stack.{}.ddp_bucket_params_per_rank", self.name),
+                per_rank,
+                "a finite number >= 0",
+            ));
         }
         for (field, v) in [
             ("tp_overlap", self.tp_overlap),
@@ -179,12 +210,18 @@ impl Stack {
                 ));
             }
         }
-        if let Some(z) = self.zero.iter().find(|z| **z > 3) {
-            return Err(Error::invalid(
-                format!("stack.{}.zero", self.name),
-                z,
-                "0, 1, 2 or 3",
-            ));
+        for (field, stages) in [
+            ("zero", &self.zero),
+            ("zero_with_pp", &self.zero_with_pp),
+            ("zero_with_ep", &self.zero_with_ep),
+        ] {
+            if let Some(z) = stages.iter().find(|z| **z > 3) {
+                return Err(Error::invalid(
+                    format!("stack.{}.{field}", self.name),
+                    z,
+                    "0, 1, 2 or 3",
+                ));
+            }
         }
         Ok(())
     }
@@ -274,10 +311,14 @@ impl Stack {
 
     /// The ZeRO stages this stack allows for the degrees of `plan`.
     pub fn zero_stages(&self, plan: &Plan) -> Vec<u8> {
-        self.zero
+        let stages = if plan.pp > 1 {
+            &self.zero_with_pp
+        } else {
+            &self.zero
+        };
+        stages
             .iter()
             .copied()
-            .filter(|z| plan.pp == 1 || self.zero_with_pp.contains(z))
             .filter(|z| plan.ep == 1 || self.zero_with_ep.contains(z))
             .collect()
     }
@@ -324,6 +365,13 @@ impl Stack {
                     })
             }
         }
+    }
+
+    /// Parameters per DP gradient bucket over a data-parallel group of `ranks`:
+    /// `max(ddp_bucket_params, ddp_bucket_params_per_rank · ranks)` (§3.6).
+    pub fn bucket_params(&self, ranks: u32) -> f64 {
+        self.ddp_bucket_params
+            .max(self.ddp_bucket_params_per_rank * ranks as f64)
     }
 
     /// The stack called `name` in `data/stacks.toml` (case-insensitive, `_` for `-`).
@@ -389,7 +437,11 @@ mod tests {
         assert_eq!(s.attention_backward_ratio, 2.5);
         assert_eq!(s.layer_split, LayerSplit::MegatronEmbeddingLoss);
         assert_eq!(s.tp_overlap, 0.7);
-        assert_eq!(s.dp_overlap, 0.3);
+        assert_eq!(s.dp_overlap, 1.0);
+        assert!(s.overlap_grad_reduce && s.overlap_param_gather);
+        // Megatron's max(40 M, 1 M · data-parallel size).
+        assert_eq!(s.bucket_params(8), 40e6);
+        assert_eq!(s.bucket_params(256), 256e6);
     }
 
     #[test]
@@ -418,6 +470,66 @@ mod tests {
     fn an_unknown_stack_names_the_known_ones() {
         let e = Stack::named("deepspeed-0.1").unwrap_err().to_string();
         assert!(e.contains("megatron-core"), "{e}");
+    }
+
+    /// `model` with `layers` layers and `plan` parsed from its text.
+    fn split(stack: &str, layers: u32, plan: &str) -> Option<String> {
+        let mut model = crate::presets::model("llama3-70b").unwrap();
+        model.layers = layers;
+        let plan = Plan::parse(plan).unwrap();
+        Stack::named(stack).unwrap().split_problem(&model, &plan)
+    }
+
+    #[test]
+    fn the_layer_split_rule_follows_each_stack_exporter() {
+        // The quick start's pp = 4, vpp = 15 on 80 layers: 20 layers a rank in 15 chunks is a
+        // custom layout (Megatron's and torchtitan's exporters write it out).
+        let quick_start = "dp=32,tp=4,pp=4,vpp=15";
+        assert_eq!(split("megatron-core", 80, quick_start), None);
+        assert_eq!(split("torchtitan", 80, quick_start), None);
+        // DeepSpeed's uniform partition needs equal stages: 80 layers on 3 do not split.
+        let e = split("deepspeed", 80, "dp=8,pp=3").unwrap();
+        assert!(e.contains("pp·vpp = 3"), "{e}");
+        assert_eq!(split("deepspeed", 80, "dp=8,pp=4"), None);
+        assert_eq!(split("megatron-core", 80, "dp=32,tp=4,pp=4,vpp=5"), None);
+        // A layout needs a layer in every chunk: 20 layers a rank cannot fill 21 chunks.
+        let e = split("megatron-core", 80, "dp=32,tp=4,pp=4,vpp=21").unwrap();
+        assert!(
+            e.contains("holds 20 layers") && e.contains("vpp = 21"),
+            "{e}"
+        );
+        // 30 layers on 4 ranks split 7, 8, 8, 7 (the first and last rank one fewer): with
+        // vpp = 8 the end ranks' embedding-only and loss-only chunks take the missing layer, so
+        // the layout holds; vpp = 9 leaves a middle rank's chunk empty.
+        assert_eq!(split("megatron-core", 30, "dp=1,pp=4,vpp=8"), None);
+        let e = split("megatron-core", 30, "dp=1,pp=4,vpp=9").unwrap();
+        assert!(e.contains("holds 8 layers"), "{e}");
+        // Without pipelining there is nothing to split, whatever the stack.
+        for stack in ["megatron-core", "torchtitan", "deepspeed", "maxtext"] {
+            assert_eq!(split(stack, 79, "dp=8"), None);
+        }
+    }
+
+    #[test]
+    fn torchtitan_runs_zero_1_only_under_pipelining() {
+        let titan = Stack::named("torchtitan").unwrap();
+        let plan = |text: &str| Plan::parse(text).unwrap();
+        assert_eq!(titan.zero_stages(&plan("dp=8")), vec![0, 2, 3]);
+        assert_eq!(titan.zero_stages(&plan("dp=8,pp=4")), vec![1]);
+        assert_eq!(titan.zero_stages(&plan("dp=8,ep=8")), vec![2, 3]);
+        let deepspeed = Stack::named("deepspeed").unwrap();
+        assert_eq!(deepspeed.zero_stages(&plan("dp=8,pp=4")), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_fixed_bucket_size_does_not_grow_with_the_group() {
+        let titan = Stack::named("torchtitan").unwrap();
+        assert_eq!(titan.bucket_params(8), 25e6);
+        assert_eq!(titan.bucket_params(4096), 25e6);
+        let mut s = titan.clone();
+        s.ddp_bucket_params_per_rank = -1.0;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("ddp_bucket_params_per_rank"), "{e}");
     }
 
     #[test]

@@ -155,6 +155,11 @@ impl<'a> TimeContext<'a> {
             .dp_overlap_under(self.stack)
     }
 
+    /// The stack the plan is timed under.
+    pub fn stack(&self) -> &'static Stack {
+        self.stack
+    }
+
     /// The fabric the plan's collectives run on.
     pub fn fabric(&self) -> &Fabric {
         &self.fabric
@@ -168,6 +173,9 @@ impl<'a> TimeContext<'a> {
             tokens: self.tokens,
             moe_imbalance: cal.moe_imbalance,
             elementwise_bytes_per_hidden: cal.elementwise_bytes_per_hidden,
+            replicated_elementwise_bytes_per_hidden: self
+                .stack
+                .replicated_elementwise_bytes_per_hidden,
             routed_copy_bytes_per_hidden: self.stack.routed_copy_bytes_per_hidden,
             expert_activation_bytes_per_width: self.stack.expert_activation_bytes_per_width,
         };
@@ -392,6 +400,16 @@ impl<'a> TimeContext<'a> {
         out
     }
 
+    /// Parameters per DDP gradient bucket over a data-parallel `group`: the workload's
+    /// `bucket_params`, else the stack's `max(ddp_bucket_params, ddp_bucket_params_per_rank ·
+    /// ranks)` (§3.6).
+    pub fn bucket_params(&self, group: Group) -> f64 {
+        match self.problem.workload.bucket_params {
+            Some(params) => params as f64,
+            None => self.stack.bucket_params(group.size),
+        }
+    }
+
     /// The DP/ZeRO collectives of a stage holding `params` (`layers` layers) at ZeRO stage
     /// `zero`: one entry per phase and parameter group, each with its calls, bytes per call and
     /// the [`CollectiveModel`]'s cost of one call (§3.6). This is the one inventory of a plan's
@@ -408,10 +426,9 @@ impl<'a> TimeContext<'a> {
             (ParamGroup::Dense, params.dense, self.groups.dense_dp),
             (ParamGroup::Expert, params.expert, self.groups.expert_dp),
         ];
-        // ZeRO 0-2: gradient buckets of at most the stack's `ddp_bucket_params` parameters,
-        // each its own collective (so each pays the latency). ZeRO-3: the stack's FSDP units
-        // per layer (one in Megatron-FSDP), each unit's gather and reduce-scatter a collective
-        // of its own.
+        // ZeRO 0-2: gradient buckets of the stack's bucket size, each its own collective (so
+        // each pays the latency). ZeRO-3: the stack's FSDP units per layer (one in
+        // Megatron-FSDP), each unit's gather and reduce-scatter a collective of its own.
         let units = layers.max(1) as f64 * self.stack.fsdp_units_per_layer;
         let phases: &[(DpPhase, Collective, f64)] = match zero {
             0 => &[(DpPhase::AllReduce, Collective::AllReduce, gb)],
@@ -430,7 +447,7 @@ impl<'a> TimeContext<'a> {
                 let calls = if zero >= 3 {
                     units
                 } else {
-                    (p / self.stack.ddp_bucket_params).ceil().max(1.0)
+                    (p / self.bucket_params(group)).ceil().max(1.0)
                 };
                 let bytes_per_call = p / calls * per_param;
                 if group.size <= 1 || bytes_per_call <= 0.0 {
@@ -459,11 +476,14 @@ impl<'a> TimeContext<'a> {
         let inventory = self.dp_collectives(zero, params, layers);
         // ZeRO 0-2 phases: every call of a round; ZeRO-3: one unit's calls (the time model
         // multiplies by the units itself).
-        let sum = |phase: DpPhase| -> f64 {
+        let round = |phase: DpPhase| -> Buckets {
             inventory
                 .iter()
                 .filter(|c| c.phase == phase)
-                .fold(0.0, |acc, c| acc + c.round_s())
+                .fold(Buckets::default(), |acc, c| Buckets {
+                    seconds: acc.seconds + c.round_s(),
+                    calls: acc.calls + c.calls,
+                })
         };
         let per_unit = |phase: DpPhase| -> f64 {
             inventory
@@ -472,11 +492,11 @@ impl<'a> TimeContext<'a> {
                 .fold(0.0, |acc, c| acc + c.cost.total_s)
         };
         match zero {
-            0 => DpComm::AllReduce(sum(DpPhase::AllReduce)),
+            0 => DpComm::AllReduce(round(DpPhase::AllReduce)),
             1 | 2 => DpComm::Sharded {
                 per_micro_batch: zero == 2,
-                reduce_scatter: sum(DpPhase::ReduceScatter),
-                all_gather: sum(DpPhase::AllGather),
+                reduce_scatter: round(DpPhase::ReduceScatter),
+                all_gather: round(DpPhase::AllGather),
             },
             _ => DpComm::PerUnit {
                 all_gather: per_unit(DpPhase::UnitAllGather),
@@ -486,25 +506,29 @@ impl<'a> TimeContext<'a> {
         }
     }
 
-    /// Exposed seconds per step of `comm` on a stage whose per-micro-batch time is `st` (§3.6).
+    /// Exposed seconds per step of `comm` on a stage whose per-micro-batch time is `st` (§3.6):
+    /// gradient buckets reduced as the last micro-batch's backward produces them (Megatron
+    /// `overlap_grad_reduce`; every micro-batch's under ZeRO-2), the ZeRO-1/2 weight all-gather
+    /// bucket by bucket under the next step's first forward (`overlap_param_gather`), ZeRO-3
+    /// units prefetched one ahead.
     pub fn dp_hidden(&self, comm: &DpComm, st: &LayerTime, micro_batches: u32) -> f64 {
         let omega = self.dp_overlap();
         let m = micro_batches as f64;
         let (t_f, t_b) = (st.fwd.total(), st.bwd.total());
-        let hide = |comm: f64, window: f64| (comm - omega * window).max(0.0);
+        let grads = self.stack.overlap_grad_reduce;
+        let weights = self.stack.overlap_param_gather;
         match *comm {
             DpComm::None => 0.0,
-            DpComm::AllReduce(ar) => hide(ar, t_b),
+            DpComm::AllReduce(ar) => bucketed_exposed(ar, t_b, omega, grads),
             DpComm::Sharded {
-                per_micro_batch: false,
+                per_micro_batch,
                 reduce_scatter,
                 all_gather,
-            } => hide(reduce_scatter, t_b) + hide(all_gather, t_f),
-            DpComm::Sharded {
-                per_micro_batch: true,
-                reduce_scatter,
-                all_gather,
-            } => m * hide(reduce_scatter, t_b) + hide(all_gather, t_f),
+            } => {
+                let rounds = if per_micro_batch { m } else { 1.0 };
+                rounds * bucketed_exposed(reduce_scatter, t_b, omega, grads)
+                    + bucketed_exposed(all_gather, t_f, omega, weights)
+            }
             DpComm::PerUnit {
                 all_gather: ag,
                 reduce_scatter: rs,
@@ -514,6 +538,7 @@ impl<'a> TimeContext<'a> {
                 // reduce-scattered. The gather of unit i+1 is prefetched behind unit i's
                 // compute: per unit and pass, what the compute does not cover is exposed; the
                 // first gather and the last reduce-scatter always are (§3.6).
+                let hide = |comm: f64, window: f64| (comm - omega * window).max(0.0);
                 let per_micro_batch = units * (hide(ag, t_f / units) + hide(ag + rs, t_b / units));
                 m * per_micro_batch + ag + rs
             }
@@ -570,6 +595,21 @@ impl<'a> TimeContext<'a> {
     }
 }
 
+/// Exposed seconds of `buckets` reduced one after another as a pass of `window` seconds
+/// produces (or consumes) them in equal shares (§3.6): bucket `k` of `B` is ready at `k/B` of
+/// the window, so what the pass does not cover is exposed — `max(c, B·c − ω·(B − 1)/B·window)`
+/// for buckets of `c` seconds, where `omega` (ω) is the share of the window that hides
+/// communication. A single bucket is always exposed (it is ready only when the pass ends);
+/// without overlap (`overlapped == false`) all of it is.
+pub fn bucketed_exposed(buckets: Buckets, window: f64, omega: f64, overlapped: bool) -> f64 {
+    if !overlapped || buckets.calls <= 0.0 {
+        return buckets.seconds;
+    }
+    let last = buckets.seconds / buckets.calls;
+    let covered = omega * window * (buckets.calls - 1.0) / buckets.calls;
+    last.max(buckets.seconds - covered)
+}
+
 /// Which parameters a DP/ZeRO collective moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ParamGroup {
@@ -619,20 +659,27 @@ impl DpCollective {
     }
 }
 
-/// The DP/ZeRO collectives of one stage per step, seconds before overlap
-/// ([`TimeContext::dp_comm`]).
+/// One round of bucketed DP collectives: seconds of all its calls before overlap, and how many
+/// calls (buckets) they are.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Buckets {
+    pub seconds: f64,
+    pub calls: f64,
+}
+
+/// The DP/ZeRO collectives of one stage per step, before overlap ([`TimeContext::dp_comm`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DpComm {
     /// Nothing reduced (LoRA).
     None,
-    /// ZeRO-0: one all-reduce of the gradients.
-    AllReduce(f64),
+    /// ZeRO-0: one all-reduce of the gradients, bucket by bucket.
+    AllReduce(Buckets),
     /// ZeRO-1 and 2: reduce-scatter of the gradients (every micro-batch under ZeRO-2) and
-    /// all-gather of the updated weights.
+    /// all-gather of the updated weights, bucket by bucket.
     Sharded {
         per_micro_batch: bool,
-        reduce_scatter: f64,
-        all_gather: f64,
+        reduce_scatter: Buckets,
+        all_gather: Buckets,
     },
     /// ZeRO-3: one all-gather and one reduce-scatter per FSDP unit, `units` units.
     PerUnit {
@@ -738,6 +785,26 @@ mod tests {
             },
             wgrad,
         }
+    }
+
+    #[test]
+    fn buckets_hide_behind_the_pass_that_produces_them() {
+        let b = |seconds: f64, calls: f64| Buckets { seconds, calls };
+        // Ten 1 ms buckets under a 20 ms backward: each is done before the next is ready, so
+        // only the last one shows.
+        assert!((bucketed_exposed(b(0.010, 10.0), 0.020, 1.0, true) - 0.001).abs() < 1e-15);
+        // Ten 5 ms buckets under a 20 ms backward: the reduction is the bottleneck; the
+        // backward covers 9/10 of its 20 ms (the last bucket is ready only at its end).
+        let want = 0.050 - 0.020 * 0.9;
+        assert!((bucketed_exposed(b(0.050, 10.0), 0.020, 1.0, true) - want).abs() < 1e-15);
+        // One bucket is ready only when the backward ends: all of it is exposed.
+        assert_eq!(bucketed_exposed(b(0.010, 1.0), 1.0, 1.0, true), 0.010);
+        // No overlap flag, or ω = 0: all of it.
+        assert_eq!(bucketed_exposed(b(0.050, 10.0), 0.020, 1.0, false), 0.050);
+        assert_eq!(bucketed_exposed(b(0.050, 10.0), 0.020, 0.0, true), 0.050);
+        // Half the window hides communication: half the cover.
+        let half = 0.050 - 0.5 * 0.020 * 0.9;
+        assert!((bucketed_exposed(b(0.050, 10.0), 0.020, 0.5, true) - half).abs() < 1e-15);
     }
 
     #[test]

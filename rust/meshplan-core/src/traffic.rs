@@ -1,8 +1,7 @@
 //! Bytes that cross the wire per token for the collectives of one axis (docs/costmodel.md §3, §7): the
 //! closed forms behind the worked checks and the `explain` output.
 
-use crate::comm::{Collective, CollectiveModel, Fabric};
-use crate::layout::Group;
+use crate::comm::Collective;
 use crate::model::Model;
 
 /// Bytes per activation element on the wire (bf16), as in the time model.
@@ -22,30 +21,6 @@ pub fn wire_bytes(kind: Collective, bytes: f64, ranks: u32) -> f64 {
             (p - 1.0) / p * bytes
         }
     }
-}
-
-/// Latency and bandwidth seconds of one collective ([`CollectiveModel::collective`]).
-pub fn collective_terms(fabric: &Fabric, kind: Collective, bytes: f64, group: Group) -> (f64, f64) {
-    let cost = fabric.collective(kind, bytes, group);
-    (cost.latency_s, cost.bandwidth_s)
-}
-
-/// Latency and bandwidth seconds of one MoE dispatch ([`CollectiveModel::dispatch`]).
-pub fn dispatch_terms(
-    fabric: &Fabric,
-    tokens: f64,
-    bytes_per_copy: f64,
-    top_k: u32,
-    group: Group,
-) -> (f64, f64) {
-    let cost = fabric.dispatch(tokens, bytes_per_copy, top_k, group);
-    (cost.latency_s, cost.bandwidth_s)
-}
-
-/// Latency and bandwidth seconds of one point-to-point transfer ([`CollectiveModel::p2p`]).
-pub fn p2p_terms(fabric: &Fabric, bytes: f64, same_domain: bool) -> (f64, f64) {
-    let cost = fabric.p2p(bytes, same_domain);
-    (cost.latency_s, cost.bandwidth_s)
 }
 
 /// Ring all-reduce bytes each GPU sends per generated token in TP decode: two all-reduces per
@@ -77,35 +52,6 @@ mod tests {
         assert_eq!(wire_bytes(Collective::AllGather, 800.0, 8), 700.0);
         assert_eq!(wire_bytes(Collective::AllToAll, 800.0, 8), 700.0);
         assert_eq!(wire_bytes(Collective::AllReduce, 800.0, 1), 0.0);
-    }
-
-    #[test]
-    fn latency_and_bandwidth_terms_add_up_to_the_fabric_time() {
-        let cluster = crate::Cluster {
-            gpu: crate::presets::gpu("h100-sxm").unwrap(),
-            num_gpus: 64,
-            gpus_per_node: None,
-            nvlink_domain: None,
-        };
-        let f = Fabric::of(&cluster);
-        let g = Group {
-            size: 16,
-            per_domain: 8,
-        };
-        for bytes in [1.0, 16_384.0, 1e9] {
-            let (lat, bw) = collective_terms(&f, Collective::AllReduce, bytes, g);
-            let total = f.collective_s(Collective::AllReduce, bytes, g);
-            assert!((lat + bw - total).abs() <= 1e-15 * total.max(1.0));
-            assert!(lat > 0.0 && bw > 0.0);
-        }
-        // Doubling the buffer doubles only the bandwidth term.
-        let (l1, b1) = collective_terms(&f, Collective::AllGather, 1e6, g);
-        let (l2, b2) = collective_terms(&f, Collective::AllGather, 2e6, g);
-        assert!((l1 - l2).abs() < 1e-15 && (b2 / b1 - 2.0).abs() < 1e-9);
-        let (l, b) = p2p_terms(&f, 1e6, true);
-        assert!((l + b - f.p2p_s(1e6, true)).abs() < 1e-15);
-        let (l, b) = dispatch_terms(&f, 4096.0, 16_384.0, 2, g);
-        assert!((l + b - f.dispatch_s(4096.0, 16_384.0, 2, g)).abs() < 1e-15);
     }
 
     #[test]

@@ -64,6 +64,12 @@ pub struct Workload {
     /// the plan and which plans it can run.
     #[serde(default = "default_stack_name")]
     pub stack: String,
+    /// Parameters per data-parallel gradient bucket (Megatron `--ddp-bucket-size`); `None`
+    /// takes the stack's default, `max(40 M, 1 M · data-parallel ranks)` for Megatron-Core
+    /// (docs/costmodel.md §3.6). Fewer, larger buckets pay less latency but expose more of the
+    /// last one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_params: Option<u32>,
 }
 
 fn default_stack_name() -> String {
@@ -91,6 +97,7 @@ impl Workload {
             flash_attention: true,
             fused_cross_entropy: true,
             stack: default_stack_name(),
+            bucket_params: None,
         }
     }
 
@@ -99,6 +106,7 @@ impl Workload {
         limits::check("workload.global_batch", self.global_batch)?;
         limits::check("workload.seq_len", self.seq_len)?;
         limits::check("workload.grad_bytes", self.grad_bytes)?;
+        limits::check_opt("workload.bucket_params", self.bucket_params)?;
         if self.grad_bytes != 2 && self.grad_bytes != 4 {
             return Err(Error::invalid(
                 "workload.grad_bytes",

@@ -15,7 +15,7 @@ impl Ctx<'_> {
         let mut a = self.axis("cp", c, state, g);
         // One mixer for every layer kind: kind 0's K/V width is every layer's.
         let kv = self.tokens * self.ops[0].comm.cp_kv_bytes_per_token;
-        let terms = p2p_terms(&self.fabric, kv, g.within_domain());
+        let terms = self.fabric.p2p(kv, g.within_domain());
         let layers = self.worst.layers() as u64;
         let steps = (c - 1) as u64;
         for pass in self.passes() {

@@ -44,11 +44,12 @@ impl Ctx<'_> {
             ));
             return self.finish(a, 0.0, 0.0);
         }
-        a.collectives = self.reduction(
-            DpPhase::AllReduce,
-            "once per step, after the last micro-batch's backward",
-            1,
-        );
+        let when = if self.stack.overlap_grad_reduce {
+            "once per step, bucket by bucket during the last micro-batch's backward"
+        } else {
+            "once per step, after the last micro-batch's backward"
+        };
+        a.collectives = self.reduction(DpPhase::AllReduce, when, 1);
         self.reduction_notes(&mut a);
         let exposed = self.evaluation.time_s.dp;
         self.finish(a, exposed, exposed)
@@ -81,7 +82,7 @@ impl Ctx<'_> {
                     rounds.saturating_mul(calls),
                     c.bytes_per_call,
                     wire_bytes(c.kind, c.bytes_per_call, c.group.size),
-                    (c.cost.latency_s, c.cost.bandwidth_s),
+                    c.cost,
                     1.0,
                 )
             })
@@ -89,10 +90,42 @@ impl Ctx<'_> {
     }
 
     fn reduction_notes(&self, a: &mut AxisExplanation) {
-        a.notes.push(format!(
-            "bytes are for pipeline stage 0 (the last to finish its backward); {:.0}% of a reduction can hide behind the last micro-batch's backward (dp_overlap)",
-            100.0 * self.dp_overlap
-        ));
+        let stack = self.stack;
+        let omega = 100.0 * self.dp_overlap;
+        if self.plan.zero >= 3 {
+            a.notes.push(format!(
+                "bytes are for pipeline stage 0; each FSDP unit's gather is prefetched one unit ahead, so it hides behind the previous unit's compute ({omega:.0}% of it, dp_overlap); the first gather and the last reduce-scatter stay exposed"
+            ));
+        } else {
+            let g = self.groups.dense_dp;
+            let reduce = if stack.overlap_grad_reduce {
+                format!("reduced as the last micro-batch's backward produces them (overlap_grad_reduce): only the last bucket and what the backward cannot cover ({omega:.0}% of it hides communication, dp_overlap) is exposed")
+            } else {
+                "reduced after the backward (no overlap_grad_reduce): all of it is exposed"
+                    .to_string()
+            };
+            let size = match self.problem.workload.bucket_params {
+                Some(_) => "the workload's bucket_params".to_string(),
+                None => format!(
+                    "the {} stack's max({:.0} M, {:.0} M per rank) over {} ranks",
+                    stack.name,
+                    stack.ddp_bucket_params / 1e6,
+                    stack.ddp_bucket_params_per_rank / 1e6,
+                    g.size
+                ),
+            };
+            a.notes.push(format!(
+                "bytes are for pipeline stage 0 (the last to finish its backward); gradient buckets of {:.0} M parameters ({size}) are {reduce}",
+                self.bucket_params / 1e6,
+            ));
+            if self.plan.zero > 0 {
+                a.notes.push(if stack.overlap_param_gather {
+                    "the updated weights are gathered bucket by bucket under the next step's first forward (overlap_param_gather): only the first bucket and what that forward cannot cover is exposed".to_string()
+                } else {
+                    "the updated weights are gathered after the optimizer step (no overlap_param_gather): all of it is exposed".to_string()
+                });
+            }
+        }
         if self.model().is_moe() && self.plan.ep > 1 {
             let e = self.groups.expert_dp;
             a.notes.push(format!(
@@ -120,31 +153,31 @@ impl Ctx<'_> {
             return self.finish(a, 0.0, 0.0);
         }
         let m = self.m;
+        let (grads_once, grads_each) = if self.stack.overlap_grad_reduce {
+            (
+                "once per step, bucket by bucket during the last micro-batch's backward (gradients)",
+                "every micro-batch, bucket by bucket during its backward (gradients)",
+            )
+        } else {
+            (
+                "once per step, after the last micro-batch's backward (gradients)",
+                "every micro-batch, after its backward (gradients)",
+            )
+        };
+        let weights = if self.stack.overlap_param_gather {
+            "once per step, bucket by bucket during the next step's first forward (updated weights)"
+        } else {
+            "once per step, after the optimizer step (updated weights)"
+        };
         a.collectives = match plan.zero {
             1 => [
-                self.reduction(
-                    DpPhase::ReduceScatter,
-                    "once per step, after the last micro-batch's backward (gradients)",
-                    1,
-                ),
-                self.reduction(
-                    DpPhase::AllGather,
-                    "once per step, after the optimizer step (updated weights)",
-                    1,
-                ),
+                self.reduction(DpPhase::ReduceScatter, grads_once, 1),
+                self.reduction(DpPhase::AllGather, weights, 1),
             ]
             .concat(),
             2 => [
-                self.reduction(
-                    DpPhase::ReduceScatter,
-                    "every micro-batch, during its backward (gradients)",
-                    m,
-                ),
-                self.reduction(
-                    DpPhase::AllGather,
-                    "once per step, after the optimizer step (updated weights)",
-                    1,
-                ),
+                self.reduction(DpPhase::ReduceScatter, grads_each, m),
+                self.reduction(DpPhase::AllGather, weights, 1),
             ]
             .concat(),
             _ => [
@@ -167,9 +200,6 @@ impl Ctx<'_> {
             .concat(),
         };
         self.reduction_notes(&mut a);
-        if plan.zero >= 3 {
-            a.notes.push("prefetching hides each layer's gathers behind the previous layer's compute; the first gather and the last reduce-scatter stay exposed".into());
-        }
         let exposed = self.evaluation.time_s.dp;
         self.finish(a, exposed, exposed)
     }

@@ -28,7 +28,7 @@ impl Ctx<'_> {
         let routed = self.tokens / self.sp_div();
         let message = routed * moe.top_k as f64 * h_bytes;
         let wire = wire_bytes(Collective::AllToAll, message, e);
-        let terms = dispatch_terms(&self.fabric, routed, h_bytes, moe.top_k, g);
+        let terms = self.fabric.dispatch(routed, h_bytes, moe.top_k, g);
         let imbalance = self.problem.cluster.gpu.calibration.moe_imbalance;
         let layers = self.worst_moe_layers();
         if layers > 0 {

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::comm::{Collective, Fabric};
+use crate::comm::{Collective, CollectiveCost, CollectiveModel, Fabric};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate_with;
 use crate::hardware::Cluster;
@@ -40,11 +40,11 @@ use crate::model::Model;
 use crate::plan::{Axis, Plan, RankOrder, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::space::SearchSpace;
+use crate::stack::Stack;
 use crate::stages::{stage_runs, Stage, StageRun};
 use crate::time::{DpCollective, DpPhase, LayerTime, ParamGroup, Pass, TimeContext};
 use crate::traffic::{
-    collective_terms, dispatch_terms, ep_bytes_per_token_per_layer, p2p_terms,
-    tp_decode_allreduce_bytes_per_token, wire_bytes, WIRE_BYTES,
+    ep_bytes_per_token_per_layer, tp_decode_allreduce_bytes_per_token, wire_bytes, WIRE_BYTES,
 };
 use crate::{Control, Problem};
 
@@ -66,6 +66,12 @@ pub struct CollectiveInfo {
     pub bytes_per_step_per_gpu: f64,
     /// Seconds of all calls in a step on the fabric, before any overlap.
     pub seconds_per_step: f64,
+    /// The latency share of `seconds_per_step`: what the calls pay before the first byte
+    /// arrives (NCCL's base and per-step latencies of the algorithm chosen).
+    pub latency_seconds_per_step: f64,
+    /// The algorithm (and NCCL protocol) the collective model chose for one call, e.g.
+    /// `ring/Simple`, `tree/LL128`, `nvls`, `nvls-tree`, `pat`, `pairwise`, `point-to-point`.
+    pub algorithm: String,
     /// The latency term of one call is at least its bandwidth term.
     pub latency_bound: bool,
 }
@@ -297,6 +303,10 @@ struct Ctx<'a> {
     /// ω_TP and ω_DP as the time model applies them (GPU override, else the stack's).
     tp_overlap: f64,
     dp_overlap: f64,
+    /// The stack the plan is timed under (overlap flags, bucket sizes).
+    stack: &'static Stack,
+    /// Parameters per gradient bucket of the dense DP group (workload's, else the stack's).
+    bucket_params: f64,
     /// Tokens of one micro-batch on one GPU before TP sharding, `b·s/c`.
     tokens: f64,
     /// Tokens this GPU handles per step, `m·b·s/c`.
@@ -340,6 +350,8 @@ impl<'a> Ctx<'a> {
             dp_inventory,
             tp_overlap: tc.tp_overlap(),
             dp_overlap: tc.dp_overlap(),
+            stack: tc.stack(),
+            bucket_params: tc.bucket_params(groups.dense_dp),
             tokens,
             tokens_per_step: m as f64 * tokens,
         }
@@ -377,10 +389,11 @@ impl<'a> Ctx<'a> {
         count: u64,
         message: f64,
         wire: f64,
-        (latency, bandwidth): (f64, f64),
+        cost: CollectiveCost,
         scale: f64,
     ) -> CollectiveInfo {
         let per_step = count as f64 * wire;
+        let (latency, bandwidth) = (cost.latency_s, cost.bandwidth_s);
         CollectiveInfo {
             op: op.into(),
             when,
@@ -389,6 +402,8 @@ impl<'a> Ctx<'a> {
             bytes_per_token_per_gpu: per_step / self.tokens_per_step,
             bytes_per_step_per_gpu: per_step,
             seconds_per_step: count as f64 * (latency + bandwidth) * scale,
+            latency_seconds_per_step: count as f64 * latency * scale,
+            algorithm: cost.label(),
             latency_bound: latency >= bandwidth,
         }
     }
@@ -401,7 +416,7 @@ impl<'a> Ctx<'a> {
         bytes: f64,
         g: Group,
     ) -> CollectiveInfo {
-        let terms = collective_terms(&self.fabric, kind, bytes, g);
+        let terms = self.fabric.collective(kind, bytes, g);
         self.info(
             op_name(kind),
             when,
@@ -582,7 +597,8 @@ pub fn decode_traffic(
     let fabric = Fabric::of(cluster);
     let message = model.hidden as f64 * WIRE_BYTES;
     let calls = 2 * model.layers as u64;
-    let (lat, bw) = collective_terms(&fabric, Collective::AllReduce, message, g);
+    let cost = fabric.collective(Collective::AllReduce, message, g);
+    let (lat, bw) = (cost.latency_s, cost.bandwidth_s);
     let bytes = tp_decode_allreduce_bytes_per_token(model, tp);
     let gb_per_s = bytes * tokens_per_s / 1e9;
     let link = cluster.gpu.scaleup_bandwidth_gbps;

@@ -21,7 +21,7 @@ impl Ctx<'_> {
         );
         let mut a = self.axis("pp", plan.pp, state, g);
         let bytes = self.tokens * model.hidden as f64 * WIRE_BYTES / self.sp_div();
-        let terms = p2p_terms(&self.fabric, bytes, g.within_domain());
+        let terms = self.fabric.p2p(bytes, g.within_domain());
         let count = self.m * plan.vpp as u64;
         for what in [
             "forward (activations to the next stage)",

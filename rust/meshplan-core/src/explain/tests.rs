@@ -296,6 +296,48 @@ fn rows_s(a: &AxisExplanation, prefix: &str) -> (f64, f64) {
 }
 
 #[test]
+fn llama3_8b_on_512_gb200_steps_under_150_ms_with_rows_that_add_up() {
+    // Issue 10's scaling example (the MLPerf regime): 256-rank ZeRO-1 reduce-scatter and
+    // all-gather in Megatron-sized buckets, overlapped with the backward and the next forward.
+    let mut w = Workload::new(64, 8192);
+    w.precision = crate::Precision::Fp8;
+    let p = Problem::new(
+        presets::model("llama3-8b").unwrap(),
+        cluster("gb200-nvl72", 512),
+        w,
+    )
+    .unwrap();
+    let pl =
+        plan("dp=64,tp=2,pp=1,cp=4,micro_batch=1,zero=1,recompute=none,sequence_parallel=true");
+    let x = explain(&p, &pl).unwrap();
+    let e = &x.evaluation;
+    assert!(e.step_time_s < 0.15, "{}", e.step_time_s);
+    let t = &e.time_s;
+    let parts = t.compute + t.tp + t.cp + t.ep + t.pp_p2p + t.bubble + t.dp + t.optimizer;
+    assert!(close(parts, e.step_time_s), "{parts} vs {}", e.step_time_s);
+    for a in &x.axes {
+        // Every axis's rows are its exposed plus its overlapped seconds, and each row names
+        // the algorithm charged and the latency it pays.
+        let (rows, _) = rows_s(a, "");
+        assert!(
+            close(rows, a.exposed_s + a.overlapped_s) || rows == 0.0,
+            "{}",
+            a.axis
+        );
+        for c in &a.collectives {
+            assert!(!c.algorithm.is_empty() && c.algorithm != "none", "{c:?}");
+            assert!(c.latency_seconds_per_step > 0.0);
+            assert!(c.latency_seconds_per_step <= c.seconds_per_step);
+        }
+    }
+    let zero = axis(&x, "zero");
+    assert!(close(zero.exposed_s, t.dp));
+    // 8 B parameters over 256 ranks: Megatron's bucket is max(40 M, 256 · 1 M) = 256 M.
+    assert_eq!(zero.collectives[0].count_per_step, 16);
+    assert!(zero.overlapped_s > 5.0 * zero.exposed_s);
+}
+
+#[test]
 fn dp_and_zero_rows_add_up_to_the_charged_dp_time() {
     // With nothing hidden (dp_overlap overridden to 0) and one pipeline stage, the DP time the
     // step charges is the rows' seconds (ZeRO-3 also exposes the first gather and the last
