@@ -439,6 +439,13 @@ impl<'a> Searcher<'a> {
     fn first_structural(&self, plan: &Plan, groups: &Groups) -> Option<Rule> {
         let mut first = None;
         structural_rules(self.problem, plan, self.space, groups, &mut |rule, _| {
+            // The stack's rules were applied to the knobs already ([`Self::stack_knobs`]); the
+            // probe plans checked here carry a tuple's first knob values, which the stack may
+            // not have (torchtitan: no ZeRO-0 under pipelining, no TP without sequence
+            // parallelism), and would otherwise remove every plan of the cell.
+            if rule.scope() == Scope::Stack {
+                return true;
+            }
             first = Some(rule);
             false
         });
@@ -910,10 +917,11 @@ fn full_evaluation(problem: &Problem, plan: Plan) -> Result<Evaluation> {
 
 /// Searches `space` for the best plans of `problem`.
 pub fn search(problem: &Problem, space: &SearchSpace, control: &Control) -> Result<SearchResult> {
+    let plain = |space: &SearchSpace| run(problem, space, control, None).map(|(r, _)| r);
     if space.distinct {
-        return search_distinct(problem, space, control);
+        return search_distinct(space, plain);
     }
-    run(problem, space, control, None).map(|(r, _)| r)
+    plain(space)
 }
 
 /// Two plans whose predicted step times differ by less than this fraction are one plan at the
@@ -961,11 +969,11 @@ pub fn group_plans(plans: &[Evaluation]) -> Vec<(usize, u64)> {
 /// [`search`] for distinct plans: keeps more plans than `top_k` (8×, then 4× more per round,
 /// up to [`DISTINCT_MAX_KEPT`]) until the first `top_k` groups are complete — every plan left
 /// out is slower than the last group's anchor by more than the resolution, so it could join
-/// none of them — and returns their anchors with their group sizes.
+/// none of them — and returns their anchors with their group sizes. `plain` is the search of
+/// one space, plan by plan.
 fn search_distinct(
-    problem: &Problem,
     space: &SearchSpace,
-    control: &Control,
+    plain: impl Fn(&SearchSpace) -> Result<SearchResult>,
 ) -> Result<SearchResult> {
     let started = Instant::now();
     let k = space.top_k as usize;
@@ -977,7 +985,7 @@ fn search_distinct(
             distinct: false,
             ..space.clone()
         };
-        let (mut result, _) = run(problem, &wide, control, None)?;
+        let mut result = plain(&wide)?;
         let groups = group_plans(&result.plans);
         let every_plan = result.plans.len() < kept as usize;
         let complete = every_plan
@@ -1061,11 +1069,18 @@ pub fn search_many(
         queries
             .par_iter()
             .map(|(problem, space)| {
-                let started = Instant::now();
-                let result = space
-                    .validate()
-                    .and_then(|()| collect(problem, space, control, None, Keep::Top, started))
-                    .and_then(|total| result_of(problem, total, started, threads).map(|r| r.0));
+                let plain = |space: &SearchSpace| {
+                    let started = Instant::now();
+                    collect(problem, space, control, None, Keep::Top, started)
+                        .and_then(|total| result_of(problem, total, started, threads).map(|r| r.0))
+                };
+                let result = space.validate().and_then(|()| {
+                    if space.distinct {
+                        search_distinct(space, plain)
+                    } else {
+                        plain(space)
+                    }
+                });
                 if let Some(done) = done {
                     done.fetch_add(1, AtomicOrdering::Relaxed);
                 }
