@@ -21,6 +21,7 @@ __all__ = [
     "model_preset",
     "gpu_presets",
     "gpu_preset",
+    "stacks",
     "model_from_hf_config",
     "default_space",
     "evaluate",

@@ -109,6 +109,23 @@ def megatron_layout(layers: int, pp: int, vpp: int) -> str:
         stages.append(stage)
     return "|".join(stages)
 
+def torchtitan_layout(layers: int, pp: int, vpp: int) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` for the modelled split: one list of module
+    names per stage in model order (stage ``c·pp + r`` is chunk ``c`` of rank ``r``, the order its
+    interleaved schedules place stages in), ``tok_embeddings`` on the first, ``norm`` and
+    ``output`` on the last."""
+    chunks = chunk_layers(layers, pp, vpp)
+    out, first = [], 0
+    for v, n in enumerate(chunks):
+        stage = ["tok_embeddings"] if v == 0 else []
+        stage += [f"layers.{i}" for i in range(first, first + n)]
+        if v == len(chunks) - 1:
+            stage += ["norm", "output"]
+        out.append(stage)
+        first += n
+    return out
+
+
 #: torchtitan schedule names (``torch.distributed.pipelining``) of meshplan's schedules.
 TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
 
@@ -257,12 +274,16 @@ def megatron_args(
     if plan.sequence_parallel and plan.tp > 1:
         args.append(("--sequence-parallel", None))
     profile = stack_profile("megatron-core")
-    if plan.zero <= 1 and plan.dp * plan.ep * plan.cp > 1:
-        args.append(("--ddp-bucket-size", str(int(profile["ddp_bucket_params"]))))
-    if profile["dp_overlap"] > 0 and plan.dp * plan.ep * plan.cp > 1:
+    data_parallel = plan.dp * plan.ep * plan.cp > 1
+    # Megatron's own default bucket is the profile's max(40 M, 1 M · data-parallel ranks); only
+    # a workload's bucket size needs the flag.
+    bucket = None if workload is None else workload.bucket_params
+    if plan.zero <= 1 and data_parallel and bucket is not None:
+        args.append(("--ddp-bucket-size", str(bucket)))
+    if profile["overlap_grad_reduce"] and data_parallel:
         args.append(("--overlap-grad-reduce", None))
-        if plan.zero >= 1:
-            args.append(("--overlap-param-gather", None))
+    if profile["overlap_param_gather"] and data_parallel and plan.zero >= 1:
+        args.append(("--overlap-param-gather", None))
     if profile["tp_overlap"] > 0 and plan.tp > 1 and plan.sequence_parallel:
         args.append(("--tp-comm-overlap", None))
     if plan.zero >= 1:
@@ -352,12 +373,23 @@ def torchtitan_fields(
         "data_parallel_replicate_degree": data_parallel if plan.zero == 0 else 1,
         "data_parallel_shard_degree": 1 if plan.zero == 0 else data_parallel,
     }
-    if plan.zero == 1:
+    if plan.pp > 1 and plan.zero != 1:
         raise InvalidInputError(
-            "cannot export to torchtitan: it has no ZeRO-1 (FSDP2 shards gradients too); use "
-            "zero 2 (fsdp_reshard_after_forward never), 3 or 0"
+            f"cannot export to torchtitan: pp = {plan.pp} with zero = {plan.zero} (under "
+            "pipelining FSDP2 reduces gradients and gathers weights once per step, ZeRO-1, and "
+            "DDP does not combine with other parallelisms); use zero 1"
         )
-    if plan.zero == 2:
+    if plan.pp == 1 and plan.zero == 1:
+        raise InvalidInputError(
+            "cannot export to torchtitan: without pipelining it has no ZeRO-1 (FSDP2 "
+            "reduce-scatters every micro-batch's gradients); use zero 2 "
+            "(fsdp_reshard_after_forward never), 3 or 0"
+        )
+    if plan.zero == 1:
+        # Under PP, "default" keeps FSDP2's parameters unsharded through the step and the
+        # schedule syncs gradients on the last micro-batch only: ZeRO-1.
+        fields["fsdp_reshard_after_forward"] = "default"
+    elif plan.zero == 2:
         # FSDP2 without resharding after forward: gradients and optimizer states sharded,
         # weights kept whole between forward and backward (ZeRO-2).
         fields["fsdp_reshard_after_forward"] = "never"
@@ -382,23 +414,19 @@ def torchtitan_fields(
             fields["pipeline_parallel_schedule"] = "ZBVZeroBubble"
         else:
             fields["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULES[schedule]
-        if plan.vpp > 1 and model is not None:
-            chunks = plan.pp * plan.vpp
-            if model.layers % chunks:
-                raise InvalidInputError(
-                    f"cannot export to torchtitan: {model.layers} layers do not split into "
-                    f"pp·vpp = {chunks} equal chunks"
+        if model is not None:
+            chunks = chunk_layers(model.layers, plan.pp, plan.vpp)
+            if len(set(chunks)) == 1:
+                # Equal chunks: pp·vpp stages of L/(pp·vpp) layers; torchtitan would otherwise
+                # count the embedding and the output as first/last_stage_less_layers layers.
+                fields["pipeline_parallel_layers_per_stage"] = chunks[0]
+                fields["pipeline_parallel_first_stage_less_layers"] = 0
+                fields["pipeline_parallel_last_stage_less_layers"] = 0
+            else:
+                # The modelled split, module by module (torchtitan's explicit layout).
+                fields["module_fqns_per_model_part"] = torchtitan_layout(
+                    model.layers, plan.pp, plan.vpp
                 )
-            fields["pipeline_parallel_layers_per_stage"] = model.layers // chunks
-            # Exactly pp·vpp stages: torchtitan counts the embedding and the output as
-            # first/last_stage_less_layers layers when it derives the stage count.
-            fields["pipeline_parallel_first_stage_less_layers"] = 0
-            fields["pipeline_parallel_last_stage_less_layers"] = 0
-        elif model is not None and model.layers % plan.pp:
-            raise InvalidInputError(
-                f"cannot export to torchtitan: {model.layers} layers do not split into "
-                f"pp = {plan.pp} equal stages"
-            )
         if workload is not None:
             fields["num_pp_microbatches"] = micro_batches(plan, workload)
     fields["context_parallel_degree"] = plan.cp
@@ -472,6 +500,8 @@ def _toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
     return str(value)
 
 
@@ -511,11 +541,14 @@ def deepspeed_config(plan: Plan, workload: Workload) -> dict[str, Any]:
         "communication_data_type": "fp32" if workload.grad_bytes == 4 else workload.precision,
     }
     profile = stack_profile("deepspeed")
-    buckets = int(profile["ddp_bucket_params"])
+    buckets = int(profile["ddp_bucket_params"] if workload.bucket_params is None
+                  else workload.bucket_params)
     config["zero_optimization"].update(
         reduce_bucket_size=buckets,
         allgather_bucket_size=buckets,
-        overlap_comm=profile["dp_overlap"] > 0,
+        # DeepSpeed's own default, which the profile models: ZeRO-3 overlaps (its prefetch),
+        # stages 0-2 reduce after the backward.
+        overlap_comm=plan.zero == 3 or bool(profile["overlap_grad_reduce"]),
     )
     if plan.pp > 1:
         config["pipeline"] = {"stages": plan.pp, "partition": "uniform"}
@@ -691,9 +724,11 @@ def _parse_torchtitan_toml(text: str, world: int, model: Optional[Model],
     par = config["parallelism"]
     pp = par["pipeline_parallel_degree"]
     vpp = 1
-    if par.get("pipeline_parallel_layers_per_stage") and model is not None:
+    if par.get("module_fqns_per_model_part"):
+        vpp = len(par["module_fqns_per_model_part"]) // pp
+    elif par.get("pipeline_parallel_layers_per_stage") and model is not None:
         vpp = model.layers // (pp * par["pipeline_parallel_layers_per_stage"])
-    zero = {None: 0, "never": 2, "always": 3}[par.get("fsdp_reshard_after_forward")]
+    zero = {None: 0, "default": 1, "never": 2, "always": 3}[par.get("fsdp_reshard_after_forward")]
     ac = config.get("activation_checkpoint", {})
     recompute = "selective-op" if ac.get("mode") == "selective" else ac.get("mode", "none")
     if pp > 1:
@@ -789,6 +824,7 @@ __all__ = [
     "stack_profile",
     "STACK_FORMATS",
     "megatron_layout",
+    "torchtitan_layout",
     "chunk_layers",
     "rank_layers",
     "device_mesh",
