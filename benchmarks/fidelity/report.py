@@ -56,11 +56,12 @@ def verdict(value: Any, limit: float, below: bool = True) -> str:
     return "met" if ok else "**not met**"
 
 
-CV_GROUPS = ("gpu", "source", "model")
+CV_GROUPS = ("gpu", "source", "model", "stack")
 
 
 def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any], seconds: Mapping[str, float]) -> list[str]:
-    """In-sample and leave-one-group-out median / p90 APE side by side, overall, per GPU, per arch."""
+    """In-sample and leave-one-group-out median / p90 APE side by side, overall, per GPU, per arch,
+    per stack."""
     s = report.summary
     head = "| group | n | in-sample median | in-sample p90 | " + " | ".join(
         f"LO-{g}-O median | LO-{g}-O p90" for g in cvs
@@ -69,8 +70,9 @@ def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any]
         "## In sample and leave one group out",
         "",
         "In sample: the shipped constants, fitted to these runs. Leave one group out "
-        "(`meshplan validate validation/cases.json --cross-validate gpu|source|model`): for each GPU "
-        "type, source (the case-id prefix: `mbridge`, `dgxc`, `narayanan21`, ...) or model, the GEMM "
+        "(`meshplan validate validation/cases.json --cross-validate gpu|source|model|stack`): for each "
+        "GPU type, source (the case-id prefix: `mbridge`, `dgxc`, `narayanan21`, ...), model or "
+        "training stack, the GEMM "
         "efficiency of every (GPU, precision) is refitted on the *other* groups' dense runs and the "
         "group is predicted with it; a held-out GPU (always so when leaving a GPU out) gets the median "
         "of the fold's fitted values at its precision. The four constants shared by every GPU "
@@ -98,6 +100,8 @@ def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any]
         lines.append(row(f"gpu {k}", v, lambda c, k=k: c["by_gpu"].get(k)))
     for k, v in s["by_arch"].items():
         lines.append(row(f"arch {k}", v, lambda c, k=k: c["by_arch"].get(k)))
+    for k, v in s["by_stack"].items():
+        lines.append(row(f"stack {k}", v, lambda c, k=k: c["by_stack"].get(k)))
     src = cvs.get("source")
     if src is not None:
         lines += [
@@ -157,6 +161,15 @@ def markdown(
         "",
         *stats_table("arch", s["by_arch"]),
         "",
+        "## By training stack",
+        "",
+        "Each case is timed under the stack that ran it (`rust/meshplan-core/data/sources.toml` maps "
+        "its source: torchtitan, DeepSpeed ZeRO-3 for SC21's Table 2, MaxText for the DGX Cloud "
+        "MaxText recipe, megatron-core for the rest). In sample, and leave one stack out (the GEMM "
+        "efficiencies refitted without that stack's runs, as above):",
+        "",
+        *stack_table(s["by_stack"], (cvs or {}).get("stack")),
+        "",
         "## Largest errors",
         "",
         "| case | GPU | precision | measured tok/s/GPU | predicted | error | plan |",
@@ -183,6 +196,23 @@ def markdown(
             for r in mem
         ]
     return "\n".join(lines) + "\n"
+
+
+def stack_table(in_sample: Mapping[str, Any], loso: Any) -> list[str]:
+    """Per stack: n, in-sample median / p90 APE and median signed error, and the leave-one-stack-out
+    median / p90 APE of the held-out stack (– without a cross-validation)."""
+    held = loso.summary["by_group"] if loso is not None else {}
+    lines = [
+        "| stack | n | median APE | p90 APE | median signed | LOSO median APE | LOSO p90 APE |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for k, v in in_sample.items():
+        o = held.get(k, {})
+        lines.append(
+            f"| {k} | {v['n']} | {pct(v['median_ape'])} | {pct(v['p90_ape'])} | "
+            f"{pct(v['median_signed_error'])} | {pct(o.get('median_ape'))} | {pct(o.get('p90_ape'))} |"
+        )
+    return lines
 
 
 def scatter(report: mp.ValidationReport, path: Path) -> None:
