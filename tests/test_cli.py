@@ -51,6 +51,18 @@ def test_gpus_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert all("calibration" in g for g in gpus)
 
 
+def test_stacks_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "stacks")
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines()[2:] if line.strip() and "source" not in line}
+    assert set(rows) == {"megatron-core", "torchtitan", "deepspeed", "maxtext"}
+    assert "0,2,3 / 1" in rows["torchtitan"]  # FSDP2 is ZeRO-1 under pipelining only
+    code, out, _ = run(capsys, "stacks", "--json")
+    stacks = {s["name"]: s for s in json.loads(out)}
+    assert stacks["deepspeed"]["overlap_grad_reduce"] is False
+    assert stacks["megatron-core"]["ddp_bucket_params_per_rank"] == 1e6
+
+
 def test_search_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "search", *PROBLEM, *SMALL, "--top-k", "5")
     assert code == 0 and err == ""

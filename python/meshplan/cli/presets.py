@@ -1,4 +1,5 @@
-"""``models`` and ``gpus``: the presets as tables or JSON."""
+"""``models``, ``gpus`` and ``stacks``: the presets and training-stack profiles as tables or
+JSON."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
+from .. import _core
 from ..hardware import Gpu
 from ..model import Model
 from ._render import table
@@ -20,6 +22,10 @@ def add(sub: Any) -> None:
     g = sub.add_parser("gpus", help="list the GPU presets")
     g.add_argument("--json", action="store_true", help="print the full presets as JSON")
     g.set_defaults(run=_gpus)
+
+    st = sub.add_parser("stacks", help="list the training-stack profiles (--stack)")
+    st.add_argument("--json", action="store_true", help="print every profile value as JSON")
+    st.set_defaults(run=_stacks)
 
 
 def _models(args: argparse.Namespace, out: TextIO) -> int:
@@ -64,4 +70,30 @@ def _gpus(args: argparse.Namespace, out: TextIO) -> int:
         "NVLink GB/s x domain", "net GB/s", "description",
     ]
     out.write(table(header, rows) + "\n")
+    return 0
+
+
+def _stacks(args: argparse.Namespace, out: TextIO) -> int:
+    stacks = _core.stacks()
+    if args.json:
+        json.dump(stacks, out, indent=2)
+        out.write("\n")
+        return 0
+
+    def names(values: Any) -> str:
+        return ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+
+    rows = [[
+        s["name"], f"{s['ddp_bucket_params']:.3g}",
+        "yes" if s["overlap_grad_reduce"] else "no", f"{s['dp_overlap']:g}", f"{s['tp_overlap']:g}",
+        names(s["precisions"]), names(["dp", *s["parallelism"]]), names(s["schedules"]),
+        s["pipeline_split"], f"{names(s['zero'])} / {names(s['zero_with_pp']) or '-'}",
+        names(s["recompute"]),
+    ] for s in stacks]
+    header = [
+        "stack", "bucket", "grads overlapped", "dp ω", "tp ω", "precisions", "axes", "schedules",
+        "layer split", "zero (pp=1 / pp>1)", "recompute",
+    ]
+    out.write(table(header, rows) + "\n")
+    out.write("every value and its source: rust/meshplan-core/data/stacks.toml\n")
     return 0
