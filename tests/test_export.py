@@ -165,6 +165,7 @@ def test_torchtitan_config_matches_the_plan(text: str) -> None:
     ("dp=16,tp=4,pp=1,recompute=selective", "core-attention"),
     ("dp=16,tp=4,pp=2,zero=3", "use zero 1"),
     ("dp=16,tp=4,pp=1,zero=1", "no ZeRO-1"),
+    ("dp=16,tp=4,pp=1,zero=0", "DDP"),
 ])
 def test_torchtitan_refuses_what_it_cannot_run(text: str, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):

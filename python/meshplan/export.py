@@ -373,6 +373,12 @@ def torchtitan_fields(
         "data_parallel_replicate_degree": data_parallel if plan.zero == 0 else 1,
         "data_parallel_shard_degree": 1 if plan.zero == 0 else data_parallel,
     }
+    if plan.zero == 0 and (plan.tp > 1 or plan.cp > 1):
+        raise InvalidInputError(
+            f"cannot export to torchtitan: zero = 0 (DDP) with tp = {plan.tp}, cp = {plan.cp}: "
+            "torchtitan runs DDP without other parallelism only, and shards the weights over "
+            "the context-parallel ranks; use zero 2 or 3"
+        )
     if plan.pp > 1 and plan.zero != 1:
         raise InvalidInputError(
             f"cannot export to torchtitan: pp = {plan.pp} with zero = {plan.zero} (under "
@@ -478,11 +484,6 @@ def torchtitan(plan: Plan, model: Optional[Model] = None, workload: Optional[Wor
         lines.append(
             f"# experts are tensor-parallel over tp = {plan.tp} in this plan "
             "(expert_tensor_parallel_degree in the legacy config)"
-        )
-    if plan.cp > 1 and plan.zero == 0:
-        lines.append(
-            "# note: torchtitan shards the weights over the CP ranks (FSDP) whenever cp > 1, "
-            "where this plan replicates them"
         )
     lines += [
         "from torchtitan.config.parallelism import ParallelismConfig",

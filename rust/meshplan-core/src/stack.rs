@@ -131,6 +131,8 @@ pub struct Stack {
     pub zero_with_pp: Vec<u8>,
     /// ZeRO stages allowed with `ep > 1`.
     pub zero_with_ep: Vec<u8>,
+    /// ZeRO stages allowed with `tp > 1` or `cp > 1`.
+    pub zero_with_tp_cp: Vec<u8>,
     /// Recompute modes the stack has.
     pub recompute: Vec<Recompute>,
     /// Sequence-parallel settings allowed with `tp > 1`.
@@ -214,6 +216,7 @@ impl Stack {
             ("zero", &self.zero),
             ("zero_with_pp", &self.zero_with_pp),
             ("zero_with_ep", &self.zero_with_ep),
+            ("zero_with_tp_cp", &self.zero_with_tp_cp),
         ] {
             if let Some(z) = stages.iter().find(|z| **z > 3) {
                 return Err(Error::invalid(
@@ -320,6 +323,7 @@ impl Stack {
             .iter()
             .copied()
             .filter(|z| plan.ep == 1 || self.zero_with_ep.contains(z))
+            .filter(|z| (plan.tp == 1 && plan.cp == 1) || self.zero_with_tp_cp.contains(z))
             .collect()
     }
 
@@ -472,11 +476,28 @@ mod tests {
         assert!(e.contains("megatron-core"), "{e}");
     }
 
-    /// `model` with `layers` layers and `plan` parsed from its text.
-    fn split(stack: &str, layers: u32, plan: &str) -> Option<String> {
+    /// A plan of degrees `[dp, tp, pp, ep]` and `vpp` chunks per rank, every knob at its default.
+    fn plan([dp, tp, pp, ep]: [u32; 4], vpp: u32) -> Plan {
+        Plan {
+            dp,
+            tp,
+            pp,
+            ep,
+            cp: 1,
+            vpp,
+            micro_batch: 1,
+            zero: 1,
+            recompute: Recompute::None,
+            sequence_parallel: tp > 1,
+            schedule: None,
+            order: RankOrder::DEFAULT,
+        }
+    }
+
+    /// Why `stack` cannot split a `layers`-layer model as `plan` does.
+    fn split(stack: &str, layers: u32, plan: Plan) -> Option<String> {
         let mut model = crate::presets::model("llama3-70b").unwrap();
         model.layers = layers;
-        let plan = Plan::parse(plan).unwrap();
         Stack::named(stack).unwrap().split_problem(&model, &plan)
     }
 
@@ -484,41 +505,47 @@ mod tests {
     fn the_layer_split_rule_follows_each_stack_exporter() {
         // The quick start's pp = 4, vpp = 15 on 80 layers: 20 layers a rank in 15 chunks is a
         // custom layout (Megatron's and torchtitan's exporters write it out).
-        let quick_start = "dp=32,tp=4,pp=4,vpp=15";
-        assert_eq!(split("megatron-core", 80, quick_start), None);
+        let quick_start = plan([32, 4, 4, 1], 15);
+        assert_eq!(split("megatron-core", 80, quick_start.clone()), None);
         assert_eq!(split("torchtitan", 80, quick_start), None);
         // DeepSpeed's uniform partition needs equal stages: 80 layers on 3 do not split.
-        let e = split("deepspeed", 80, "dp=8,pp=3").unwrap();
+        let e = split("deepspeed", 80, plan([8, 1, 3, 1], 1)).unwrap();
         assert!(e.contains("pp·vpp = 3"), "{e}");
-        assert_eq!(split("deepspeed", 80, "dp=8,pp=4"), None);
-        assert_eq!(split("megatron-core", 80, "dp=32,tp=4,pp=4,vpp=5"), None);
+        assert_eq!(split("deepspeed", 80, plan([8, 1, 4, 1], 1)), None);
+        assert_eq!(split("megatron-core", 80, plan([32, 4, 4, 1], 5)), None);
         // A layout needs a layer in every chunk: 20 layers a rank cannot fill 21 chunks.
-        let e = split("megatron-core", 80, "dp=32,tp=4,pp=4,vpp=21").unwrap();
+        let e = split("megatron-core", 80, plan([32, 4, 4, 1], 21)).unwrap();
         assert!(
             e.contains("holds 20 layers") && e.contains("vpp = 21"),
             "{e}"
         );
         // 30 layers on 4 ranks split 7, 8, 8, 7 (the first and last rank one fewer): with
         // vpp = 8 the end ranks' embedding-only and loss-only chunks take the missing layer, so
-        // the layout holds; vpp = 9 leaves a middle rank's chunk empty.
-        assert_eq!(split("megatron-core", 30, "dp=1,pp=4,vpp=8"), None);
-        let e = split("megatron-core", 30, "dp=1,pp=4,vpp=9").unwrap();
-        assert!(e.contains("holds 8 layers"), "{e}");
+        // the layout holds; vpp = 9 leaves a chunk of every rank empty (the first rank's 7
+        // layers fill 7 of the 8 chunks beside its embedding chunk).
+        assert_eq!(split("megatron-core", 30, plan([1, 1, 4, 1], 8)), None);
+        let e = split("megatron-core", 30, plan([1, 1, 4, 1], 9)).unwrap();
+        assert!(
+            e.contains("holds 7 layers") && e.contains("the 8 of its vpp = 9"),
+            "{e}"
+        );
         // Without pipelining there is nothing to split, whatever the stack.
         for stack in ["megatron-core", "torchtitan", "deepspeed", "maxtext"] {
-            assert_eq!(split(stack, 79, "dp=8"), None);
+            assert_eq!(split(stack, 79, plan([8, 1, 1, 1], 1)), None);
         }
     }
 
     #[test]
     fn torchtitan_runs_zero_1_only_under_pipelining() {
         let titan = Stack::named("torchtitan").unwrap();
-        let plan = |text: &str| Plan::parse(text).unwrap();
-        assert_eq!(titan.zero_stages(&plan("dp=8")), vec![0, 2, 3]);
-        assert_eq!(titan.zero_stages(&plan("dp=8,pp=4")), vec![1]);
-        assert_eq!(titan.zero_stages(&plan("dp=8,ep=8")), vec![2, 3]);
+        assert_eq!(titan.zero_stages(&plan([8, 1, 1, 1], 1)), vec![0, 2, 3]);
+        assert_eq!(titan.zero_stages(&plan([8, 1, 4, 1], 1)), vec![1]);
+        assert_eq!(titan.zero_stages(&plan([8, 1, 1, 8], 1)), vec![2, 3]);
+        // DDP only without other parallelism: FSDP2 with TP.
+        assert_eq!(titan.zero_stages(&plan([8, 4, 1, 1], 1)), vec![2, 3]);
+        assert_eq!(titan.zero_stages(&plan([8, 4, 4, 1], 1)), vec![1]);
         let deepspeed = Stack::named("deepspeed").unwrap();
-        assert_eq!(deepspeed.zero_stages(&plan("dp=8,pp=4")), vec![0, 1]);
+        assert_eq!(deepspeed.zero_stages(&plan([8, 1, 4, 1], 1)), vec![0, 1]);
     }
 
     #[test]
