@@ -96,6 +96,8 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[li
             moves.append(f"{section}: not in the baseline (run with --update to add it)")
             continue
         for scope in ("overall", *SCOPES):
+            if scope not in scopes:
+                continue  # not measured (a hand-made section)
             if scope not in base_scopes:
                 moves.append(f"{section} {scope}: not in the baseline (run with --update to add it)")
                 continue
