@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 
 import pytest
 
@@ -152,3 +153,22 @@ def test_the_search_finds_what_evaluate_accepts(stack, plan):
                            top_k=1)
     found = mp.search("llama3.1-405b", c, w, fixed).plans
     assert found and found[0].tokens_per_s_per_gpu >= ev.tokens_per_s_per_gpu
+
+
+def test_exports_carry_the_knobs_each_profile_times():
+    # DeepSpeed: its 5e8-element buckets and its own overlap_comm default (on for ZeRO-3 only).
+    w = mp.Workload(global_batch=256, seq_len=4096, stack="deepspeed")
+    for zero, overlap in ((1, False), (3, True)):
+        config = json.loads(export.export(f"dp=64,tp=1,pp=1,zero={zero},recompute=full", workload=w))
+        z = config["zero_optimization"]
+        assert (z["reduce_bucket_size"], z["overlap_comm"]) == (500_000_000, overlap)
+    # MaxText: the latency-hiding scheduler and the 1 GiB combine threshold, as XLA flags.
+    text = export.export("dp=64,tp=1,pp=1,zero=3,recompute=full",
+                         workload=mp.Workload(global_batch=256, seq_len=4096, stack="maxtext"))
+    assert "--xla_gpu_all_reduce_combine_threshold_bytes=1073741824" in text
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in text
+    # Megatron: the overlap flags; a bucket flag only for a workload's own bucket size.
+    plan = "dp=64,tp=1,pp=1,zero=1"
+    assert "--ddp-bucket-size" not in export.export(plan, workload=mp.Workload(256, 4096))
+    text = export.export(plan, workload=mp.Workload(256, 4096, bucket_params=10**8))
+    assert "--ddp-bucket-size 100000000" in text and "--overlap-param-gather" in text

@@ -625,6 +625,18 @@ def maxtext_overrides(plan: Plan, workload: Workload) -> list[tuple[str, Any]]:
     ]
 
 
+def maxtext_xla_flags() -> str:
+    """The XLA flags behind the maxtext profile's overlap and bucket (the latency-hiding
+    scheduler that overlaps the data-parallel collectives; the all-reduce combine threshold that
+    is its bucket, in bytes of fp32 gradients)."""
+    profile = stack_profile("maxtext")
+    flags = []
+    if profile["overlap_grad_reduce"] or profile["overlap_param_gather"]:
+        flags.append("--xla_gpu_enable_latency_hiding_scheduler=true")
+    flags.append(f"--xla_gpu_all_reduce_combine_threshold_bytes={round(profile['ddp_bucket_params'] * 4)}")
+    return " ".join(flags)
+
+
 def maxtext(plan: Plan, workload: Optional[Workload]) -> str:
     """MaxText overrides, one ``key=value`` per line (``python -m MaxText.train base.yml ...``)."""
     if workload is None:
@@ -633,6 +645,7 @@ def maxtext(plan: Plan, workload: Optional[Workload]) -> str:
             "gradient_accumulation_steps come from the global batch)"
         )
     lines = _header(plan, "#", "MaxText overrides of configs/base.yml")
+    lines.append(f"# XLA_FLAGS the maxtext profile times: {maxtext_xla_flags()}")
     lines += [f"{k}={_maxtext_value(v)}" for k, v in maxtext_overrides(plan, workload)]
     return "\n".join(lines) + "\n"
 
