@@ -34,8 +34,13 @@
 //! Runs from Narayanan et al. 2021 and Korthikanti et al. 2022 predate fused attention in
 //! Megatron; they are evaluated with `flash_attention = false` (what those papers describe).
 //!
+//! Every case is timed under the training stack that ran it (`stack`, a table of
+//! `data/stacks.toml`): torchtitan's runs under `torchtitan`, SC21's ZeRO-3 comparison runs
+//! (Table 2, DeepSpeed) under `deepspeed`, the DGX Cloud MaxText recipe under `maxtext`, every
+//! other source under `megatron-core`; rows name it and the summary groups by it (`by_stack`).
+//!
 //! These framework facts of the sources are data, `data/sources.toml` (matched by the start of
-//! the `source` string, or a substring), not code.
+//! the `source` string, a substring, or the start of the case id), not code.
 //!
 //! Norm and embeddings follow the family: GeLU models are GPT-style (LayerNorm, tied
 //! embeddings), SwiGLU models Llama-style (RMSNorm, untied).
