@@ -76,6 +76,13 @@ def test_search_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert any(line.startswith("candidates") for line in lines)
     assert any(line.startswith("feasible") for line in lines)
     assert any(line.startswith("elapsed") for line in lines)
+    # Distinct plans by default: the last column says how many plans each row stands for.
+    assert header.split()[-1] == "plans"
+    sizes = [int(line.split()[-1]) for line in lines[first:first + 5]]
+    assert all(n >= 1 for n in sizes)
+    code, out, _ = run(capsys, "search", *PROBLEM, *SMALL, "--top-k", "5", "--ungrouped")
+    header = next(line for line in out.splitlines() if line.startswith("rank"))
+    assert code == 0 and header.split()[-1] != "plans"
     # Pruning reasons are listed largest first.
     pruned = lines[lines.index("pruned") + 1:]
     counts = [int(line.split()[-1].replace(",", "")) for line in pruned if line.strip()]
