@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -44,6 +45,7 @@ def test_workload_defaults_and_round_trip() -> None:
     assert w.to_dict() == {
         "global_batch": 512, "seq_len": 2048, "precision": "bf16", "optimizer": "adam",
         "grad_bytes": 4, "lora": False, "flash_attention": True, "fused_cross_entropy": True,
+        "stack": "megatron-core",
     }
     assert mp.Workload.from_dict(w.to_dict()) == w
 
@@ -95,8 +97,12 @@ def test_op_level_checkpointing_is_searched_only_when_asked(
     default = mp.search(model, cluster, workload, mp.SearchSpace(top_k=1000))
     assert {p.plan.recompute for p in default.plans} <= {"none", "selective", "full"}
     space = mp.SearchSpace(recompute=["selective-op"], top_k=1000)
-    only = mp.search(model, cluster, workload, space)
+    # Op-level checkpointing is torchtitan's (selective_ac_option = "op"); Megatron has none.
+    titan = dataclasses.replace(workload, stack="torchtitan")
+    only = mp.search(model, cluster, titan, space)
     assert only.plans and {p.plan.recompute for p in only.plans} == {"selective-op"}
+    megatron = mp.search(model, cluster, workload, space)
+    assert not megatron.plans and megatron.stats.pruned["stack_recompute"] > 0
     with pytest.raises(mp.errors.InvalidInputError, match="selective-op"):
         mp.search(model, cluster, workload, mp.SearchSpace(recompute=["ops"]))
 
@@ -127,7 +133,11 @@ def test_plan_parse_booleans_and_aliases(text: str, expected: bool) -> None:
 
 
 def test_space_defaults_come_from_the_core() -> None:
-    assert mp.SearchSpace().to_dict() == _core.default_space()
+    # Every default is the core's, except that the Python layer (and the CLI and server through
+    # it) asks for distinct plans unless told otherwise; the core's own default is the plain list.
+    assert _core.default_space()["distinct"] is False
+    assert mp.SearchSpace().to_dict() == {**_core.default_space(), "distinct": True}
+    assert mp.SearchSpace(distinct=False).to_dict() == _core.default_space()
 
 
 def test_space_fixes_and_bounds_degrees() -> None:

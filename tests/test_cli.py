@@ -51,6 +51,18 @@ def test_gpus_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert all("calibration" in g for g in gpus)
 
 
+def test_stacks_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "stacks")
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines()[2:] if line.strip() and "source" not in line}
+    assert set(rows) == {"megatron-core", "torchtitan", "deepspeed", "maxtext"}
+    assert "0,2,3 / 1" in rows["torchtitan"]  # FSDP2 is ZeRO-1 under pipelining only
+    code, out, _ = run(capsys, "stacks", "--json")
+    stacks = {s["name"]: s for s in json.loads(out)}
+    assert stacks["deepspeed"]["overlap_grad_reduce"] is False
+    assert stacks["megatron-core"]["ddp_bucket_params_per_rank"] == 1e6
+
+
 def test_search_table(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "search", *PROBLEM, *SMALL, "--top-k", "5")
     assert code == 0 and err == ""
@@ -64,6 +76,13 @@ def test_search_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert any(line.startswith("candidates") for line in lines)
     assert any(line.startswith("feasible") for line in lines)
     assert any(line.startswith("elapsed") for line in lines)
+    # Distinct plans by default: the last column says how many plans each row stands for.
+    assert header.split()[-1] == "plans"
+    sizes = [int(line.split()[-1]) for line in lines[first:first + 5]]
+    assert all(n >= 1 for n in sizes)
+    code, out, _ = run(capsys, "search", *PROBLEM, *SMALL, "--top-k", "5", "--ungrouped")
+    header = next(line for line in out.splitlines() if line.startswith("rank"))
+    assert code == 0 and header.split()[-1] != "plans"
     # Pruning reasons are listed largest first.
     pruned = lines[lines.index("pruned") + 1:]
     counts = [int(line.split()[-1].replace(",", "")) for line in pruned if line.strip()]

@@ -4,6 +4,7 @@ framework cannot run. torch is not needed: the device-mesh snippet is read with 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -104,15 +105,18 @@ def torchtitan_config(text: str) -> tuple[dict[str, Any], str]:
 
 @pytest.mark.parametrize("text", PLANS[:4])
 def test_torchtitan_config_matches_the_plan(text: str) -> None:
-    # torchtitan's selective checkpointing is the op-level policy, not Megatron's.
+    # torchtitan's selective checkpointing is the op-level policy, not Megatron's; under
+    # pipelining its FSDP2 is ZeRO-1 (gradients synced on the last micro-batch only).
     plan = mp.Plan.parse(text.replace("recompute=selective", "recompute=selective-op"))
+    if plan.pp > 1:
+        plan = dataclasses.replace(plan, zero=1)
     kwargs, toml = torchtitan_config(mp.export(plan, "torchtitan", model=LLAMA70, workload=WORKLOAD))
     dp = plan.dp * plan.ep
     if plan.zero == 0:
         assert (kwargs["data_parallel_replicate_degree"], kwargs["data_parallel_shard_degree"]) == (dp, 1)
     else:
         assert (kwargs["data_parallel_replicate_degree"], kwargs["data_parallel_shard_degree"]) == (1, dp)
-        assert kwargs["fsdp_reshard_after_forward"] == ("always" if plan.zero == 3 else "never")
+        assert kwargs["fsdp_reshard_after_forward"] == {1: "default", 2: "never", 3: "always"}[plan.zero]
     assert kwargs["tensor_parallel_degree"] == plan.tp
     assert kwargs.get("enable_sequence_parallel", False) == plan.sequence_parallel
     assert kwargs["pipeline_parallel_degree"] == plan.pp
@@ -147,16 +151,21 @@ def test_torchtitan_config_matches_the_plan(text: str) -> None:
         else:
             assert ac["mode"] == plan.recompute and "selective_ac_option" not in ac
         assert doc["training"]["global_batch_size"] == 128
-        assert doc["training"]["local_batch_size"] == 128 // dp
+        # With a pipeline the local batch is the data rank's whole batch; without, it is one
+        # micro-batch and torchtitan accumulates gradients up to the global batch.
+        assert doc["training"]["local_batch_size"] == (128 // dp if plan.pp > 1 else plan.micro_batch)
         assert doc["training"]["seq_len"] == 8192
     assert mp.export(plan, "torchtitan-toml", model=LLAMA70, workload=WORKLOAD) == toml
 
 
 @pytest.mark.parametrize("text, message", [
-    ("dp=4,tp=4,pp=4,schedule=zb-h1", "ZBVZeroBubble"),
+    ("dp=4,tp=4,pp=4,zero=1,schedule=zb-h1", "ZBVZeroBubble"),
     ("dp=2,tp=2,pp=2,ep=4,cp=2,zero=0", "zero >= 1"),
     ("dp=16,tp=4,pp=1,order=tp-cp-ep-pp-dp", "rank order"),
     ("dp=16,tp=4,pp=1,recompute=selective", "core-attention"),
+    ("dp=16,tp=4,pp=2,zero=3", "use zero 1"),
+    ("dp=16,tp=4,pp=1,zero=1", "no ZeRO-1"),
+    ("dp=16,tp=4,pp=1,zero=0", "DDP"),
 ])
 def test_torchtitan_refuses_what_it_cannot_run(text: str, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
@@ -248,7 +257,8 @@ def test_unknown_format_and_bad_plans() -> None:
         mp.export("dp=8,tp=1,pp=1,order=tp-dp", "device-mesh")
     with pytest.raises(InvalidInputError, match="vpp"):
         mp.export("dp=8,tp=1,pp=2,vpp=2,schedule=1f1b", "megatron")
-    assert set(FORMATS) == {"megatron", "torchtitan", "torchtitan-toml", "deepspeed", "device-mesh"}
+    assert set(FORMATS) == {"megatron", "torchtitan", "torchtitan-toml", "deepspeed", "maxtext",
+                            "device-mesh"}
 
 
 PROBLEM = ["--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "64",

@@ -69,9 +69,14 @@ def test_columns_lengths_and_dtypes(space: mp.FeasibleSpace) -> None:
 
 
 def test_best_row_is_the_search_top_plan(space: mp.FeasibleSpace) -> None:
+    # The plain list (distinct=False): the feasible space keeps every plan, not groups.
     result = mp.search("llama3-70b", CLUSTER, WORKLOAD, mp.SearchSpace(max_micro_batch=4,
-                                                                        max_vpp=4, top_k=20))
-    assert result.best is not None
+                                                                        max_vpp=4, top_k=20,
+                                                                        distinct=False))
+    grouped = mp.search("llama3-70b", CLUSTER, WORKLOAD, mp.SearchSpace(max_micro_batch=4,
+                                                                         max_vpp=4, top_k=20))
+    assert result.best is not None and grouped.best is not None
+    assert grouped.best.plan == result.best.plan
     assert space.plan(0) == result.best.plan
     assert int(np.argmax(space["tokens_per_s_per_gpu"])) == 0
     for i, ev in enumerate(result.plans):
@@ -110,7 +115,8 @@ def test_decode_and_read_only(space: mp.FeasibleSpace) -> None:
 
 
 def test_orders_are_coded() -> None:
-    orders = ["tp-cp-ep-dp-pp", "dp-tp-cp-ep-pp"]
+    # The two rank orders the default stack (megatron-core) builds; it prunes the others.
+    orders = ["tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"]
     fs = mp.feasible_space("llama3-8b", mp.Cluster("h100-sxm", 16), mp.Workload(32, 4096),
                            mp.SearchSpace(max_micro_batch=2, max_vpp=2, orders=orders))
     assert fs.categories["order"] == tuple(orders)

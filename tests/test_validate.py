@@ -92,14 +92,14 @@ def test_known_throughput_error_and_summary_statistics() -> None:
 
 def test_summary_has_exactly_the_documented_keys() -> None:
     report = mp.validate([case_with(tokens_per_s_per_gpu=3000.0)])
-    assert set(report.summary) == {"throughput", "memory", "by_gpu", "by_arch"}
+    assert set(report.summary) == {"throughput", "memory", "by_gpu", "by_arch", "by_stack"}
     assert set(report.summary["throughput"]) == {
         "n", "median_ape", "p90_ape", "within_10pct", "within_20pct", "median_signed_error",
     }
     assert set(report.summary["memory"]) == {"n", "median_ape"}
     searched = mp.validate([case_with(tokens_per_s_per_gpu=3000.0)], search=True)
     assert set(searched.summary) == {
-        "throughput", "memory", "by_gpu", "by_arch", "feasible_recall", "regret",
+        "throughput", "memory", "by_gpu", "by_arch", "by_stack", "feasible_recall", "regret",
     }
     assert set(searched.summary["regret"]) == {"n", "median", "p90"}
 
@@ -146,13 +146,17 @@ def test_torchtitan_runs_get_its_checkpointing_policy_and_its_eager_loss() -> No
     case["plan"].update({"zero": 3, "recompute": "selective"})
     row = mp.validate([case]).cases[0]
     assert "recompute=selective-op" in row["plan"]
+    assert row["stack"] == "torchtitan"  # and it is timed as torchtitan runs it
     c, t = case["cluster"], case["training"]
     expected = mp.evaluate(
         predicted_model(case), mp.Cluster(c["gpu"], c["num_gpus"]),
-        mp.Workload(t["global_batch"], t["seq_len"], fused_cross_entropy=False),
+        mp.Workload(t["global_batch"], t["seq_len"], fused_cross_entropy=False,
+                    stack="torchtitan"),
         "dp=8,tp=1,pp=1,zero=3,recompute=selective-op",
     )
     assert row["memory"]["predicted_gib"] == pytest.approx(expected.peak_memory_gib, rel=1e-12)
+    assert row["predicted_tokens_per_s_per_gpu"] == pytest.approx(
+        expected.tokens_per_s_per_gpu, rel=1e-12)
 
 
 def test_llama3_fsdp_variant_reduces_gradients_once_per_step() -> None:
@@ -288,3 +292,28 @@ def test_every_published_case_file_row_is_accounted_for() -> None:
     assert statuses <= {"ok", "unrepresentable"}
     assert all(row.get("reason") for row in report.cases if row["status"] == "unrepresentable")
     assert report.summary["throughput"]["n"] == sum(row["status"] == "ok" for row in report.cases)
+
+
+def test_each_case_is_timed_and_summarised_under_its_stack() -> None:
+    # The same run from four sources: megatron-core by default, torchtitan, the SC21 DeepSpeed
+    # ZeRO-3 runs (by case id) and a MaxText recipe; each row names its stack, each prediction
+    # is the API's under that stack, and the summary has one group per stack.
+    cases = []
+    for source, ident, stack in [
+        ("hand-made test case", "hand-a", "megatron-core"),
+        ("torchtitan (hand-made test case)", "hand-b", "torchtitan"),
+        ("hand-made test case", "narayanan21-t2-ZeRO-3-hand", "deepspeed"),
+        ("NVIDIA DGX Cloud Benchmarking recipe, MaxText (JAX) hand", "hand-d", "maxtext"),
+    ]:
+        case = case_with(tokens_per_s_per_gpu=3000.0)
+        case.update(id=ident, source=source)
+        case["plan"].update({"zero": 3, "recompute": "full"})
+        cases.append((case, stack))
+    report = mp.validate([c for c, _ in cases])
+    assert [r["stack"] for r in report.cases] == [s for _, s in cases]
+    assert set(report.summary["by_stack"]) == {s for _, s in cases}
+    assert all(v["n"] == 1 for v in report.summary["by_stack"].values())
+    deepspeed = report.case("narayanan21-t2-ZeRO-3-hand")
+    megatron = report.case("hand-a")
+    # DeepSpeed ZeRO-3 hides none of its gathers (dp_overlap 0 in its profile): slower.
+    assert deepspeed["predicted_tokens_per_s_per_gpu"] < megatron["predicted_tokens_per_s_per_gpu"]

@@ -23,6 +23,7 @@ def test_summarize_reproduces_the_core_summary_bit_for_bit() -> None:
     assert s["throughput"] == report.summary["throughput"]
     assert s["by_gpu"] == report.summary["by_gpu"]
     assert s["by_arch"] == report.summary["by_arch"]
+    assert s["by_stack"] == report.summary["by_stack"]
 
 
 def test_fit_recovers_a_perturbed_efficiency_and_zeroes_the_median_error() -> None:
@@ -67,7 +68,7 @@ def test_leave_one_source_out_groups_by_id_prefix() -> None:
 
 
 def test_unknown_group_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="allowed gpu, model, source"):
+    with pytest.raises(ValueError, match="allowed gpu, model, source, stack"):
         mp.cross_validate(CASES[:3], "vendor")
 
 
@@ -90,3 +91,26 @@ def test_cli_rejects_search_with_cross_validate(capsys: pytest.CaptureFixture[st
 def test_cli_rejects_an_unknown_group(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(REPO_CASES), "--cross-validate", "vendor"]) != 0
     assert "invalid choice: 'vendor'" in capsys.readouterr().err
+
+
+def test_leave_one_stack_out_groups_by_the_stack_that_ran_each_case() -> None:
+    """Each case's stack comes from its source (data/sources.toml in the core): torchtitan's
+    runs, SC21's DeepSpeed ZeRO-3 runs and the MaxText recipe each form a fold of their own."""
+    cv = mp.cross_validate(CASES, "stack")
+    groups = cv.summary["by_group"]
+    assert set(groups) == {"megatron-core", "torchtitan", "deepspeed", "maxtext"}
+    assert all(r["group"] == r["stack"] for r in cv.cases)
+    assert groups["deepspeed"]["n"] == 6
+    assert groups["maxtext"]["n"] == 5
+    assert sum(s["n"] for s in groups.values()) == cv.summary["throughput"]["n"]
+    # A held-out stack's GEMM efficiencies are fitted without its runs: the megatron-core fold
+    # trains on the other stacks' few runs only, so most of its efficiencies are fleet medians.
+    fold = next(f for f in cv.folds if f["group"] == "megatron-core")
+    assert "fleet median" in fold["origin"].values()
+    assert cv.summary["by_stack"].keys() == groups.keys()
+
+
+def test_cli_cross_validates_by_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(REPO_CASES), "--cross-validate", "stack"]) == 0
+    out = capsys.readouterr().out
+    assert "median LO-stack-O" in out and "stack torchtitan" in out

@@ -44,11 +44,13 @@ def _worse_h100(tmp_path: Path) -> Path:
 
 def test_committed_baseline_has_every_section_and_group() -> None:
     doc = json.loads(BASELINE.read_text())
-    assert set(doc["sections"]) == {"in_sample", "loo_gpu", "loo_source", "loo_model"}
+    assert set(doc["sections"]) == {"in_sample", "loo_gpu", "loo_source", "loo_model", "loo_stack"}
     in_sample = mp.validate(ROOT / "validation" / "cases.json").summary
     base = doc["sections"]["in_sample"]
     assert base["overall"]["n"] == in_sample["throughput"]["n"]
     assert set(base["by_gpu"]) == set(in_sample["by_gpu"]) and set(base["by_arch"]) == set(in_sample["by_arch"])
+    assert set(base["by_stack"]) == set(in_sample["by_stack"]) == {
+        "megatron-core", "torchtitan", "deepspeed", "maxtext"}
 
 
 def test_gate_passes_on_the_shipped_constants() -> None:
@@ -107,3 +109,9 @@ def test_limits_are_one_point_overall_and_three_points_in_groups_of_ten() -> Non
     gone = {"s": _section((100, 0.01, 0.10), {"small": (9, 0.05, 0.20)})}
     failures, _ = compare(base, gone)
     assert failures == ["s by_gpu big: no longer scored (baseline n=10)"]
+    # A scope the baseline lacks (an older baseline without by_stack) is reported, not failed.
+    with_stacks = {"s": {**_section((100, 0.05, 0.30), {"big": (10, 0.05, 0.20)}),
+                         "by_stack": {"torchtitan": {"n": 9, "median_ape": 0.5, "p90_ape": 0.9}}}}
+    failures, moves = compare(base, with_stacks)
+    assert not any("by_stack" in f for f in failures)
+    assert "s by_stack: not in the baseline (run with --update to add it)" in moves

@@ -1,8 +1,9 @@
 """Fidelity regression gate: fails when the cost model's error on the published runs gets worse.
 
 Measures the throughput error of ``meshplan.validate`` on ``validation/cases.json`` — overall, per
-GPU type and per architecture — in sample (the shipped constants) and leave-one-group-out
-(``meshplan.cross_validate`` by GPU, by source and by model), and compares it with the committed
+GPU type, per architecture and per training stack — in sample (the shipped constants) and
+leave-one-group-out (``meshplan.cross_validate`` by GPU, by source, by model and by stack), and
+compares it with the committed
 baseline ``benchmarks/fidelity/baseline.json``. It fails (exit 1) when the median or the p90 APE
 gets worse by more than 1 point overall, or by more than 3 points in any group that has at least
 10 cases in the baseline, and prints every figure that moved. ``.ci/run`` runs it after the tests.
@@ -13,8 +14,8 @@ baseline in the same commit with one command, from the repository root:
     python benchmarks/fidelity/gate.py --update
 
 ``--calibration FILE`` applies calibration overrides (as ``meshplan validate --calibration``),
-``--sections`` restricts the comparison (for example ``in_sample`` alone, about 0.1 s; all four
-take about 25 s on 2 cores).
+``--sections`` restricts the comparison (for example ``in_sample`` alone, about 0.1 s; all five
+take about 30 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ SECTIONS: dict[str, Optional[str]] = {
     "loo_gpu": "gpu",
     "loo_source": "source",
     "loo_model": "model",
+    "loo_stack": "stack",
 }
 """Baseline section → the group ``cross_validate`` leaves out (None: in sample)."""
 
@@ -51,6 +53,9 @@ GROUP_MIN_CASES = 10
 
 METRICS = ("median_ape", "p90_ape")
 
+SCOPES = ("by_gpu", "by_arch", "by_stack")
+"""The grouped scopes gated besides the overall figures."""
+
 
 def _stats(s: Mapping[str, Any]) -> dict[str, Any]:
     return {
@@ -60,11 +65,10 @@ def _stats(s: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def compact(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The gated part of a validate summary: overall, per GPU, per architecture."""
+    """The gated part of a validate summary: overall, per GPU, per architecture, per stack."""
     return {
         "overall": _stats(summary["throughput"]),
-        "by_gpu": {k: _stats(v) for k, v in summary["by_gpu"].items()},
-        "by_arch": {k: _stats(v) for k, v in summary["by_arch"].items()},
+        **{scope: {k: _stats(v) for k, v in summary[scope].items()} for scope in SCOPES},
     }
 
 
@@ -91,7 +95,12 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any]) -> tuple[li
         if base_scopes is None:
             moves.append(f"{section}: not in the baseline (run with --update to add it)")
             continue
-        for scope in ("overall", "by_gpu", "by_arch"):
+        for scope in ("overall", *SCOPES):
+            if scope not in scopes:
+                continue  # not measured (a hand-made section)
+            if scope not in base_scopes:
+                moves.append(f"{section} {scope}: not in the baseline (run with --update to add it)")
+                continue
             base_groups = {"all": base_scopes["overall"]} if scope == "overall" else base_scopes[scope]
             cur_groups = {"all": scopes["overall"]} if scope == "overall" else scopes[scope]
             for group in sorted(set(base_groups) | set(cur_groups)):

@@ -56,11 +56,12 @@ def verdict(value: Any, limit: float, below: bool = True) -> str:
     return "met" if ok else "**not met**"
 
 
-CV_GROUPS = ("gpu", "source", "model")
+CV_GROUPS = ("gpu", "source", "model", "stack")
 
 
 def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any], seconds: Mapping[str, float]) -> list[str]:
-    """In-sample and leave-one-group-out median / p90 APE side by side, overall, per GPU, per arch."""
+    """In-sample and leave-one-group-out median / p90 APE side by side, overall, per GPU, per arch,
+    per stack."""
     s = report.summary
     head = "| group | n | in-sample median | in-sample p90 | " + " | ".join(
         f"LO-{g}-O median | LO-{g}-O p90" for g in cvs
@@ -69,16 +70,19 @@ def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any]
         "## In sample and leave one group out",
         "",
         "In sample: the shipped constants, fitted to these runs. Leave one group out "
-        "(`meshplan validate validation/cases.json --cross-validate gpu|source|model`): for each GPU "
-        "type, source (the case-id prefix: `mbridge`, `dgxc`, `narayanan21`, ...) or model, the GEMM "
+        "(`meshplan validate validation/cases.json --cross-validate gpu|source|model|stack`): for each "
+        "GPU type, source (the case-id prefix: `mbridge`, `dgxc`, `narayanan21`, ...), model or "
+        "training stack, the GEMM "
         "efficiency of every (GPU, precision) is refitted on the *other* groups' dense runs and the "
         "group is predicted with it; a held-out GPU (always so when leaving a GPU out) gets the median "
         "of the fold's fitted values at its precision. The four constants shared by every GPU "
         "(element-wise bytes, attention efficiency, layer overhead, TP overlap) keep their "
         "shipped values in every fold — they were fitted on all runs and a grid per fold is too slow — "
         "so the leave-one-out figures are, if anything, still slightly optimistic. The DP overlap is "
-        "not fitted (1: collectives are priced as NCCL runs them and gradient buckets overlap the "
-        "backward as in Megatron, docs/costmodel.md §3.1 and §3.6). Time of each "
+        "not fitted for megatron-core, torchtitan or maxtext (1: collectives are priced as NCCL "
+        "runs them and gradient buckets overlap the backward as in Megatron, docs/costmodel.md "
+        "§3.1 and §3.6); deepspeed's is (0, on its six SC21 ZeRO-3 runs, data/stacks.toml) and "
+        "stays in sample in every fold. Time of each "
         "cross-validation on this machine: "
         + ", ".join(f"{g} {seconds[g]:.1f} s" for g in cvs) + ".",
         "",
@@ -98,6 +102,8 @@ def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any]
         lines.append(row(f"gpu {k}", v, lambda c, k=k: c["by_gpu"].get(k)))
     for k, v in s["by_arch"].items():
         lines.append(row(f"arch {k}", v, lambda c, k=k: c["by_arch"].get(k)))
+    for k, v in s["by_stack"].items():
+        lines.append(row(f"stack {k}", v, lambda c, k=k: c["by_stack"].get(k)))
     src = cvs.get("source")
     if src is not None:
         lines += [
@@ -157,6 +163,15 @@ def markdown(
         "",
         *stats_table("arch", s["by_arch"]),
         "",
+        "## By training stack",
+        "",
+        "Each case is timed under the stack that ran it (`rust/meshplan-core/data/sources.toml` maps "
+        "its source: torchtitan, DeepSpeed ZeRO-3 for SC21's Table 2, MaxText for the DGX Cloud "
+        "MaxText recipe, megatron-core for the rest). In sample, and leave one stack out (the GEMM "
+        "efficiencies refitted without that stack's runs, as above):",
+        "",
+        *stack_table(report, (cvs or {}).get("stack")),
+        "",
         "## Largest errors",
         "",
         "| case | GPU | precision | measured tok/s/GPU | predicted | error | plan |",
@@ -183,6 +198,51 @@ def markdown(
             for r in mem
         ]
     return "\n".join(lines) + "\n"
+
+
+def stack_table(report: mp.ValidationReport, loso: Any) -> list[str]:
+    """Per stack: n, in-sample median / p90 APE and median signed error, and the leave-one-stack-out
+    median / p90 APE of the held-out stack (– without a cross-validation); then every stack but
+    megatron-core pooled, and which stacks are the only ones on their GPUs (their leave-one-out
+    figure is then a leave-one-GPU-out one as well)."""
+    from meshplan.validation import throughput_stats
+
+    in_sample = report.summary["by_stack"]
+    held = loso.summary["by_group"] if loso is not None else {}
+    lines = [
+        "| stack | n | median APE | p90 APE | median signed | LOSO median APE | LOSO p90 APE |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def row(name: str, v: Mapping[str, Any], o: Mapping[str, Any]) -> str:
+        return (
+            f"| {name} | {v['n']} | {pct(v['median_ape'])} | {pct(v['p90_ape'])} | "
+            f"{pct(v['median_signed_error'])} | {pct(o.get('median_ape'))} | {pct(o.get('p90_ape'))} |"
+        )
+
+    for k, v in in_sample.items():
+        lines.append(row(k, v, held.get(k, {})))
+    others = [r for r in report.cases if r["status"] == "ok" and r["stack"] != "megatron-core"]
+    if others:
+        held_others = [r for r in (loso.cases if loso is not None else [])
+                       if r["status"] == "ok" and r["stack"] != "megatron-core"]
+        lines.append(row("*all but megatron-core*", throughput_stats(others),
+                         throughput_stats(held_others) if held_others else {}))
+    ok = [r for r in report.cases if r["status"] == "ok"]
+    alone = []
+    for k in in_sample:
+        gpus = {r["gpu"] for r in ok if r["stack"] == k}
+        if gpus and not gpus & {r["gpu"] for r in ok if r["stack"] != k}:
+            alone.append(f"{k} ({', '.join(sorted(gpus))})")
+    if alone:
+        lines += [
+            "",
+            "Stacks whose runs are the only ones on their GPUs: " + "; ".join(alone) + ". In sample "
+            "those GPUs' GEMM efficiencies are fitted on that stack's own runs; held out, they are "
+            "the fleet median of the other GPUs, so the leave-one-stack-out figure mixes the stack "
+            "with the GPU and cannot tell which of the two the in-sample fit absorbed.",
+        ]
+    return lines
 
 
 def scatter(report: mp.ValidationReport, path: Path) -> None:

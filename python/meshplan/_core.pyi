@@ -23,6 +23,7 @@ __all__ = [
     "gpu_presets",
     "gpu_preset",
     "gpu_provenance",
+    "stacks",
     "model_from_hf_config",
     "default_space",
     "evaluate",
@@ -71,6 +72,9 @@ def model_aliases() -> list[dict[str, str]]:
 
 def gpu_presets() -> list[str]:
     """Names of the built-in GPU presets, sorted."""
+
+def stacks() -> list[dict[str, Any]]:
+    """Every training stack profile (core ``Stack`` shape), sorted by name."""
 
 def gpu_preset(name: str) -> dict[str, Any]:
     """The GPU preset ``name`` (core ``Gpu`` shape); ``UnknownPresetError`` otherwise."""

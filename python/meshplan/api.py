@@ -75,7 +75,7 @@ def search(
     Ctrl-C stops the search and raises ``KeyboardInterrupt``.
     """
     problem = problem_dict(model, cluster, workload)
-    space_dict = None if space is None else as_type(SearchSpace, space, "space").to_dict()
+    space_dict = as_type(SearchSpace, SearchSpace() if space is None else space, "space").to_dict()
     raw = _core.search(problem, space_dict, threads, timeout_s, cancel)
     return SearchResult.from_dict(raw)
 

@@ -85,7 +85,7 @@ def _as_query(item: object) -> Query:
 
 def _core_query(item: object) -> tuple[dict[str, Any], Optional[dict[str, Any]]]:
     q = _as_query(item)
-    space = None if q.space is None else as_type(SearchSpace, q.space, "space").to_dict()
+    space = as_type(SearchSpace, SearchSpace() if q.space is None else q.space, "space").to_dict()
     return problem_dict(q.model, q.cluster, q.workload), space
 
 

@@ -10,18 +10,29 @@ Formats:
   ``torchtitan-toml`` is that TOML alone.
 - ``deepspeed``: a DeepSpeed JSON config (ZeRO stage, micro-batch, gradient accumulation, train
   batch size), for plans plain DeepSpeed can run.
+- ``maxtext``: MaxText ``key=value`` overrides of ``configs/base.yml`` (mesh axes, remat
+  policy, batch), for plans MaxText can run.
 - ``device-mesh``: a runnable snippet building the plan's named
   ``torch.distributed.device_mesh.init_device_mesh`` in its rank order.
 
 A plan a framework cannot run raises :class:`~meshplan.errors.InvalidInputError` saying why,
 never a config that silently means something else.
+
+Exports follow the workload's stack (``Workload.stack``): without a format, :func:`export` uses
+the stack's own (``megatron-core`` → ``megatron``, ``torchtitan``, ``deepspeed``, ``maxtext``),
+and each export carries the knobs that stack's profile models (overlap flags, bucket sizes, the
+exact pipeline layer split). :func:`parse` reads an export back into the plan.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import re
+import tomllib
 from typing import Any, Mapping, Optional, Union
 
+from . import _core
 from ._fields import as_type
 from .api import ModelLike, as_model
 from .errors import InvalidInputError
@@ -29,7 +40,91 @@ from .model import Model
 from .plan import DEFAULT_ORDER, Plan
 from .workload import Workload
 
-FORMATS = ("megatron", "torchtitan", "torchtitan-toml", "deepspeed", "device-mesh")
+FORMATS = ("megatron", "torchtitan", "torchtitan-toml", "deepspeed", "maxtext", "device-mesh")
+
+#: The export format of each training stack (``Workload.stack``).
+STACK_FORMATS = {
+    "megatron-core": "megatron",
+    "torchtitan": "torchtitan",
+    "deepspeed": "deepspeed",
+    "maxtext": "maxtext",
+}
+
+#: The stack whose profile each format's knobs come from.
+FORMAT_STACKS = {
+    "megatron": "megatron-core",
+    "torchtitan": "torchtitan",
+    "torchtitan-toml": "torchtitan",
+    "deepspeed": "deepspeed",
+    "maxtext": "maxtext",
+}
+
+
+def stack_profile(name: str) -> dict[str, Any]:
+    """The profile of stack ``name`` (the core's ``data/stacks.toml`` table) as a dict."""
+    for profile in _core.stacks():
+        if profile["name"] == name:
+            return profile
+    known = ", ".join(p["name"] for p in _core.stacks())
+    raise InvalidInputError(f"invalid workload.stack: {name!r} (allowed: one of {known})")
+
+
+def rank_layers(layers: int, pp: int) -> list[int]:
+    """Layers on each pipeline rank as the cost model splits them (core ``stages.rs``): ``L/pp``
+    each, the remainder to the middle ranks first, then the last, then the first."""
+    if pp == 1:
+        return [layers]
+    base, rem = divmod(layers, pp)
+    middle = pp - 2
+    extra_middle = min(rem, middle)
+    counts = [base + (1 if rem > middle + 1 else 0)]
+    counts += [base + 1] * extra_middle + [base] * (middle - extra_middle)
+    counts.append(base + (1 if rem > middle else 0))
+    return counts
+
+
+def chunk_layers(layers: int, pp: int, vpp: int) -> list[int]:
+    """Layers of each model chunk in model order (chunk ``c`` of rank ``r`` is entry ``c·pp + r``):
+    each rank's layers split as evenly as its ``vpp`` chunks allow, the extra ones to chunks
+    other than the embedding's (rank 0, chunk 0) and the loss's (last rank, last chunk)."""
+    out = [0] * (pp * vpp)
+    for r, n in enumerate(rank_layers(layers, pp)):
+        q, extra = divmod(n, vpp)
+        ends = {0} if r == 0 else set()
+        if r == pp - 1:
+            ends.add(vpp - 1)
+        order = [c for c in range(vpp) if c not in ends] + sorted(ends)
+        for i, c in enumerate(order):
+            out[c * pp + r] = q + (1 if i < extra else 0)
+    return out
+
+
+def megatron_layout(layers: int, pp: int, vpp: int) -> str:
+    """Megatron's ``--pipeline-model-parallel-layout`` for the modelled split: stages in model
+    order separated by ``|``, ``E`` the embedding, ``t`` a decoder layer, ``L`` the loss."""
+    chunks = chunk_layers(layers, pp, vpp)
+    stages = []
+    for v, n in enumerate(chunks):
+        stage = ("E" if v == 0 else "") + "t" * n + ("L" if v == len(chunks) - 1 else "")
+        stages.append(stage)
+    return "|".join(stages)
+
+def torchtitan_layout(layers: int, pp: int, vpp: int) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` for the modelled split: one list of module
+    names per stage in model order (stage ``c·pp + r`` is chunk ``c`` of rank ``r``, the order its
+    interleaved schedules place stages in), ``tok_embeddings`` on the first, ``norm`` and
+    ``output`` on the last."""
+    chunks = chunk_layers(layers, pp, vpp)
+    out, first = [], 0
+    for v, n in enumerate(chunks):
+        stage = ["tok_embeddings"] if v == 0 else []
+        stage += [f"layers.{i}" for i in range(first, first + n)]
+        if v == len(chunks) - 1:
+            stage += ["norm", "output"]
+        out.append(stage)
+        first += n
+    return out
+
 
 #: torchtitan schedule names (``torch.distributed.pipelining``) of meshplan's schedules.
 TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
@@ -40,20 +135,25 @@ MEGATRON_TP_PP_DP = "tp-cp-ep-pp-dp"
 
 def export(
     plan: Union[Plan, str, Mapping[str, Any]],
-    format: str,
+    format: Optional[str] = None,
     *,
     model: Optional[ModelLike] = None,
     workload: Optional[Workload] = None,
 ) -> str:
-    """``plan`` in ``format`` (one of :data:`FORMATS`), as text.
+    """``plan`` in ``format`` (one of :data:`FORMATS`; None: the workload's stack's format,
+    :data:`STACK_FORMATS`), as text.
 
     ``workload`` gives the batch (``megatron``'s ``--global-batch-size``, DeepSpeed's
     ``train_batch_size`` and gradient accumulation, torchtitan's micro-batch count) and is
-    required by ``deepspeed``; ``model`` gives the layer count for virtual pipeline stages.
+    required by ``deepspeed``; ``model`` gives the layer count for the pipeline split.
     """
     p = _plan(plan)
     m = None if model is None else as_model(model)
     w = None if workload is None else as_type(Workload, workload, "workload")
+    if format is None:
+        stack = "megatron-core" if w is None else w.stack
+        stack_profile(stack)  # an unknown stack names the known ones
+        format = STACK_FORMATS[stack]
     if format == "megatron":
         return megatron(p, m, w)
     if format == "torchtitan":
@@ -62,6 +162,8 @@ def export(
         return torchtitan_toml(p, m, w)
     if format == "deepspeed":
         return deepspeed(p, w)
+    if format == "maxtext":
+        return maxtext(p, w)
     if format == "device-mesh":
         return device_mesh(p)
     raise InvalidInputError(f"invalid format: {format!r} (allowed: {', '.join(FORMATS)})")
@@ -151,9 +253,19 @@ def megatron_args(
     if plan.ep > 1:
         # meshplan's experts are tensor-parallel over tp (no MoE parallel folding).
         args.append(("--expert-tensor-parallel-size", str(plan.tp)))
-    if plan.vpp > 1:
-        chunks = plan.pp * plan.vpp
-        if model is not None and model.layers % chunks == 0:
+    chunks = plan.pp * plan.vpp
+    if model is not None and plan.pp > 1 and model.layers % chunks:
+        # Not the standard (L/pp)/vpp layers per chunk: the exact split the cost model timed.
+        layout = chunk_layers(model.layers, plan.pp, plan.vpp)
+        empty = [v for v, n in enumerate(layout) if n == 0 and v not in (0, chunks - 1)]
+        if empty:
+            raise InvalidInputError(
+                f"cannot export to megatron: {model.layers} layers leave model chunk {empty[0]} "
+                f"of pp·vpp = {chunks} without a layer"
+            )
+        args.append(("--pipeline-model-parallel-layout", megatron_layout(model.layers, plan.pp, plan.vpp)))
+    elif plan.vpp > 1:
+        if model is not None:
             args.append(("--num-layers-per-virtual-pipeline-stage", str(model.layers // chunks)))
         else:
             args.append(("--virtual-pipeline-model-parallel-size", str(plan.vpp)))
@@ -161,6 +273,19 @@ def megatron_args(
         args.append(("--use-tp-pp-dp-mapping", None))
     if plan.sequence_parallel and plan.tp > 1:
         args.append(("--sequence-parallel", None))
+    profile = stack_profile("megatron-core")
+    data_parallel = plan.dp * plan.ep * plan.cp > 1
+    # Megatron's own default bucket is the profile's max(40 M, 1 M · data-parallel ranks); only
+    # a workload's bucket size needs the flag.
+    bucket = None if workload is None else workload.bucket_params
+    if plan.zero <= 1 and data_parallel and bucket is not None:
+        args.append(("--ddp-bucket-size", str(bucket)))
+    if profile["overlap_grad_reduce"] and data_parallel:
+        args.append(("--overlap-grad-reduce", None))
+    if profile["overlap_param_gather"] and data_parallel and plan.zero >= 1:
+        args.append(("--overlap-param-gather", None))
+    if profile["tp_overlap"] > 0 and plan.tp > 1 and plan.sequence_parallel:
+        args.append(("--tp-comm-overlap", None))
     if plan.zero >= 1:
         args.append(("--use-distributed-optimizer", None))
     if plan.zero >= 2:
@@ -248,15 +373,40 @@ def torchtitan_fields(
         "data_parallel_replicate_degree": data_parallel if plan.zero == 0 else 1,
         "data_parallel_shard_degree": 1 if plan.zero == 0 else data_parallel,
     }
-    if plan.zero in (1, 2):
+    if plan.zero == 0 and (plan.tp > 1 or plan.cp > 1):
+        raise InvalidInputError(
+            f"cannot export to torchtitan: zero = 0 (DDP) with tp = {plan.tp}, cp = {plan.cp}: "
+            "torchtitan runs DDP without other parallelism only, and shards the weights over "
+            "the context-parallel ranks; use zero 2 or 3"
+        )
+    if plan.pp > 1 and plan.zero != 1:
+        raise InvalidInputError(
+            f"cannot export to torchtitan: pp = {plan.pp} with zero = {plan.zero} (under "
+            "pipelining FSDP2 reduces gradients and gathers weights once per step, ZeRO-1, and "
+            "DDP does not combine with other parallelisms); use zero 1"
+        )
+    if plan.pp == 1 and plan.zero == 1:
+        raise InvalidInputError(
+            "cannot export to torchtitan: without pipelining it has no ZeRO-1 (FSDP2 "
+            "reduce-scatters every micro-batch's gradients); use zero 2 "
+            "(fsdp_reshard_after_forward never), 3 or 0"
+        )
+    if plan.zero == 1:
+        # Under PP, "default" keeps FSDP2's parameters unsharded through the step and the
+        # schedule syncs gradients on the last micro-batch only: ZeRO-1.
+        fields["fsdp_reshard_after_forward"] = "default"
+    elif plan.zero == 2:
         # FSDP2 without resharding after forward: gradients and optimizer states sharded,
-        # weights kept whole between forward and backward (ZeRO-2; torchtitan has no ZeRO-1).
+        # weights kept whole between forward and backward (ZeRO-2).
         fields["fsdp_reshard_after_forward"] = "never"
     elif plan.zero == 3:
         fields["fsdp_reshard_after_forward"] = "always"
     fields["tensor_parallel_degree"] = plan.tp
     if plan.tp > 1:
         fields["enable_sequence_parallel"] = plan.sequence_parallel
+        if stack_profile("torchtitan")["tp_overlap"] > 0:
+            # The profile's TP overlap is async TP, which needs torch.compile (compile.enable).
+            fields["enable_async_tensor_parallel"] = True
     fields["pipeline_parallel_degree"] = plan.pp
     if plan.pp > 1:
         if schedule == "zb-h1":
@@ -270,14 +420,19 @@ def torchtitan_fields(
             fields["pipeline_parallel_schedule"] = "ZBVZeroBubble"
         else:
             fields["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULES[schedule]
-        if plan.vpp > 1 and model is not None:
-            chunks = plan.pp * plan.vpp
-            if model.layers % chunks:
-                raise InvalidInputError(
-                    f"cannot export to torchtitan: {model.layers} layers do not split into "
-                    f"pp·vpp = {chunks} equal chunks"
+        if model is not None:
+            chunks = chunk_layers(model.layers, plan.pp, plan.vpp)
+            if len(set(chunks)) == 1:
+                # Equal chunks: pp·vpp stages of L/(pp·vpp) layers; torchtitan would otherwise
+                # count the embedding and the output as first/last_stage_less_layers layers.
+                fields["pipeline_parallel_layers_per_stage"] = chunks[0]
+                fields["pipeline_parallel_first_stage_less_layers"] = 0
+                fields["pipeline_parallel_last_stage_less_layers"] = 0
+            else:
+                # The modelled split, module by module (torchtitan's explicit layout).
+                fields["module_fqns_per_model_part"] = torchtitan_layout(
+                    model.layers, plan.pp, plan.vpp
                 )
-            fields["pipeline_parallel_layers_per_stage"] = model.layers // chunks
         if workload is not None:
             fields["num_pp_microbatches"] = micro_batches(plan, workload)
     fields["context_parallel_degree"] = plan.cp
@@ -309,7 +464,9 @@ def torchtitan_toml(
         lines += [
             "",
             "[training]",
-            f"local_batch_size = {workload.global_batch // (plan.dp * plan.ep)}",
+            # Without a pipeline the local batch is one micro-batch and torchtitan accumulates
+            # gradients up to the global batch; with one, the pipeline splits it.
+            f"local_batch_size = {workload.global_batch // (plan.dp * plan.ep) if plan.pp > 1 else plan.micro_batch}",
             f"global_batch_size = {workload.global_batch}",
             f"seq_len = {workload.seq_len}",
         ]
@@ -328,11 +485,6 @@ def torchtitan(plan: Plan, model: Optional[Model] = None, workload: Optional[Wor
             f"# experts are tensor-parallel over tp = {plan.tp} in this plan "
             "(expert_tensor_parallel_degree in the legacy config)"
         )
-    if plan.cp > 1 and plan.zero == 0:
-        lines.append(
-            "# note: torchtitan shards the weights over the CP ranks (FSDP) whenever cp > 1, "
-            "where this plan replicates them"
-        )
     lines += [
         "from torchtitan.config.parallelism import ParallelismConfig",
         "",
@@ -349,6 +501,8 @@ def _toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
     return str(value)
 
 
@@ -372,8 +526,8 @@ def deepspeed_config(plan: Plan, workload: Workload) -> dict[str, Any]:
         why.append("the zb-h1 schedule")
     if workload.precision not in ("bf16", "fp16"):
         why.append(f"precision {workload.precision} (a DeepSpeed config trains in bf16 or fp16)")
-    if plan.recompute == "selective" and not workload.flash_attention:
-        why.append("selective recompute of unfused attention")
+    if plan.recompute == "selective":
+        why.append("selective recompute (deepspeed.checkpointing recomputes whole layers)")
     if plan.recompute == "selective-op":
         why.append("op-level selective checkpointing (selective-op)")
     if why:
@@ -387,6 +541,18 @@ def deepspeed_config(plan: Plan, workload: Workload) -> dict[str, Any]:
         workload.precision: {"enabled": True},
         "communication_data_type": "fp32" if workload.grad_bytes == 4 else workload.precision,
     }
+    profile = stack_profile("deepspeed")
+    buckets = int(profile["ddp_bucket_params"] if workload.bucket_params is None
+                  else workload.bucket_params)
+    config["zero_optimization"].update(
+        reduce_bucket_size=buckets,
+        allgather_bucket_size=buckets,
+        # DeepSpeed's own default, which the profile models: ZeRO-3 overlaps (its prefetch),
+        # stages 0-2 reduce after the backward.
+        overlap_comm=plan.zero == 3 or bool(profile["overlap_grad_reduce"]),
+    )
+    if plan.pp > 1:
+        config["pipeline"] = {"stages": plan.pp, "partition": "uniform"}
     if plan.recompute == "full":
         config["activation_checkpointing"] = {
             "partition_activations": False,
@@ -406,6 +572,218 @@ def deepspeed(plan: Plan, workload: Optional[Workload]) -> str:
             "gradient_accumulation_steps come from the global batch)"
         )
     return json.dumps(deepspeed_config(plan, workload), indent=2) + "\n"
+
+
+# --- MaxText -------------------------------------------------------------------------------
+
+
+#: MaxText ``remat_policy`` of meshplan's recompute modes (``minimal`` keeps every matmul output
+#: and recomputes only element-wise work: MaxText's closest to none).
+MAXTEXT_REMAT = {"none": "minimal", "full": "full"}
+
+
+def maxtext_overrides(plan: Plan, workload: Workload) -> list[tuple[str, Any]]:
+    """MaxText ``key=value`` overrides of ``configs/base.yml`` for ``plan``; an error for plans
+    MaxText cannot run."""
+    why = []
+    if plan.pp > 1:
+        why.append(f"pp = {plan.pp} (MaxText's circular pipeline is not a schedule meshplan models)")
+    if plan.tp > 1 and plan.sequence_parallel:
+        why.append("sequence parallelism (its tensor axis has no such switch)")
+    if plan.zero not in (0, 3):
+        why.append(f"ZeRO-{plan.zero} (MaxText replicates, data axis, or shards everything, fsdp axis)")
+    if plan.recompute not in MAXTEXT_REMAT:
+        why.append(f"recompute {plan.recompute}")
+    if plan.order != DEFAULT_ORDER:
+        why.append(f"rank order {plan.order}")
+    if workload.precision not in ("bf16", "fp8"):
+        why.append(f"precision {workload.precision}")
+    if why:
+        raise InvalidInputError("cannot export to maxtext: " + "; ".join(why))
+    m = micro_batches(plan, workload)
+    data_axis = "fsdp" if plan.zero == 3 else "data"
+    other_axis = "data" if plan.zero == 3 else "fsdp"
+    return [
+        # Inside a node (ICI/NVLink): tensor, context and expert; the data-parallel axis fills
+        # the rest of the node (-1) and every other node (DCN, -1).
+        ("ici_tensor_parallelism", plan.tp),
+        ("ici_context_parallelism", plan.cp),
+        ("ici_expert_parallelism", plan.ep),
+        (f"ici_{data_axis}_parallelism", -1),
+        (f"ici_{other_axis}_parallelism", 1),
+        ("ici_pipeline_parallelism", 1),
+        (f"dcn_{data_axis}_parallelism", -1),
+        (f"dcn_{other_axis}_parallelism", 1),
+        ("dcn_pipeline_parallelism", 1),
+        ("remat_policy", MAXTEXT_REMAT[plan.recompute]),
+        # Sequences per GPU per step, over the gradient-accumulation steps.
+        ("per_device_batch_size", workload.global_batch / plan.num_gpus),
+        ("gradient_accumulation_steps", m),
+        ("max_target_length", workload.seq_len),
+        ("dtype", "bfloat16"),
+        ("quantization", "fp8" if workload.precision == "fp8" else ""),
+    ]
+
+
+def maxtext_xla_flags() -> str:
+    """The XLA flags behind the maxtext profile's overlap and bucket (the latency-hiding
+    scheduler that overlaps the data-parallel collectives; the all-reduce combine threshold that
+    is its bucket, in bytes of fp32 gradients)."""
+    profile = stack_profile("maxtext")
+    flags = []
+    if profile["overlap_grad_reduce"] or profile["overlap_param_gather"]:
+        flags.append("--xla_gpu_enable_latency_hiding_scheduler=true")
+    flags.append(f"--xla_gpu_all_reduce_combine_threshold_bytes={round(profile['ddp_bucket_params'] * 4)}")
+    return " ".join(flags)
+
+
+def maxtext(plan: Plan, workload: Optional[Workload]) -> str:
+    """MaxText overrides, one ``key=value`` per line (``python -m MaxText.train base.yml ...``)."""
+    if workload is None:
+        raise InvalidInputError(
+            "cannot export to maxtext without the workload (per_device_batch_size and "
+            "gradient_accumulation_steps come from the global batch)"
+        )
+    lines = _header(plan, "#", "MaxText overrides of configs/base.yml")
+    lines.append(f"# XLA_FLAGS the maxtext profile times: {maxtext_xla_flags()}")
+    lines += [f"{k}={_maxtext_value(v)}" for k, v in maxtext_overrides(plan, workload)]
+    return "\n".join(lines) + "\n"
+
+
+def _maxtext_value(value: Any) -> str:
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if value == "" else value
+    return str(value)
+
+
+# --- reading an export back -------------------------------------------------------------------
+
+_WORLD = re.compile(r"world size (\d+) = dp·tp·pp·ep·cp")
+_ORDER = re.compile(r"rank order (\S+) \(innermost first\)")
+
+
+def _world(text: str) -> tuple[int, str]:
+    world, order = _WORLD.search(text), _ORDER.search(text)
+    if world is None or order is None:
+        raise InvalidInputError("invalid export: no meshplan header (world size and rank order)")
+    return int(world.group(1)), order.group(1)
+
+
+def _with_dp(world: int, **degrees: Any) -> Plan:
+    rest = degrees["tp"] * degrees["pp"] * degrees["cp"] * degrees["ep"]
+    return Plan(dp=world // rest, **degrees)
+
+
+def parse(text: str, format: str, *, model: Optional[ModelLike] = None,
+          workload: Optional[Workload] = None) -> Plan:
+    """The plan an export of ``format`` describes (the inverse of :func:`export` for the same
+    model and workload)."""
+    m = None if model is None else as_model(model)
+    w = None if workload is None else as_type(Workload, workload, "workload")
+    if format == "deepspeed":
+        return _parse_deepspeed(json.loads(text))
+    world, _ = _world(text)
+    if format == "megatron":
+        return _parse_megatron(text, world, m)
+    if format == "torchtitan":
+        literal = text.split("LEGACY_TOML = ", 1)[1].strip()
+        return _parse_torchtitan_toml(ast.literal_eval(literal), world, m, w)
+    if format == "torchtitan-toml":
+        return _parse_torchtitan_toml(text, world, m, w)
+    if format == "maxtext":
+        return _parse_maxtext(text, world, w)
+    raise InvalidInputError(f"invalid format: {format!r} (allowed: megatron, torchtitan, "
+                            "torchtitan-toml, deepspeed, maxtext)")
+
+
+def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
+    flags: dict[str, Optional[str]] = {}
+    for line in text.splitlines():
+        line = line.rstrip(" \\").strip()
+        if line.startswith("--"):
+            flag, _, value = line.partition(" ")
+            flags[flag] = value or None
+    pp = int(flags["--pipeline-model-parallel-size"] or 1)
+    vpp = 1
+    if "--pipeline-model-parallel-layout" in flags:
+        vpp = (flags["--pipeline-model-parallel-layout"] or "").count("|") // pp + 1 if pp else 1
+    elif "--num-layers-per-virtual-pipeline-stage" in flags and model is not None:
+        vpp = model.layers // (pp * int(flags["--num-layers-per-virtual-pipeline-stage"] or 1))
+    elif "--virtual-pipeline-model-parallel-size" in flags:
+        vpp = int(flags["--virtual-pipeline-model-parallel-size"] or 1)
+    zero = 0
+    if "--use-distributed-optimizer" in flags:
+        zero = 1
+    strategy = flags.get("--data-parallel-sharding-strategy")
+    if strategy:
+        zero = 2 if strategy == "optim_grads" else 3
+    recompute = flags.get("--recompute-granularity") or "none"
+    return _with_dp(
+        world,
+        tp=int(flags["--tensor-model-parallel-size"] or 1), pp=pp,
+        cp=int(flags["--context-parallel-size"] or 1),
+        ep=int(flags["--expert-model-parallel-size"] or 1), vpp=vpp,
+        micro_batch=int(flags["--micro-batch-size"] or 1), zero=zero, recompute=recompute,
+        sequence_parallel="--sequence-parallel" in flags,
+        schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
+        order=MEGATRON_TP_PP_DP if "--use-tp-pp-dp-mapping" in flags else DEFAULT_ORDER,
+    )
+
+
+def _parse_torchtitan_toml(text: str, world: int, model: Optional[Model],
+                           workload: Optional[Workload]) -> Plan:
+    config = tomllib.loads(text)
+    par = config["parallelism"]
+    pp = par["pipeline_parallel_degree"]
+    vpp = 1
+    if par.get("module_fqns_per_model_part"):
+        vpp = len(par["module_fqns_per_model_part"]) // pp
+    elif par.get("pipeline_parallel_layers_per_stage") and model is not None:
+        vpp = model.layers // (pp * par["pipeline_parallel_layers_per_stage"])
+    zero = {None: 0, "default": 1, "never": 2, "always": 3}[par.get("fsdp_reshard_after_forward")]
+    ac = config.get("activation_checkpoint", {})
+    recompute = "selective-op" if ac.get("mode") == "selective" else ac.get("mode", "none")
+    if pp > 1:
+        micro_batch = par["pipeline_parallel_microbatch_size"]
+    elif workload is not None:
+        micro_batch = config["training"]["local_batch_size"]
+    else:
+        micro_batch = 1
+    tp = par["tensor_parallel_degree"]
+    return _with_dp(
+        world, tp=tp, pp=pp, cp=par["context_parallel_degree"],
+        ep=par["expert_parallel_degree"], vpp=vpp, micro_batch=micro_batch, zero=zero,
+        recompute=recompute, sequence_parallel=tp > 1,
+        schedule="interleaved-1f1b" if vpp > 1 else "1f1b", order=DEFAULT_ORDER,
+    )
+
+
+def _parse_deepspeed(config: Mapping[str, Any]) -> Plan:
+    pp = config.get("pipeline", {}).get("stages", 1)
+    micro_batch = config["train_micro_batch_size_per_gpu"]
+    dp = config["train_batch_size"] // (micro_batch * config["gradient_accumulation_steps"])
+    return Plan(
+        dp=dp, tp=1, pp=pp, ep=1, cp=1, vpp=1, micro_batch=micro_batch,
+        zero=config["zero_optimization"]["stage"],
+        recompute="full" if "activation_checkpointing" in config else "none",
+        sequence_parallel=False, schedule="1f1b", order=DEFAULT_ORDER,
+    )
+
+
+def _parse_maxtext(text: str, world: int, workload: Optional[Workload]) -> Plan:
+    kv = dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    tp, cp, ep = (int(kv[f"ici_{a}_parallelism"]) for a in ("tensor", "context", "expert"))
+    dp = world // (tp * cp * ep)
+    m = int(kv["gradient_accumulation_steps"])
+    batch = round(float(kv["per_device_batch_size"]) * world)
+    return Plan(
+        dp=dp, tp=tp, pp=1, ep=ep, cp=cp, vpp=1, micro_batch=batch // (dp * ep * m),
+        zero=3 if kv["ici_fsdp_parallelism"] == "-1" else 0,
+        recompute={v: k for k, v in MAXTEXT_REMAT.items()}[kv["remat_policy"]],
+        sequence_parallel=False, schedule="1f1b", order=DEFAULT_ORDER,
+    )
 
 
 # --- torch.distributed device mesh ---------------------------------------------------------
@@ -454,6 +832,15 @@ __all__ = [
     "torchtitan_toml",
     "deepspeed",
     "deepspeed_config",
+    "maxtext",
+    "maxtext_overrides",
+    "parse",
+    "stack_profile",
+    "STACK_FORMATS",
+    "megatron_layout",
+    "torchtitan_layout",
+    "chunk_layers",
+    "rank_layers",
     "device_mesh",
     "mesh_dims",
     "schedule_of",

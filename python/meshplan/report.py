@@ -64,6 +64,10 @@ class Evaluation:
     """Index of the pipeline stage with the highest memory."""
     rank: Optional[int] = None
     """1-based rank in a search result; None for a single evaluation."""
+    group_size: Optional[int] = None
+    """In a search for distinct plans (the default): how many feasible plans this one stands
+    for, itself and those within 0.1 % of its step time and 0.5 GiB of its peak memory; None
+    otherwise."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,6 +88,8 @@ class Evaluation:
             micro_batches=self.micro_batches,
             worst_stage=self.worst_stage,
         )
+        if self.group_size is not None:
+            out["group_size"] = self.group_size
         out.update(self.extra)
         return out
 
@@ -119,6 +125,9 @@ class SearchStats:
     elapsed_s: float
     threads: int = 0
     """Worker threads used."""
+    groups_complete: Optional[bool] = None
+    """In a search for distinct plans: whether every ``group_size`` counts all of its group
+    (False only when the search reached its cap on plans kept); None otherwise."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -129,6 +138,8 @@ class SearchStats:
             "elapsed_s": self.elapsed_s,
             "threads": self.threads,
         }
+        if self.groups_complete is not None:
+            out["groups_complete"] = self.groups_complete
         out.update(self.extra)
         return out
 

@@ -68,8 +68,9 @@ class ValidationReport:
     """Per-case rows and a summary (fractions, not percent).
 
     ``summary`` has ``throughput`` (``n``, ``median_ape``, ``p90_ape``, ``within_10pct``,
-    ``within_20pct``, ``median_signed_error``), ``memory`` (``n``, ``median_ape``), ``by_gpu``
-    and ``by_arch`` (throughput statistics per group) and, after a search, ``feasible_recall``
+    ``within_20pct``, ``median_signed_error``), ``memory`` (``n``, ``median_ape``), ``by_gpu``,
+    ``by_arch`` and ``by_stack`` (throughput statistics per group; each case is timed under the
+    training stack that ran it) and, after a search, ``feasible_recall``
     and ``regret`` (``n``, ``median``, ``p90``). APE = |predicted / measured − 1|.
     """
 
@@ -121,8 +122,8 @@ FIT_MIN_RUNS = 3
 FIT_BISECTION_STEPS = 12
 """Bisection steps of the GEMM-efficiency fit (the interval [0.15, 1] shrinks 4096-fold)."""
 
-CROSS_VALIDATION_GROUPS = ("gpu", "model", "source")
-"""What :func:`cross_validate` can leave out: a GPU type, a model, or a source."""
+CROSS_VALIDATION_GROUPS = ("gpu", "model", "source", "stack")
+"""What :func:`cross_validate` can leave out: a GPU type, a model, a source, or a training stack."""
 
 
 def calibration_mapping(calibration: Optional[CalibrationLike]) -> dict[str, Any]:
@@ -153,7 +154,16 @@ def source_family(case: Mapping[str, Any]) -> str:
     return str(case["id"]).split("-", 1)[0]
 
 
-def _group_of(by: str) -> Callable[[Mapping[str, Any]], str]:
+def case_stacks(cases: CasesLike) -> dict[str, str]:
+    """The training stack of each case by id, as the core maps its source (``data/sources.toml``
+    in the core: torchtitan, DeepSpeed, MaxText; megatron-core otherwise)."""
+    return {str(row["id"]): str(row["stack"]) for row in validate(cases).cases}
+
+
+def _group_of(by: str, cases: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, Any]], str]:
+    if by == "stack":
+        stacks = case_stacks(list(cases))
+        return lambda c: stacks[str(c["id"])]
     if by == "gpu":
         return lambda c: str(c["cluster"]["gpu"])
     if by == "model":
@@ -212,10 +222,10 @@ def fit_gemm_efficiency(
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """``throughput``, ``by_gpu`` and ``by_arch`` of case rows, as in
+    """``throughput``, ``by_gpu``, ``by_arch`` and ``by_stack`` of case rows, as in
     :attr:`ValidationReport.summary` (the core's own summary of them)."""
     summary = _core.summarise(rows)
-    return {k: summary[k] for k in ("throughput", "by_gpu", "by_arch")}
+    return {k: summary[k] for k in ("throughput", "by_gpu", "by_arch", "by_stack")}
 
 
 def throughput_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -229,7 +239,8 @@ class CrossValidationReport:
     """Leave-one-group-out predictions of every case, and how each fold was fitted.
 
     ``cases`` are the rows of :func:`validate`, each predicted by the fold that held its group out
-    (with a ``group`` field); ``summary`` has ``throughput``, ``by_gpu`` and ``by_arch`` over them
+    (with a ``group`` field); ``summary`` has ``throughput``, ``by_gpu``, ``by_arch`` and
+    ``by_stack`` over them
     and ``by_group`` (each held-out group's statistics); ``folds`` lists per group the training
     and held-out case counts, the GEMM efficiencies used for the held-out group and where each
     came from (``fitted`` on the other groups' runs, or ``fleet median`` of the fitted values at
@@ -253,8 +264,8 @@ def cross_validate(
 ) -> CrossValidationReport:
     """Leave-one-group-out cross-validation of the fitted constants on ``cases``.
 
-    ``by`` is ``"gpu"`` (cluster GPU type), ``"model"`` (model name) or ``"source"``
-    (:func:`source_family`). For each group, the GEMM efficiency of every (GPU, precision) is
+    ``by`` is ``"gpu"`` (cluster GPU type), ``"model"`` (model name), ``"source"``
+    (:func:`source_family`) or ``"stack"`` (the training stack that ran it, :func:`case_stacks`). For each group, the GEMM efficiency of every (GPU, precision) is
     refitted by :func:`fit_gemm_efficiency` on the *other* groups' runs, and the group is
     predicted with them; a (GPU, precision) the other groups cannot fit (fewer than
     :data:`FIT_MIN_RUNS` dense runs: always so for the held-out GPU under ``by="gpu"``) gets
@@ -265,8 +276,8 @@ def cross_validate(
     fitted once on all cases on a grid that is too slow to rerun per fold, so they remain
     in-sample. Raises ValueError for an unknown ``by``.
     """
-    group = _group_of(by)
     case_list = _case_list(cases)
+    group = _group_of(by, case_list)
     base = calibration_mapping(calibration)
     names = sorted({group(c) for c in case_list})
     rows: list[dict[str, Any]] = []
@@ -316,5 +327,5 @@ def cross_validate(
 __all__ = [
     "validate", "calibrated", "calibration_text", "calibration_mapping", "ValidationReport",
     "CalibrationLike", "fit_gemm_efficiency", "cross_validate", "CrossValidationReport",
-    "summarize", "throughput_stats", "source_family", "CROSS_VALIDATION_GROUPS",
+    "summarize", "throughput_stats", "source_family", "case_stacks", "CROSS_VALIDATION_GROUPS",
 ]

@@ -217,6 +217,7 @@ def workload_message(workload: object) -> pb.Workload:
         lora=w.lora,
         flash_attention=w.flash_attention,
         fused_cross_entropy=w.fused_cross_entropy,
+        stack=w.stack,
         bucket_params=w.bucket_params,
     )
 
@@ -229,6 +230,7 @@ _SCALARS = (
     "ep_within_domain",
     "top_k",
     "max_candidates",
+    "distinct",
 )
 
 
@@ -363,7 +365,7 @@ def workload_from(msg: Any) -> Workload:
     given = {
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
-                     "fused_cross_entropy", "bucket_params")
+                     "fused_cross_entropy", "stack", "bucket_params")
         if msg.HasField(name)
     }
     return Workload(msg.global_batch, msg.seq_len, lora=msg.lora, **given)
@@ -454,6 +456,7 @@ def evaluation_message(ev: Evaluation) -> pb.Evaluation:
         micro_batches=ev.micro_batches,
         worst_stage=ev.worst_stage,
         extra_json=_extra_json(ev.extra),
+        group_size=ev.group_size,
     )
     _breakdown(msg.memory_gib, _MEMORY, ev.memory_gib)
     _breakdown(msg.time_s, _TIME, ev.time_s)
@@ -468,6 +471,7 @@ def stats_message(stats: SearchStats) -> pb.SearchStats:
         elapsed_s=stats.elapsed_s,
         threads=stats.threads,
         extra_json=_extra_json(stats.extra),
+        groups_complete=stats.groups_complete,
     )
 
 
@@ -563,6 +567,7 @@ def evaluation_from(msg: pb.Evaluation) -> Evaluation:
         worst_stage=msg.worst_stage,
         rank=_opt(msg, "rank"),
         extra=_extra_from(msg.extra_json, "evaluation"),
+        group_size=_opt(msg, "group_size"),
     )
 
 
@@ -575,6 +580,7 @@ def stats_from(msg: pb.SearchStats) -> SearchStats:
         elapsed_s=msg.elapsed_s,
         threads=msg.threads,
         extra=_extra_from(msg.extra_json, "stats"),
+        groups_complete=_opt(msg, "groups_complete"),
     )
 
 

@@ -32,6 +32,11 @@ class Workload:
     """Fused loss (Megatron's vocab-parallel cross-entropy): 8 bytes per logit at the loss
     backward. False models eager ``F.cross_entropy`` on fp32-upcast logits (torchtitan):
     14 bytes per logit."""
+    stack: str = "megatron-core"
+    """The training stack that runs the plan: ``megatron-core`` (default), ``torchtitan``,
+    ``deepspeed`` or ``maxtext`` (``meshplan stacks``). It sets how the plan is timed (overlap,
+    kernel efficiency, host overhead) and which plans the search returns (what the stack can
+    run); each value and its source are in the core's ``data/stacks.toml``."""
     bucket_params: Optional[int] = None
     """Parameters per data-parallel gradient bucket (Megatron ``--ddp-bucket-size``); None takes
     the stack's default (Megatron-Core: ``max(40 M, 1 M · data-parallel ranks)``)."""
@@ -49,6 +54,7 @@ class Workload:
             "lora": self.lora,
             "flash_attention": self.flash_attention,
             "fused_cross_entropy": self.fused_cross_entropy,
+            "stack": self.stack,
             **({} if self.bucket_params is None else {"bucket_params": self.bucket_params}),
         }
 
@@ -60,6 +66,7 @@ class Workload:
 _KINDS = {
     "global_batch": "int", "seq_len": "int", "precision": "str", "optimizer": "str",
     "grad_bytes": "int", "lora": "bool", "flash_attention": "bool", "fused_cross_entropy": "bool",
+    "stack": "str",
     "bucket_params": "int?",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

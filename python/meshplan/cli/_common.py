@@ -86,6 +86,11 @@ def problem_flags() -> Parser:
         help="model an eager fp32 loss (torchtitan): 14 bytes per logit instead of 8",
     )
     g.add_argument(
+        "--stack", default="megatron-core",
+        help="training stack: megatron-core (default), torchtitan, deepspeed or maxtext; how "
+        "plans are timed and which ones it can run",
+    )
+    g.add_argument(
         "--calibration", metavar="FILE",
         help="calibration overrides (TOML or JSON; see docs/calibration.md)",
     )
@@ -119,7 +124,15 @@ def space_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-tp-cross-domain", action="store_true", help="let TP groups leave the NVLink domain")
     g.add_argument("--cp-within-domain", action="store_true", help="keep CP groups inside one NVLink domain")
     g.add_argument("--ep-within-domain", action="store_true", help="keep EP groups inside one NVLink domain")
-    g.add_argument("--top-k", type=int, metavar="K", help="plans shown (default 10)")
+    g.add_argument(
+        "--top-k", type=int, metavar="K",
+        help="distinct plans shown (default 10): groups of plans within 0.1%% step time and "
+        "0.5 GiB memory of each other, the best of each with its group size",
+    )
+    g.add_argument(
+        "--ungrouped", action="store_true",
+        help="list the --top-k best plans one by one (near-identical ones included)",
+    )
     g.add_argument("--max-candidates", type=int, metavar="N", help="refuse larger spaces")
     g.add_argument("--threads", type=int, metavar="N", help="default: MESHPLAN_THREADS, else all cores")
     g.add_argument("--timeout-s", type=float, metavar="S", help="give up after S seconds")
@@ -197,7 +210,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
     """The workload flags as a :class:`Workload`."""
     return Workload(
         args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
-        args.lora, args.flash_attention, args.fused_cross_entropy, args.bucket_params,
+        args.lora, args.flash_attention, args.fused_cross_entropy, args.stack, args.bucket_params,
     )
 
 
@@ -222,6 +235,7 @@ def space_from(args: argparse.Namespace) -> SearchSpace:
         ep_within_domain=True if args.ep_within_domain else None,
         top_k=args.top_k,
         max_candidates=args.max_candidates,
+        distinct=False if getattr(args, "ungrouped", False) else None,
         orders=_core.rank_orders() if getattr(args, "all_orders", False) else getattr(args, "orders", None),
     )
 

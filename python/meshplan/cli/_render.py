@@ -111,6 +111,10 @@ def plans_table(plans: Sequence[Evaluation]) -> str:
     orders = any(ev.plan.order != DEFAULT_ORDER for ev in plans)
     if orders:
         header.insert(12, "order")
+    # Distinct plans: how many indistinguishable plans each row stands for.
+    grouped = any(ev.group_size is not None for ev in plans)
+    if grouped:
+        header.append("plans")
     rows = []
     for ev in plans:
         p = ev.plan
@@ -122,6 +126,8 @@ def plans_table(plans: Sequence[Evaluation]) -> str:
         ]
         if orders:
             row.insert(12, p.order)
+        if grouped:
+            row.append(ev.group_size if ev.group_size is not None else "-")
         rows.append(row)
     return table(header, rows)
 
@@ -133,6 +139,12 @@ def stats_block(stats: SearchStats) -> str:
         f"feasible    {stats.feasible:,}",
         f"elapsed     {stats.elapsed_s:.2f} s" + (f" ({stats.threads} threads)" if stats.threads else ""),
     ]
+    if stats.groups_complete is not None:
+        lines.append(
+            "plans       each row is the best of its group of plans within 0.1 % step time and "
+            "0.5 GiB (--ungrouped lists them all)"
+            + ("" if stats.groups_complete else "; group sizes are lower bounds")
+        )
     if stats.pruned:
         lines.append("pruned")
         reasons = sorted(stats.pruned.items(), key=lambda kv: (-kv[1], kv[0]))

@@ -1,4 +1,5 @@
-"""``models`` and ``gpus``: the presets as tables or JSON."""
+"""``models``, ``gpus`` and ``stacks``: the presets and training-stack profiles as tables or
+JSON."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 import json
 from typing import Any, TextIO
 
+from .. import _core
 from ..hardware import Gpu, provenance
 from ..model import Model
 from ._render import table
@@ -25,6 +27,10 @@ def add(sub: Any) -> None:
                    "measured by a published benchmark, derived by a stated rule, shared or assumed")
     g.add_argument("--gpu", metavar="NAME", help="only this preset")
     g.set_defaults(run=_gpus)
+
+    st = sub.add_parser("stacks", help="list the training-stack profiles (--stack)")
+    st.add_argument("--json", action="store_true", help="print every profile value as JSON")
+    st.set_defaults(run=_stacks)
 
 
 def _models(args: argparse.Namespace, out: TextIO) -> int:
@@ -99,3 +105,29 @@ def _value(gpu: Gpu, constant: str) -> str:
     for part in constant.split("."):
         node = node.get(part) if isinstance(node, dict) else None
     return "-" if node is None else f"{node:g}"
+
+
+def _stacks(args: argparse.Namespace, out: TextIO) -> int:
+    stacks = _core.stacks()
+    if args.json:
+        json.dump(stacks, out, indent=2)
+        out.write("\n")
+        return 0
+
+    def names(values: Any) -> str:
+        return ",".join(str(v).lower() if isinstance(v, bool) else str(v) for v in values)
+
+    rows = [[
+        s["name"], f"{s['ddp_bucket_params']:.3g}",
+        "yes" if s["overlap_grad_reduce"] else "no", f"{s['dp_overlap']:g}", f"{s['tp_overlap']:g}",
+        names(s["precisions"]), names(["dp", *s["parallelism"]]), names(s["schedules"]),
+        s["pipeline_split"], f"{names(s['zero'])} / {names(s['zero_with_pp']) or '-'}",
+        names(s["recompute"]),
+    ] for s in stacks]
+    header = [
+        "stack", "bucket", "grads overlapped", "dp ω", "tp ω", "precisions", "axes", "schedules",
+        "layer split", "zero (pp=1 / pp>1)", "recompute",
+    ]
+    out.write(table(header, rows) + "\n")
+    out.write("every value and its source: rust/meshplan-core/data/stacks.toml\n")
+    return 0

@@ -42,6 +42,8 @@ def add(sub: Any) -> None:
     w.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
     w.add_argument("--no-flash-attention", dest="flash_attention", action="store_false")
     w.add_argument("--unfused-cross-entropy", dest="fused_cross_entropy", action="store_false")
+    w.add_argument("--stack", default="megatron-core",
+                   help="training stack: megatron-core (default), torchtitan, deepspeed, maxtext")
     w.add_argument("--calibration", metavar="FILE", help="calibration overrides (TOML or JSON)")
     space_flags(sw)
     o = sw.add_argument_group("output")
@@ -79,7 +81,7 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     points = sweep.grid(args.model, args.gpu, args.gpus, args.global_batch, args.seq_len, hardware)
     workload = Workload(
         1, 1, args.precision, args.optimizer, args.grad_bytes, args.lora, args.flash_attention,
-        args.fused_cross_entropy,
+        args.fused_cross_entropy, args.stack,
     )
     calibration = None if args.calibration is None else readable(args.calibration, "--calibration")
     rows = sweep.sweep(

@@ -25,7 +25,7 @@ def add(sub: Any) -> None:
     v.add_argument("--worst", type=int, default=10, metavar="K", help="largest errors listed (default 10)")
     v.add_argument(
         "--cross-validate", choices=CROSS_VALIDATION_GROUPS, metavar="GROUP",
-        help="leave one gpu|model|source out at a time: refit the GEMM efficiencies without it, "
+        help="leave one gpu|model|source|stack out at a time: refit the GEMM efficiencies without it, "
         "predict it, and show in-sample and leave-one-out figures side by side",
     )
     v.add_argument("--json", action="store_true", help="print the full report as JSON")
@@ -82,6 +82,7 @@ def cross_validation_text(in_sample: ValidationReport, cv: CrossValidationReport
     body = [_side_by_side("all", s["throughput"], c["throughput"])]
     body += [_side_by_side(f"gpu {k}", v, c["by_gpu"][k]) for k, v in s["by_gpu"].items() if k in c["by_gpu"]]
     body += [_side_by_side(f"arch {k}", v, c["by_arch"][k]) for k, v in s["by_arch"].items() if k in c["by_arch"]]
+    body += [_side_by_side(f"stack {k}", v, c["by_stack"][k]) for k, v in s["by_stack"].items() if k in c["by_stack"]]
     lines += [table(header, body), "", f"held-out {cv.by} groups:"]
     lines.append(table(
         [cv.by, "n", "median APE", "p90 APE", "GEMM efficiency used"],
@@ -121,6 +122,7 @@ def validation_text(report: ValidationReport, worst: int) -> str:
     body = [_stats_row("all", s["throughput"])]
     body += [_stats_row(f"gpu {k}", v) for k, v in s["by_gpu"].items()]
     body += [_stats_row(f"arch {k}", v) for k, v in s["by_arch"].items()]
+    body += [_stats_row(f"stack {k}", v) for k, v in s["by_stack"].items()]
     lines += [table(header, body), ""]
     lines.append(f"memory: n={s['memory']['n']}, median APE {_pct(s['memory']['median_ape'])}")
     if "feasible_recall" in s:

@@ -290,6 +290,7 @@ class Workload(_message.Message):
     LORA_FIELD_NUMBER: _builtins.int
     FLASH_ATTENTION_FIELD_NUMBER: _builtins.int
     FUSED_CROSS_ENTROPY_FIELD_NUMBER: _builtins.int
+    STACK_FIELD_NUMBER: _builtins.int
     BUCKET_PARAMS_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
@@ -307,6 +308,10 @@ class Workload(_message.Message):
     """Fused (flash) attention; default true."""
     fused_cross_entropy: _builtins.bool
     """Fused cross-entropy loss (8 bytes per logit); false: eager fp32 loss (14); default true."""
+    stack: _builtins.str
+    """Training stack that runs the plan: "megatron-core" (default), "torchtitan", "deepspeed" or
+    "maxtext"; how plans are timed and which ones it can run.
+    """
     bucket_params: _builtins.int
     """Parameters per data-parallel gradient bucket; default: the stack's (Megatron-Core:
     max(40 M, 1 M per data-parallel rank)).
@@ -322,11 +327,12 @@ class Workload(_message.Message):
         lora: _builtins.bool = ...,
         flash_attention: _builtins.bool | None = ...,
         fused_cross_entropy: _builtins.bool | None = ...,
+        stack: _builtins.str | None = ...,
         bucket_params: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
     _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
@@ -340,6 +346,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__optimizer: _TypeAlias = _typing.Literal["_optimizer", b"_optimizer"]  # noqa: Y015
     _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
     _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
+    _WhichOneofReturnType__stack: _TypeAlias = _typing.Literal["stack"]  # noqa: Y015
+    _WhichOneofArgType__stack: _TypeAlias = _typing.Literal["_stack", b"_stack"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__bucket_params) -> _WhichOneofReturnType__bucket_params | None: ...
     @_typing.overload
@@ -352,6 +360,8 @@ class Workload(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__optimizer) -> _WhichOneofReturnType__optimizer | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__precision) -> _WhichOneofReturnType__precision | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__stack) -> _WhichOneofReturnType__stack | None: ...
 
 Global___Workload: _TypeAlias = Workload  # noqa: Y015
 
@@ -425,6 +435,7 @@ class SearchSpace(_message.Message):
     TOP_K_FIELD_NUMBER: _builtins.int
     MAX_CANDIDATES_FIELD_NUMBER: _builtins.int
     ORDERS_FIELD_NUMBER: _builtins.int
+    DISTINCT_FIELD_NUMBER: _builtins.int
     memory_headroom_gib: _builtins.float
     """GiB kept free on every GPU."""
     tp_within_domain: _builtins.bool
@@ -435,6 +446,11 @@ class SearchSpace(_message.Message):
     max_candidates: _builtins.int
     """Refuse spaces with more candidates than this (RESOURCE_EXHAUSTED). The server's own cap,
     when it has one, applies as well: the smaller wins.
+    """
+    distinct: _builtins.bool
+    """Distinct plans: top_k counts groups of plans within 0.1 % step time and 0.5 GiB peak memory
+    of each other, and each returned plan is the best of its group (its group_size in
+    extra_json). Default false: the top_k best plans one by one.
     """
     @_builtins.property
     def dp(self) -> Global___DegreeConstraint: ...
@@ -495,13 +511,16 @@ class SearchSpace(_message.Message):
         top_k: _builtins.int | None = ...,
         max_candidates: _builtins.int | None = ...,
         orders: _abc.Iterable[_builtins.str] | None = ...,
+        distinct: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp_within_domain: _TypeAlias = _typing.Literal["cp_within_domain"]  # noqa: Y015
     _WhichOneofArgType__cp_within_domain: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain"]  # noqa: Y015
+    _WhichOneofReturnType__distinct: _TypeAlias = _typing.Literal["distinct"]  # noqa: Y015
+    _WhichOneofArgType__distinct: _TypeAlias = _typing.Literal["_distinct", b"_distinct"]  # noqa: Y015
     _WhichOneofReturnType__ep_within_domain: _TypeAlias = _typing.Literal["ep_within_domain"]  # noqa: Y015
     _WhichOneofArgType__ep_within_domain: _TypeAlias = _typing.Literal["_ep_within_domain", b"_ep_within_domain"]  # noqa: Y015
     _WhichOneofReturnType__max_candidates: _TypeAlias = _typing.Literal["max_candidates"]  # noqa: Y015
@@ -514,6 +533,8 @@ class SearchSpace(_message.Message):
     _WhichOneofArgType__tp_within_domain: _TypeAlias = _typing.Literal["_tp_within_domain", b"_tp_within_domain"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cp_within_domain) -> _WhichOneofReturnType__cp_within_domain | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__distinct) -> _WhichOneofReturnType__distinct | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep_within_domain) -> _WhichOneofReturnType__ep_within_domain | None: ...
     @_typing.overload
@@ -801,6 +822,7 @@ class Evaluation(_message.Message):
     MICRO_BATCHES_FIELD_NUMBER: _builtins.int
     WORST_STAGE_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    GROUP_SIZE_FIELD_NUMBER: _builtins.int
     rank: _builtins.int
     """1-based rank in a search result; unset for a single evaluation."""
     feasible: _builtins.bool
@@ -819,6 +841,10 @@ class Evaluation(_message.Message):
     """Index of the pipeline stage with the highest memory."""
     extra_json: _builtins.str
     """Fields a newer core adds, as a JSON object ("" when none)."""
+    group_size: _builtins.int
+    """In a search for distinct plans: how many plans indistinguishable from this one (itself
+    included) it stands for; absent otherwise.
+    """
     @_builtins.property
     def plan(self) -> Global___Plan:
         """The plan, with its schedule resolved."""
@@ -847,13 +873,19 @@ class Evaluation(_message.Message):
         micro_batches: _builtins.int = ...,
         worst_stage: _builtins.int = ...,
         extra_json: _builtins.str = ...,
+        group_size: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "memory_gib", b"memory_gib", "plan", b"plan", "rank", b"rank", "time_s", b"time_s"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_group_size", b"_group_size", "_rank", b"_rank", "group_size", b"group_size", "memory_gib", b"memory_gib", "plan", b"plan", "rank", b"rank", "time_s", b"time_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "extra_json", b"extra_json", "feasible", b"feasible", "hardware_tflops_per_gpu", b"hardware_tflops_per_gpu", "memory_gib", b"memory_gib", "mfu", b"mfu", "micro_batches", b"micro_batches", "model_tflops_per_gpu", b"model_tflops_per_gpu", "peak_memory_gib", b"peak_memory_gib", "plan", b"plan", "rank", b"rank", "reasons", b"reasons", "step_time_s", b"step_time_s", "time_s", b"time_s", "tokens_per_s_per_gpu", b"tokens_per_s_per_gpu", "worst_stage", b"worst_stage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_group_size", b"_group_size", "_rank", b"_rank", "extra_json", b"extra_json", "feasible", b"feasible", "group_size", b"group_size", "hardware_tflops_per_gpu", b"hardware_tflops_per_gpu", "memory_gib", b"memory_gib", "mfu", b"mfu", "micro_batches", b"micro_batches", "model_tflops_per_gpu", b"model_tflops_per_gpu", "peak_memory_gib", b"peak_memory_gib", "plan", b"plan", "rank", b"rank", "reasons", b"reasons", "step_time_s", b"step_time_s", "time_s", b"time_s", "tokens_per_s_per_gpu", b"tokens_per_s_per_gpu", "worst_stage", b"worst_stage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__group_size: _TypeAlias = _typing.Literal["group_size"]  # noqa: Y015
+    _WhichOneofArgType__group_size: _TypeAlias = _typing.Literal["_group_size", b"_group_size"]  # noqa: Y015
     _WhichOneofReturnType__rank: _TypeAlias = _typing.Literal["rank"]  # noqa: Y015
     _WhichOneofArgType__rank: _TypeAlias = _typing.Literal["_rank", b"_rank"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__group_size) -> _WhichOneofReturnType__group_size | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__rank) -> _WhichOneofReturnType__rank | None: ...
 
 Global___Evaluation: _TypeAlias = Evaluation  # noqa: Y015
@@ -890,6 +922,7 @@ class SearchStats(_message.Message):
     ELAPSED_S_FIELD_NUMBER: _builtins.int
     THREADS_FIELD_NUMBER: _builtins.int
     EXTRA_JSON_FIELD_NUMBER: _builtins.int
+    GROUPS_COMPLETE_FIELD_NUMBER: _builtins.int
     candidates: _builtins.int
     """Every plan of the space, pruned or not."""
     feasible: _builtins.int
@@ -899,6 +932,10 @@ class SearchStats(_message.Message):
     """Worker threads the core used."""
     extra_json: _builtins.str
     """Fields a newer core adds, as a JSON object ("" when none)."""
+    groups_complete: _builtins.bool
+    """In a search for distinct plans: whether every group_size counts all of its group; absent
+    otherwise.
+    """
     @_builtins.property
     def pruned(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """Plans removed, by rule."""
@@ -912,12 +949,15 @@ class SearchStats(_message.Message):
         elapsed_s: _builtins.float = ...,
         threads: _builtins.int = ...,
         extra_json: _builtins.str = ...,
+        groups_complete: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_groups_complete", b"_groups_complete", "groups_complete", b"groups_complete"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["candidates", b"candidates", "elapsed_s", b"elapsed_s", "extra_json", b"extra_json", "feasible", b"feasible", "pruned", b"pruned", "threads", b"threads"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_groups_complete", b"_groups_complete", "candidates", b"candidates", "elapsed_s", b"elapsed_s", "extra_json", b"extra_json", "feasible", b"feasible", "groups_complete", b"groups_complete", "pruned", b"pruned", "threads", b"threads"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__groups_complete: _TypeAlias = _typing.Literal["groups_complete"]  # noqa: Y015
+    _WhichOneofArgType__groups_complete: _TypeAlias = _typing.Literal["_groups_complete", b"_groups_complete"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__groups_complete) -> _WhichOneofReturnType__groups_complete | None: ...
 
 Global___SearchStats: _TypeAlias = SearchStats  # noqa: Y015
 

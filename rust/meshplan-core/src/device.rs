@@ -42,6 +42,15 @@ pub struct Device {
 }
 
 impl Device {
+    /// This device with its achieved GEMM and attention efficiency scaled by a training stack's
+    /// `kernel_efficiency` (1 keeps every number as it is).
+    pub fn with_kernel_efficiency(mut self, factor: f64) -> Self {
+        self.gemm.efficiency *= factor;
+        self.gemm16.efficiency *= factor;
+        self.attention_flops_per_s *= factor;
+        self
+    }
+
     /// The device model of `gpu` training at `precision`.
     pub fn of(gpu: &Gpu, precision: Precision) -> Self {
         let cal = &gpu.calibration;

@@ -37,6 +37,15 @@ pub fn structural_rules(
     let model = &problem.model;
     let w = &problem.workload;
     let domain = problem.cluster.nvlink_domain();
+    let mut go_on = true;
+    w.stack_profile()
+        .rules(model, w.precision, plan, &mut |rule, msg| {
+            go_on = sink(rule, msg);
+            go_on
+        });
+    if !go_on {
+        return;
+    }
     macro_rules! rule {
         ($cond:expr, $key:expr, $($msg:tt)+) => {
             if $cond && !sink($key, format_args!($($msg)+)) {
@@ -292,6 +301,7 @@ fn assess(
         micro_batches: m,
         worst_stage,
         plan,
+        group_size: None,
     };
     check()?;
     Ok(evaluation)

@@ -107,6 +107,12 @@ pub struct Evaluation {
     pub micro_batches: u32,
     /// Index of the pipeline stage with the highest memory.
     pub worst_stage: u32,
+    /// In a search for distinct plans ([`crate::space::SearchSpace::distinct`]): how many
+    /// feasible plans this one stands for (itself and those indistinguishable from it at the
+    /// cost model's resolution, [`crate::search::DISTINCT_TIME_REL`] and
+    /// [`crate::search::DISTINCT_MEMORY_GIB`]); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub group_size: Option<u64>,
 }
 
 /// Counters of a search.
@@ -121,6 +127,10 @@ pub struct SearchStats {
     pub elapsed_s: f64,
     /// Worker threads used.
     pub threads: u32,
+    /// In a search for distinct plans: whether every group's `group_size` counts all of its
+    /// feasible plans (false when the search stopped at its cap on plans kept; absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub groups_complete: Option<bool>,
 }
 
 /// A ranked search result.

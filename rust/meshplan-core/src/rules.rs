@@ -1,4 +1,5 @@
-//! The feasibility rules (docs/costmodel.md §8.2) as data: each [`Rule`] has the key reports count it
+//! The feasibility rules (docs/costmodel.md §8.2; a training stack's own rules first, from
+//! `data/stacks.toml`) as data: each [`Rule`] has the key reports count it
 //! under and the [`Scope`] of plans it removes at once, which is what lets the search count a
 //! whole degree tuple, micro-batch or (micro-batch, schedule) cell with one check. The checks
 //! themselves are `evaluate::structural_rules` (in this order) and the memory test.
@@ -7,6 +8,10 @@
 /// order → micro-batch → schedule → ZeRO × recompute × sequence parallel).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Scope {
+    /// A training stack's rule ([`crate::stack::Stack::rules`]): depends on the degrees, rank
+    /// order, schedule and knobs but never on the micro-batch, so the search applies it when it
+    /// enumerates a tuple's knob values and counts what it removes there.
+    Stack,
     /// Depends on the degrees only: every plan of the degree tuple (and rank order).
     Degrees,
     /// Depends on the degrees and the micro-batch: every plan of the micro-batch.
@@ -20,6 +25,22 @@ pub enum Scope {
 /// A reason a plan cannot run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Rule {
+    /// The stack has no training at the workload's precision.
+    StackPrecision,
+    /// The stack cannot run a degree > 1 on one of the axes.
+    StackParallelism,
+    /// The stack cannot build the rank order.
+    StackOrder,
+    /// The stack has no such pipeline schedule.
+    StackSchedule,
+    /// The stack cannot split the layers into the plan's (virtual) pipeline stages.
+    StackLayerSplit,
+    /// The stack has no such ZeRO stage (for these degrees).
+    StackZero,
+    /// The stack has no such recompute mode.
+    StackRecompute,
+    /// The stack does not allow this sequence-parallel setting with TP.
+    StackSequenceParallel,
     /// `tp` does not divide the attention heads.
     TpHeads,
     /// `tp` neither divides nor is a multiple of the KV heads.
@@ -50,7 +71,15 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in the order they are checked.
-    pub const ALL: [Rule; 13] = [
+    pub const ALL: [Rule; 21] = [
+        Rule::StackPrecision,
+        Rule::StackParallelism,
+        Rule::StackOrder,
+        Rule::StackSchedule,
+        Rule::StackLayerSplit,
+        Rule::StackZero,
+        Rule::StackRecompute,
+        Rule::StackSequenceParallel,
         Rule::TpHeads,
         Rule::TpKvHeads,
         Rule::TpFfn,
@@ -69,6 +98,14 @@ impl Rule {
     /// The key reports use (`SearchStats::pruned`, `Violation::rule`).
     pub fn key(self) -> &'static str {
         match self {
+            Rule::StackPrecision => "stack_precision",
+            Rule::StackParallelism => "stack_parallelism",
+            Rule::StackOrder => "stack_order",
+            Rule::StackSchedule => "stack_schedule",
+            Rule::StackLayerSplit => "stack_layer_split",
+            Rule::StackZero => "stack_zero",
+            Rule::StackRecompute => "stack_recompute",
+            Rule::StackSequenceParallel => "stack_sequence_parallel",
             Rule::TpHeads => "tp_heads",
             Rule::TpKvHeads => "tp_kv_heads",
             Rule::TpFfn => "tp_ffn",
@@ -90,6 +127,14 @@ impl Rule {
     /// rule they break, and `batch` or a schedule rule may come first.
     pub fn scope(self) -> Scope {
         match self {
+            Rule::StackPrecision
+            | Rule::StackParallelism
+            | Rule::StackOrder
+            | Rule::StackSchedule
+            | Rule::StackLayerSplit
+            | Rule::StackZero
+            | Rule::StackRecompute
+            | Rule::StackSequenceParallel => Scope::Stack,
             Rule::TpHeads | Rule::TpKvHeads | Rule::TpFfn | Rule::EpExperts | Rule::CpSeqLen => {
                 Scope::Degrees
             }

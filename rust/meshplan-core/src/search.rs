@@ -439,6 +439,13 @@ impl<'a> Searcher<'a> {
     fn first_structural(&self, plan: &Plan, groups: &Groups) -> Option<Rule> {
         let mut first = None;
         structural_rules(self.problem, plan, self.space, groups, &mut |rule, _| {
+            // The stack's rules were applied to the knobs already ([`Self::stack_knobs`]); the
+            // probe plans checked here carry a tuple's first knob values, which the stack may
+            // not have (torchtitan: no ZeRO-0 under pipelining, no TP without sequence
+            // parallelism), and would otherwise remove every plan of the cell.
+            if rule.scope() == Scope::Stack {
+                return true;
+            }
             first = Some(rule);
             false
         });
@@ -514,6 +521,9 @@ impl<'a> Searcher<'a> {
                 order,
                 ..base.clone()
             };
+            let Some(knobs) = self.stack_knobs(&mut part, &base, &knobs) else {
+                continue;
+            };
             let mut degree = DegreeLevel::new(self.problem, groups, &pipeline, &knobs.zero);
             self.score_knobs(&mut part, &base, &knobs, &mut degree)?;
         }
@@ -522,6 +532,94 @@ impl<'a> Searcher<'a> {
             part.chunks.push(rows);
         }
         Ok(part)
+    }
+
+    /// The knob values of `knobs` the workload's stack can run for the degrees and order of
+    /// `base`, counting the plans its rules remove in `part` ([`Scope::Stack`]): each plan goes
+    /// to the first stack rule it breaks, in the order of [`Rule::ALL`] (degrees and order, then
+    /// schedule and layer split, ZeRO, recompute, sequence parallel), as `evaluate` reports
+    /// them. `None` when nothing is left.
+    fn stack_knobs(&self, part: &mut Partial, base: &Plan, knobs: &Knobs) -> Option<Knobs> {
+        let problem = self.problem;
+        let stack = problem.workload.stack_profile();
+        let first_rule = |plan: &Plan| {
+            let mut first = None;
+            stack.rules(
+                &problem.model,
+                problem.workload.precision,
+                plan,
+                &mut |rule, _| {
+                    first = Some(rule);
+                    false
+                },
+            );
+            first
+        };
+        if let Some(rule @ (Rule::StackPrecision | Rule::StackParallelism | Rule::StackOrder)) =
+            first_rule(base)
+        {
+            part.prune(rule, knobs.count());
+            return None;
+        }
+        let mbs = knobs.micro_batches.len() as u64;
+        let (zero, recompute, sp) = (
+            knobs.zero.len() as u64,
+            knobs.recompute.len() as u64,
+            knobs.sequence_parallel.len() as u64,
+        );
+        let mut schedules = Vec::with_capacity(knobs.schedules.len());
+        for &(schedule, vpp) in &knobs.schedules {
+            let plan = Plan {
+                schedule: Some(schedule),
+                vpp,
+                ..base.clone()
+            };
+            match first_rule(&plan) {
+                Some(rule @ (Rule::StackSchedule | Rule::StackLayerSplit)) => {
+                    part.prune(rule, mbs * zero * recompute * sp);
+                }
+                _ => schedules.push((schedule, vpp)),
+            }
+        }
+        let cells = mbs * schedules.len() as u64;
+        let allowed = stack.zero_stages(base);
+        let zeros: Vec<u8> = knobs
+            .zero
+            .iter()
+            .copied()
+            .filter(|z| allowed.contains(z))
+            .collect();
+        part.prune(
+            Rule::StackZero,
+            cells * (zero - zeros.len() as u64) * recompute * sp,
+        );
+        let cells = cells * zeros.len() as u64;
+        let recomputes: Vec<Recompute> = knobs
+            .recompute
+            .iter()
+            .copied()
+            .filter(|r| stack.recompute.contains(r))
+            .collect();
+        part.prune(
+            Rule::StackRecompute,
+            cells * (recompute - recomputes.len() as u64) * sp,
+        );
+        let cells = cells * recomputes.len() as u64;
+        let sps: Vec<bool> = knobs
+            .sequence_parallel
+            .iter()
+            .copied()
+            .filter(|s| base.tp == 1 || stack.sequence_parallel.contains(s))
+            .collect();
+        part.prune(Rule::StackSequenceParallel, cells * (sp - sps.len() as u64));
+        let left = Knobs {
+            micro_batches: knobs.micro_batches.clone(),
+            schedules,
+            zero: zeros,
+            recompute: recomputes,
+            sequence_parallel: sps,
+        };
+        (left.count() > 0).then_some(left)
     }
 
     /// The (schedule, vpp) cells of micro-batch `probe` (index `i`) that no structural rule
@@ -819,7 +917,100 @@ fn full_evaluation(problem: &Problem, plan: Plan) -> Result<Evaluation> {
 
 /// Searches `space` for the best plans of `problem`.
 pub fn search(problem: &Problem, space: &SearchSpace, control: &Control) -> Result<SearchResult> {
-    run(problem, space, control, None).map(|(r, _)| r)
+    let plain = |space: &SearchSpace| run(problem, space, control, None).map(|(r, _)| r);
+    if space.distinct {
+        return search_distinct(space, plain);
+    }
+    plain(space)
+}
+
+/// Two plans whose predicted step times differ by less than this fraction are one plan at the
+/// cost model's resolution: smaller than the terms it rounds or leaves out (kernel launch
+/// jitter, the split of a rank's layers over its chunks, allocator effects) and far below its
+/// ~5 % median error on published runs (benchmarks/fidelity/REPORT.md).
+pub const DISTINCT_TIME_REL: f64 = 1e-3;
+
+/// Two plans whose predicted peak memory differs by less than this (GiB) are one plan at the
+/// cost model's resolution: below the allocator fragmentation and fixed reserve it models as a
+/// constant per GPU.
+pub const DISTINCT_MEMORY_GIB: f64 = 0.5;
+
+/// Most plans a search for distinct plans keeps to fill `top_k` groups (beyond it the group
+/// sizes are lower bounds, `stats.groups_complete = false`).
+pub const DISTINCT_MAX_KEPT: u32 = 1 << 16;
+
+/// Groups ranked plans (best first): each plan joins the first group whose best plan (its
+/// anchor) is at most [`DISTINCT_TIME_REL`] faster and within [`DISTINCT_MEMORY_GIB`] of its
+/// peak memory, else it starts a group. Returns (anchor index, plans in the group), in rank
+/// order of the anchors.
+pub fn group_plans(plans: &[Evaluation]) -> Vec<(usize, u64)> {
+    let mut groups: Vec<(usize, u64)> = Vec::new();
+    // Groups before `open` are too fast to take any later plan (step times only grow).
+    let mut open = 0;
+    for (i, p) in plans.iter().enumerate() {
+        while open < groups.len()
+            && plans[groups[open].0].step_time_s * (1.0 + DISTINCT_TIME_REL) < p.step_time_s
+        {
+            open += 1;
+        }
+        let home = groups[open..].iter_mut().find(|(a, _)| {
+            let a = &plans[*a];
+            p.step_time_s <= a.step_time_s * (1.0 + DISTINCT_TIME_REL)
+                && (p.peak_memory_gib - a.peak_memory_gib).abs() <= DISTINCT_MEMORY_GIB
+        });
+        match home {
+            Some(g) => g.1 += 1,
+            None => groups.push((i, 1)),
+        }
+    }
+    groups
+}
+
+/// [`search`] for distinct plans: keeps more plans than `top_k` (8×, then 4× more per round,
+/// up to [`DISTINCT_MAX_KEPT`]) until the first `top_k` groups are complete — every plan left
+/// out is slower than the last group's anchor by more than the resolution, so it could join
+/// none of them — and returns their anchors with their group sizes. `plain` is the search of
+/// one space, plan by plan.
+fn search_distinct(
+    space: &SearchSpace,
+    plain: impl Fn(&SearchSpace) -> Result<SearchResult>,
+) -> Result<SearchResult> {
+    let started = Instant::now();
+    let k = space.top_k as usize;
+    let cap = DISTINCT_MAX_KEPT.max(space.top_k);
+    let mut kept = space.top_k.saturating_mul(8).clamp(64, cap);
+    loop {
+        let wide = SearchSpace {
+            top_k: kept,
+            distinct: false,
+            ..space.clone()
+        };
+        let mut result = plain(&wide)?;
+        let groups = group_plans(&result.plans);
+        let every_plan = result.plans.len() < kept as usize;
+        let complete = every_plan
+            || (k > 0 && groups.len() >= k && {
+                let last_anchor = &result.plans[groups[k - 1].0];
+                let worst = result.plans.last().map_or(0.0, |p| p.step_time_s);
+                worst > last_anchor.step_time_s * (1.0 + DISTINCT_TIME_REL)
+            });
+        if complete || kept >= cap {
+            result.plans = groups
+                .iter()
+                .take(k)
+                .enumerate()
+                .map(|(rank, &(anchor, size))| Evaluation {
+                    rank: Some(rank as u32 + 1),
+                    group_size: Some(size),
+                    ..result.plans[anchor].clone()
+                })
+                .collect();
+            result.stats.groups_complete = Some(complete);
+            result.stats.elapsed_s = started.elapsed().as_secs_f64();
+            return Ok(result);
+        }
+        kept = kept.saturating_mul(4).min(cap);
+    }
 }
 
 /// [`search`], also counting the feasible plans predicted strictly faster than
@@ -878,11 +1069,18 @@ pub fn search_many(
         queries
             .par_iter()
             .map(|(problem, space)| {
-                let started = Instant::now();
-                let result = space
-                    .validate()
-                    .and_then(|()| collect(problem, space, control, None, Keep::Top, started))
-                    .and_then(|total| result_of(problem, total, started, threads).map(|r| r.0));
+                let plain = |space: &SearchSpace| {
+                    let started = Instant::now();
+                    collect(problem, space, control, None, Keep::Top, started)
+                        .and_then(|total| result_of(problem, total, started, threads).map(|r| r.0))
+                };
+                let result = space.validate().and_then(|()| {
+                    if space.distinct {
+                        search_distinct(space, plain)
+                    } else {
+                        plain(space)
+                    }
+                });
                 if let Some(done) = done {
                     done.fetch_add(1, AtomicOrdering::Relaxed);
                 }
@@ -973,6 +1171,7 @@ fn stats(total: &Partial, started: Instant, threads: usize) -> SearchStats {
             .collect(),
         elapsed_s: started.elapsed().as_secs_f64(),
         threads: threads as u32,
+        groups_complete: None,
     }
 }
 

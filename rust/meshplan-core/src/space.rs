@@ -99,6 +99,11 @@ pub struct SearchSpace {
     pub top_k: u32,
     /// Refuse spaces with more candidates than this (`None`: no cap).
     pub max_candidates: Option<u64>,
+    /// Return distinct plans: `top_k` groups of plans indistinguishable at the cost model's
+    /// resolution, the best of each with its group size ([`crate::search::search`]); `false`
+    /// (the default here) returns the `top_k` best plans one by one.
+    #[serde(default)]
+    pub distinct: bool,
 }
 
 impl Default for SearchSpace {
@@ -130,6 +135,7 @@ impl Default for SearchSpace {
             ep_within_domain: false,
             top_k: DEFAULT_TOP_K,
             max_candidates: None,
+            distinct: false,
         }
     }
 }

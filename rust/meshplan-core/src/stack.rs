@@ -11,7 +11,10 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::hardware::{check_fraction, check_positive};
+use crate::hardware::{check_fraction, check_positive, Precision};
+use crate::model::Model;
+use crate::plan::{Plan, RankOrder, Recompute, Schedule};
+use crate::rules::Rule;
 
 /// The default stack's name.
 pub const DEFAULT_STACK: &str = "megatron-core";
@@ -26,6 +29,32 @@ pub enum LayerSplit {
     /// of the rank count, the first and last ranks take one layer fewer
     /// ([`crate::stages::layer_counts`]).
     MegatronEmbeddingLoss,
+}
+
+/// How a stack can split a pipeline rank's layers into its `vpp` chunks (its exporter's
+/// constraint, [`Rule::StackLayerSplit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PipelineSplit {
+    /// Any split of the modelled per-rank layer counts, exported as a custom layout
+    /// (Megatron's `--pipeline-model-parallel-layout`, torchtitan's
+    /// `module_fqns_per_model_part`): every chunk holds a layer, except that the first rank's
+    /// first chunk may hold only the embedding and the last rank's last chunk only the loss.
+    Layout,
+    /// Equal chunks only: with `pp > 1`, `L` a multiple of `pp·vpp` (DeepSpeed's uniform
+    /// partition, which otherwise gives the extra layers to the first stages, not the split the
+    /// cost model times).
+    EvenChunks,
+}
+
+/// A parallel axis beside data parallelism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StackAxis {
+    Tp,
+    Pp,
+    Cp,
+    Ep,
 }
 
 /// A training stack's behaviour; the field docs say where each value enters the cost model.
@@ -80,17 +109,44 @@ pub struct Stack {
     pub dp_overlap: f64,
     /// How pipeline ranks split the layers (§2.5).
     pub layer_split: LayerSplit,
+    /// Multiplier on the GPU's achieved GEMM and attention efficiency (§5.2; 1 for the stack the
+    /// GPU calibration was fitted on).
+    pub kernel_efficiency: f64,
+    /// Multiplier on the GPU's per-layer host and launch overhead (§5.3).
+    pub layer_overhead_factor: f64,
+    /// Training precisions the stack has.
+    pub precisions: Vec<Precision>,
+    /// Parallel axes beside data parallelism the stack can run (degree > 1).
+    pub parallelism: Vec<StackAxis>,
+    /// Rank orders the stack can build.
+    pub orders: Vec<RankOrder>,
+    /// Pipeline schedules the stack has.
+    pub schedules: Vec<Schedule>,
+    /// How a rank's layers may be split into its virtual chunks.
+    pub pipeline_split: PipelineSplit,
+    /// ZeRO stages the stack has without pipelining (`pp = 1`).
+    pub zero: Vec<u8>,
+    /// ZeRO stages the stack has with `pp > 1` (in place of `zero`: a stack may run a stage only
+    /// under pipelining, as torchtitan's FSDP2 is ZeRO-1 only there).
+    pub zero_with_pp: Vec<u8>,
+    /// ZeRO stages allowed with `ep > 1`.
+    pub zero_with_ep: Vec<u8>,
+    /// ZeRO stages allowed with `tp > 1` or `cp > 1`.
+    pub zero_with_tp_cp: Vec<u8>,
+    /// Recompute modes the stack has.
+    pub recompute: Vec<Recompute>,
+    /// Sequence-parallel settings allowed with `tp > 1`.
+    pub sequence_parallel: Vec<bool>,
 }
+
+/// Why a stack cannot run a plan: the rule and its one-line message.
+pub type StackViolation = (Rule, String);
 
 impl Stack {
     /// Checks every value is finite and positive; the error names the stack and the field.
     pub fn validate(&self) -> Result<()> {
         for (field, v) in [
             ("ddp_bucket_params", self.ddp_bucket_params),
-            (
-                "ddp_bucket_params_per_rank",
-                self.ddp_bucket_params_per_rank,
-            ),
             ("fsdp_units_per_layer", self.fsdp_units_per_layer),
             ("moe_layer_kernel_factor", self.moe_layer_kernel_factor),
             ("quantized_cast_bytes", self.quantized_cast_bytes),
@@ -114,8 +170,19 @@ impl Stack {
                 "expert_activation_bytes_per_width",
                 self.expert_activation_bytes_per_width,
             ),
+            ("kernel_efficiency", self.kernel_efficiency),
+            ("layer_overhead_factor", self.layer_overhead_factor),
         ] {
             check_positive(&format!("stack.{}.{field}", self.name), v)?;
+        }
+        // 0 per rank: a fixed bucket size (PyTorch DDP, DeepSpeed, XLA's combine threshold).
+        let per_rank = self.ddp_bucket_params_per_rank;
+        if !(per_rank.is_finite() && per_rank >= 0.0) {
+            return Err(Error::invalid(
+                format!("stack.{}.ddp_bucket_params_per_rank", self.name),
+                per_rank,
+                "a finite number >= 0",
+            ));
         }
         for (field, v) in [
             ("tp_overlap", self.tp_overlap),
@@ -123,7 +190,185 @@ impl Stack {
         ] {
             check_fraction(&format!("stack.{}.{field}", self.name), v, 0.0, 1.0)?;
         }
+        check_fraction(
+            &format!("stack.{}.kernel_efficiency", self.name),
+            self.kernel_efficiency,
+            0.0,
+            2.0,
+        )?;
+        for (field, empty) in [
+            ("precisions", self.precisions.is_empty()),
+            ("orders", self.orders.is_empty()),
+            ("schedules", self.schedules.is_empty()),
+            ("zero", self.zero.is_empty()),
+            ("recompute", self.recompute.is_empty()),
+            ("sequence_parallel", self.sequence_parallel.is_empty()),
+        ] {
+            if empty {
+                return Err(Error::invalid(
+                    format!("stack.{}.{field}", self.name),
+                    "[]",
+                    "at least one value",
+                ));
+            }
+        }
+        for (field, stages) in [
+            ("zero", &self.zero),
+            ("zero_with_pp", &self.zero_with_pp),
+            ("zero_with_ep", &self.zero_with_ep),
+            ("zero_with_tp_cp", &self.zero_with_tp_cp),
+        ] {
+            if let Some(z) = stages.iter().find(|z| **z > 3) {
+                return Err(Error::invalid(
+                    format!("stack.{}.{field}", self.name),
+                    z,
+                    "0, 1, 2 or 3",
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Checks that this stack can run `plan` of `model` at `precision`, in the order of
+    /// [`Rule::ALL`]; each broken rule goes to `sink` with its message (the sink returns
+    /// `false` to stop early). These rules depend on the degrees, rank order, schedule and
+    /// knobs only, never on the micro-batch, so the search applies them when it enumerates a
+    /// tuple's knobs ([`crate::rules::Scope::Stack`]).
+    pub fn rules(
+        &self,
+        model: &Model,
+        precision: Precision,
+        plan: &Plan,
+        sink: &mut dyn FnMut(Rule, std::fmt::Arguments) -> bool,
+    ) {
+        let name = &self.name;
+        macro_rules! rule {
+            ($cond:expr, $key:expr, $($msg:tt)+) => {
+                if $cond && !sink($key, format_args!($($msg)+)) {
+                    return;
+                }
+            };
+        }
+        rule!(
+            !self.precisions.contains(&precision),
+            Rule::StackPrecision,
+            "{name} has no {} training (it has {})",
+            precision_name(precision),
+            list(self.precisions.iter().map(|p| precision_name(*p)))
+        );
+        for (axis, degree, label) in [
+            (StackAxis::Tp, plan.tp, "tp"),
+            (StackAxis::Pp, plan.pp, "pp"),
+            (StackAxis::Cp, plan.cp, "cp"),
+            (StackAxis::Ep, plan.ep, "ep"),
+        ] {
+            rule!(
+                degree > 1 && !self.parallelism.contains(&axis),
+                Rule::StackParallelism,
+                "{name} cannot run {label} = {degree} (it runs {label} = 1 only)"
+            );
+        }
+        rule!(
+            !self.orders.contains(&plan.order),
+            Rule::StackOrder,
+            "{name} cannot build rank order {} (it builds {})",
+            plan.order,
+            list(self.orders.iter())
+        );
+        rule!(
+            !self.schedules.contains(&plan.schedule()),
+            Rule::StackSchedule,
+            "{name} has no {} schedule (it has {})",
+            plan.schedule().name(),
+            list(self.schedules.iter().map(|s| s.name()))
+        );
+        if let Some(why) = self.split_problem(model, plan) {
+            rule!(
+                true,
+                Rule::StackLayerSplit,
+                "{name} cannot split the layers: {why}"
+            );
+        }
+        let allowed = self.zero_stages(plan);
+        rule!(
+            !allowed.contains(&plan.zero),
+            Rule::StackZero,
+            "{name} has no ZeRO-{} for this plan (it allows {})",
+            plan.zero,
+            list(allowed.iter())
+        );
+        rule!(
+            !self.recompute.contains(&plan.recompute),
+            Rule::StackRecompute,
+            "{name} has no {} recompute (it has {})",
+            plan.recompute.name(),
+            list(self.recompute.iter().map(|r| r.name()))
+        );
+        rule!(
+            plan.tp > 1 && !self.sequence_parallel.contains(&plan.sequence_parallel),
+            Rule::StackSequenceParallel,
+            "{name} runs tp > 1 with sequence parallelism {} only",
+            if plan.sequence_parallel { "off" } else { "on" }
+        );
+    }
+
+    /// The ZeRO stages this stack allows for the degrees of `plan`.
+    pub fn zero_stages(&self, plan: &Plan) -> Vec<u8> {
+        let stages = if plan.pp > 1 {
+            &self.zero_with_pp
+        } else {
+            &self.zero
+        };
+        stages
+            .iter()
+            .copied()
+            .filter(|z| plan.ep == 1 || self.zero_with_ep.contains(z))
+            .filter(|z| (plan.tp == 1 && plan.cp == 1) || self.zero_with_tp_cp.contains(z))
+            .collect()
+    }
+
+    /// Why this stack cannot split `model`'s layers as `plan` does ([`PipelineSplit`]), if it
+    /// cannot.
+    pub fn split_problem(&self, model: &Model, plan: &Plan) -> Option<String> {
+        if plan.pp <= 1 {
+            return None;
+        }
+        let layers = model.layers as u64;
+        let chunks = plan.pp as u64 * plan.vpp as u64;
+        match self.pipeline_split {
+            PipelineSplit::EvenChunks => (layers % chunks != 0).then(|| {
+                format!("{layers} layers do not split into pp·vpp = {chunks} equal chunks")
+            }),
+            PipelineSplit::Layout => {
+                // Every chunk holds a layer, except the first rank's first chunk (which may hold
+                // only the embedding) and the last rank's last chunk (only the loss).
+                let (pp, vpp) = (plan.pp as u64, plan.vpp as u64);
+                let end_chunks = |r: u64| u64::from(r == 0) + u64::from(r == pp - 1);
+                crate::stages::rank_layer_runs(model.layers, plan.pp)
+                    .into_iter()
+                    .filter(|&(_, count, _)| count > 0)
+                    .find_map(|(first, count, per_rank)| {
+                        let (first, last) = (first as u64, first as u64 + count as u64 - 1);
+                        let ends_in_run = if first == last {
+                            u64::from(end_chunks(first) > 0)
+                        } else {
+                            u64::from(first == 0) + u64::from(last == pp - 1)
+                        };
+                        let has_inner = count as u64 > ends_in_run;
+                        let needed = if has_inner {
+                            vpp
+                        } else {
+                            vpp.saturating_sub(end_chunks(first).min(end_chunks(last)))
+                        };
+                        ((per_rank as u64) < needed).then(|| {
+                            format!(
+                                "a pipeline rank holds {per_rank} layers, fewer than the {needed} \
+                                 of its vpp = {vpp} chunks that need one"
+                            )
+                        })
+                    })
+            }
+        }
     }
 
     /// Parameters per DP gradient bucket over a data-parallel group of `ranks`:
@@ -139,7 +384,7 @@ impl Stack {
         let key = name.trim().to_lowercase().replace('_', "-");
         table.get(&key).ok_or_else(|| {
             Error::invalid(
-                "stack",
+                "workload.stack",
                 name,
                 format!(
                     "one of {}",
@@ -149,10 +394,28 @@ impl Stack {
         })
     }
 
+    /// Every stack of `data/stacks.toml`, sorted by name.
+    pub fn all() -> Result<Vec<Stack>> {
+        let table = stacks().as_ref().map_err(Clone::clone)?;
+        Ok(table.values().cloned().collect())
+    }
+
     /// The default stack, `megatron-core` (its values reproduce the cost model of docs/costmodel.md).
     pub fn default_stack() -> &'static Stack {
         Stack::named(DEFAULT_STACK).expect("data/stacks.toml has a valid megatron-core table")
     }
+}
+
+/// Names of `items`, comma-separated.
+fn list<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+    items.map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+fn precision_name(p: Precision) -> String {
+    serde_json::to_value(p)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("{p:?}"))
 }
 
 type Table = std::result::Result<std::collections::BTreeMap<String, Stack>, Error>;
@@ -211,6 +474,89 @@ mod tests {
     fn an_unknown_stack_names_the_known_ones() {
         let e = Stack::named("deepspeed-0.1").unwrap_err().to_string();
         assert!(e.contains("megatron-core"), "{e}");
+    }
+
+    /// A plan of degrees `[dp, tp, pp, ep]` and `vpp` chunks per rank, every knob at its default.
+    fn plan([dp, tp, pp, ep]: [u32; 4], vpp: u32) -> Plan {
+        Plan {
+            dp,
+            tp,
+            pp,
+            ep,
+            cp: 1,
+            vpp,
+            micro_batch: 1,
+            zero: 1,
+            recompute: Recompute::None,
+            sequence_parallel: tp > 1,
+            schedule: None,
+            order: RankOrder::DEFAULT,
+        }
+    }
+
+    /// Why `stack` cannot split a `layers`-layer model as `plan` does.
+    fn split(stack: &str, layers: u32, plan: Plan) -> Option<String> {
+        let mut model = crate::presets::model("llama3-70b").unwrap();
+        model.layers = layers;
+        Stack::named(stack).unwrap().split_problem(&model, &plan)
+    }
+
+    #[test]
+    fn the_layer_split_rule_follows_each_stack_exporter() {
+        // The quick start's pp = 4, vpp = 15 on 80 layers: 20 layers a rank in 15 chunks is a
+        // custom layout (Megatron's and torchtitan's exporters write it out).
+        let quick_start = plan([32, 4, 4, 1], 15);
+        assert_eq!(split("megatron-core", 80, quick_start.clone()), None);
+        assert_eq!(split("torchtitan", 80, quick_start), None);
+        // DeepSpeed's uniform partition needs equal stages: 80 layers on 3 do not split.
+        let e = split("deepspeed", 80, plan([8, 1, 3, 1], 1)).unwrap();
+        assert!(e.contains("pp·vpp = 3"), "{e}");
+        assert_eq!(split("deepspeed", 80, plan([8, 1, 4, 1], 1)), None);
+        assert_eq!(split("megatron-core", 80, plan([32, 4, 4, 1], 5)), None);
+        // A layout needs a layer in every chunk: 20 layers a rank cannot fill 21 chunks.
+        let e = split("megatron-core", 80, plan([32, 4, 4, 1], 21)).unwrap();
+        assert!(
+            e.contains("holds 20 layers") && e.contains("vpp = 21"),
+            "{e}"
+        );
+        // 30 layers on 4 ranks split 7, 8, 8, 7 (the first and last rank one fewer): with
+        // vpp = 8 the end ranks' embedding-only and loss-only chunks take the missing layer, so
+        // the layout holds; vpp = 9 leaves a chunk of every rank empty (the first rank's 7
+        // layers fill 7 of the 8 chunks beside its embedding chunk).
+        assert_eq!(split("megatron-core", 30, plan([1, 1, 4, 1], 8)), None);
+        let e = split("megatron-core", 30, plan([1, 1, 4, 1], 9)).unwrap();
+        assert!(
+            e.contains("holds 7 layers") && e.contains("the 8 of its vpp = 9"),
+            "{e}"
+        );
+        // Without pipelining there is nothing to split, whatever the stack.
+        for stack in ["megatron-core", "torchtitan", "deepspeed", "maxtext"] {
+            assert_eq!(split(stack, 79, plan([8, 1, 1, 1], 1)), None);
+        }
+    }
+
+    #[test]
+    fn torchtitan_runs_zero_1_only_under_pipelining() {
+        let titan = Stack::named("torchtitan").unwrap();
+        assert_eq!(titan.zero_stages(&plan([8, 1, 1, 1], 1)), vec![0, 2, 3]);
+        assert_eq!(titan.zero_stages(&plan([8, 1, 4, 1], 1)), vec![1]);
+        assert_eq!(titan.zero_stages(&plan([8, 1, 1, 8], 1)), vec![2, 3]);
+        // DDP only without other parallelism: FSDP2 with TP.
+        assert_eq!(titan.zero_stages(&plan([8, 4, 1, 1], 1)), vec![2, 3]);
+        assert_eq!(titan.zero_stages(&plan([8, 4, 4, 1], 1)), vec![1]);
+        let deepspeed = Stack::named("deepspeed").unwrap();
+        assert_eq!(deepspeed.zero_stages(&plan([8, 1, 4, 1], 1)), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_fixed_bucket_size_does_not_grow_with_the_group() {
+        let titan = Stack::named("torchtitan").unwrap();
+        assert_eq!(titan.bucket_params(8), 25e6);
+        assert_eq!(titan.bucket_params(4096), 25e6);
+        let mut s = titan.clone();
+        s.ddp_bucket_params_per_rank = -1.0;
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("ddp_bucket_params_per_rank"), "{e}");
     }
 
     #[test]

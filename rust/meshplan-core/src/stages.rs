@@ -96,6 +96,12 @@ fn layer_runs(layers: u32, pp: u32) -> [(u32, u32, u32); 4] {
     ]
 }
 
+/// Layers per pipeline rank (all kinds together) as runs `(first rank, ranks, layers each)`, in
+/// rank order; runs of zero ranks are empty. What a stack's layer-split rule and exporters read.
+pub fn rank_layer_runs(layers: u32, pp: u32) -> [(u32, u32, u32); 4] {
+    layer_runs(layers, pp.max(1))
+}
+
 /// The pipeline ranks of `model` on `pp` ranks as runs of one shape, in rank order, covering
 /// ranks `0..pp` exactly; at most [`MAX_RUNS`] of them, whatever `pp` is.
 pub fn stage_runs(model: &Model, pp: u32) -> Vec<StageRun> {

@@ -122,13 +122,15 @@ pub struct TimeContext<'a> {
 
 impl<'a> TimeContext<'a> {
     pub fn new(problem: &'a Problem, plan: &'a Plan, groups: Groups) -> Self {
+        let stack = problem.workload.stack_profile();
         TimeContext {
             problem,
             plan,
             groups,
             fabric: Fabric::of(&problem.cluster),
-            device: Device::of(&problem.cluster.gpu, problem.workload.precision),
-            stack: Stack::default_stack(),
+            device: Device::of(&problem.cluster.gpu, problem.workload.precision)
+                .with_kernel_efficiency(stack.kernel_efficiency),
+            stack,
             tokens: plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64,
         }
     }
@@ -278,10 +280,12 @@ impl<'a> TimeContext<'a> {
             elem_fwd += ops.routed_elementwise_bytes / mem_bw;
         }
 
-        // Host and launch overhead: an MoE layer runs about the stack's factor more kernels.
+        // Host and launch overhead (the GPU's, scaled by the stack's factor): an MoE layer runs
+        // about the stack's factor more kernels.
         let is_moe = ops.comm.dispatch.is_some();
         let overhead = cal.layer_overhead_us
             * 1e-6
+            * self.stack.layer_overhead_factor
             * if is_moe {
                 self.stack.moe_layer_kernel_factor
             } else {

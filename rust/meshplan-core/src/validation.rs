@@ -34,8 +34,13 @@
 //! Runs from Narayanan et al. 2021 and Korthikanti et al. 2022 predate fused attention in
 //! Megatron; they are evaluated with `flash_attention = false` (what those papers describe).
 //!
+//! Every case is timed under the training stack that ran it (`stack`, a table of
+//! `data/stacks.toml`): torchtitan's runs under `torchtitan`, SC21's ZeRO-3 comparison runs
+//! (Table 2, DeepSpeed) under `deepspeed`, the DGX Cloud MaxText recipe under `maxtext`, every
+//! other source under `megatron-core`; rows name it and the summary groups by it (`by_stack`).
+//!
 //! These framework facts of the sources are data, `data/sources.toml` (matched by the start of
-//! the `source` string, or a substring), not code.
+//! the `source` string, a substring, or the start of the case id), not code.
 //!
 //! Norm and embeddings follow the family: GeLU models are GPT-style (LayerNorm, tied
 //! embeddings), SwiGLU models Llama-style (RMSNorm, untied).
@@ -196,6 +201,9 @@ pub struct CaseRow {
     pub arch: String,
     pub precision: String,
     pub task: String,
+    /// The training stack that ran the case (`data/sources.toml`), which times it.
+    #[serde(default = "default_stack_name")]
+    pub stack: String,
     /// `ok`, `unrepresentable` or `error`.
     pub status: String,
     /// Why a case was not evaluated.
@@ -238,6 +246,10 @@ pub struct CaseRow {
     pub best_tokens_per_s_per_gpu: Option<f64>,
 }
 
+fn default_stack_name() -> String {
+    crate::stack::DEFAULT_STACK.to_string()
+}
+
 /// Throughput error statistics of a group of cases.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ThroughputSummary {
@@ -273,6 +285,9 @@ pub struct Summary {
     pub regret: Option<RegretSummary>,
     pub by_gpu: BTreeMap<String, ThroughputSummary>,
     pub by_arch: BTreeMap<String, ThroughputSummary>,
+    /// Per training stack (`data/sources.toml` maps each case's source to its stack).
+    #[serde(default)]
+    pub by_stack: BTreeMap<String, ThroughputSummary>,
 }
 
 /// The whole report.
@@ -306,12 +321,14 @@ pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
             if v.get("representable").and_then(|r| r.as_bool()) == Some(false) {
                 let text =
                     |path: &[&str], default: &str| text_at(&v, path).unwrap_or(default).to_string();
+                let stack = SourceFacts::of_run(&text(&["source"], ""), &id).stack;
                 let mut row = empty_row(
                     id,
                     text(&["cluster", "gpu"], "?"),
                     text(&["model", "arch"], "?"),
                     text(&["training", "precision"], "?"),
                     text(&["task"], "pretrain"),
+                    stack.to_string(),
                 );
                 row.status = "unrepresentable".into();
                 row.reason = Some(text(&["unrepresentable_reason"], "not representable"));
@@ -331,12 +348,16 @@ pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
 const SOURCES_TOML: &str = include_str!("../data/sources.toml");
 
 /// One `[[source]]` of `data/sources.toml`: the framework facts of the published runs whose
-/// source string starts with `prefix` (or contains `contains`); unset fields keep the defaults.
+/// source string starts with `prefix` (or contains `contains`, or whose case id starts with
+/// `id_prefix`); unset fields keep the defaults.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SourceEntry {
     prefix: Option<String>,
     contains: Option<String>,
+    id_prefix: Option<String>,
+    /// The training stack that ran the cases (a table of `data/stacks.toml`).
+    stack: Option<String>,
     /// Bytes per gradient element in the reduction and main-grad buffers.
     grad_bytes: Option<u32>,
     /// Fused (flash) attention; `false` materialises the `a·s²` scores.
@@ -365,6 +386,7 @@ struct SourcesFile {
 /// The framework facts of one source, after every matching entry of `data/sources.toml`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SourceFacts {
+    stack: &'static str,
     grad_bytes: u32,
     flash_attention: bool,
     fused_cross_entropy: bool,
@@ -379,6 +401,7 @@ impl SourceFacts {
     /// Megatron-LM's defaults: fp32 gradients, flash attention, a fused loss, Megatron's
     /// recompute and ZeRO, micro-batch 1, FLOPs over the full square.
     const DEFAULT: SourceFacts = SourceFacts {
+        stack: crate::stack::DEFAULT_STACK,
         grad_bytes: 4,
         flash_attention: true,
         fused_cross_entropy: true,
@@ -389,15 +412,28 @@ impl SourceFacts {
         counting: AttentionCounting::Full,
     };
 
-    /// The facts of `source`.
+    /// The facts of the runs of `source`, whatever their ids.
+    #[cfg(test)]
     fn of(source: &str) -> SourceFacts {
+        SourceFacts::of_run(source, "")
+    }
+
+    /// The facts of `case`.
+    fn of_case(case: &Case) -> SourceFacts {
+        SourceFacts::of_run(&case.source, &case.id)
+    }
+
+    /// The facts of the run `id` of `source`.
+    fn of_run(source: &str, id: &str) -> SourceFacts {
         let mut f = SourceFacts::DEFAULT;
         for e in source_entries() {
             let matches = e.prefix.as_deref().is_some_and(|p| source.starts_with(p))
-                || e.contains.as_deref().is_some_and(|c| source.contains(c));
+                || e.contains.as_deref().is_some_and(|c| source.contains(c))
+                || e.id_prefix.as_deref().is_some_and(|p| id.starts_with(p));
             if !matches {
                 continue;
             }
+            f.stack = e.stack.as_deref().unwrap_or(f.stack);
             f.grad_bytes = e.grad_bytes.unwrap_or(f.grad_bytes);
             f.flash_attention = e.flash_attention.unwrap_or(f.flash_attention);
             f.fused_cross_entropy = e.fused_cross_entropy.unwrap_or(f.fused_cross_entropy);
@@ -527,10 +563,11 @@ fn problem_of(
     let mut workload = Workload::new(global_batch, case.training.seq_len);
     workload.precision = precision;
     workload.lora = case.task.as_deref() == Some("lora");
-    let facts = SourceFacts::of(&case.source);
+    let facts = SourceFacts::of_case(case);
     workload.grad_bytes = facts.grad_bytes;
     workload.flash_attention = facts.flash_attention;
     workload.fused_cross_entropy = facts.fused_cross_entropy;
+    workload.stack = facts.stack.to_string();
     Problem::new(model, cluster, workload)
 }
 
@@ -541,7 +578,7 @@ fn problem_of(
 fn default_micro_batch(problem: &Problem, case: &Case) -> u32 {
     let p = &case.plan;
     let replicas = p.dp * p.ep.unwrap_or(1);
-    if SourceFacts::of(&case.source).micro_batches_per_stage && p.pp > 1 {
+    if SourceFacts::of_case(case).micro_batches_per_stage && p.pp > 1 {
         (problem.workload.global_batch / replicas.max(1) / p.pp).max(1)
     } else {
         1
@@ -570,7 +607,7 @@ fn published_plan(
             // torchtitan does not reshard FSDP parameters after forward when pipelining
             // (`fsdp_reshard_after_forward = "default"`): parameters and gradients stay
             // unsharded through the step and only the optimizer state is sharded — ZeRO-1.
-            Some(3) if p.pp > 1 && SourceFacts::of(&case.source).fsdp_under_pp_is_zero1 => {
+            Some(3) if p.pp > 1 && SourceFacts::of_case(case).fsdp_under_pp_is_zero1 => {
                 defaults.push(
                     "plan.zero=1 (torchtitan FSDP under PP keeps parameters unsharded)".into(),
                 );
@@ -582,7 +619,7 @@ fn published_plan(
             // across data parallel workers in FSDP", arXiv:2407.21783 §3.3.4): the gradient
             // buffer is whole through the step and reduced once — ZeRO-1, not a per-micro-batch
             // ZeRO-2 reduction.
-            Some(2) if SourceFacts::of(&case.source).zero2_reduces_once => {
+            Some(2) if SourceFacts::of_case(case).zero2_reduces_once => {
                 defaults.push(
                     "plan.zero=1 (Llama 3 accumulates fp32 gradients, reduce-scatters once per step)"
                         .into(),
@@ -616,7 +653,7 @@ fn published_plan(
         }
     };
     let recomputes: Vec<Recompute> = match p.recompute {
-        Some(r) => vec![SourceFacts::of(&case.source).recompute(r)],
+        Some(r) => vec![SourceFacts::of_case(case).recompute(r)],
         None => {
             defaults.push("plan.recompute".into());
             Recompute::DEFAULT.to_vec()
@@ -654,7 +691,7 @@ fn measured_tokens(case: &Case, problem: &Problem, plan: &Plan) -> Option<(Strin
     let m = &case.measured;
     let w = &problem.workload;
     let n = problem.cluster.num_gpus as f64;
-    let counting = SourceFacts::of(&case.source).counting;
+    let counting = SourceFacts::of_case(case).counting;
     let flops_per_token = train_flops_per_token(&problem.model, w, counting);
     if let Some(t) = m.tokens_per_s_per_gpu {
         return Some(("tokens_per_s_per_gpu".into(), t));
@@ -700,16 +737,25 @@ fn base_row(case: &Case) -> CaseRow {
             .map_or("bf16", |p| p.name())
             .to_string(),
         case.task.clone().unwrap_or_else(|| "pretrain".into()),
+        SourceFacts::of_case(case).stack.to_string(),
     )
 }
 
-fn empty_row(id: String, gpu: String, arch: String, precision: String, task: String) -> CaseRow {
+fn empty_row(
+    id: String,
+    gpu: String,
+    arch: String,
+    precision: String,
+    task: String,
+    stack: String,
+) -> CaseRow {
     CaseRow {
         id,
         gpu,
         arch,
         precision,
         task,
+        stack,
         status: "ok".into(),
         reason: None,
         plan: None,
@@ -763,7 +809,7 @@ fn fill_row(case: &Case, options: &ValidateOptions, row: &mut CaseRow) -> Result
             if let Some(r) = case
                 .plan
                 .recompute
-                .map(|r| SourceFacts::of(&case.source).recompute(r))
+                .map(|r| SourceFacts::of_case(case).recompute(r))
             {
                 if !modes.contains(&r) {
                     modes.push(r);
@@ -887,6 +933,7 @@ pub fn summarise(rows: &[CaseRow], searched: bool) -> Summary {
         regret,
         by_gpu: group(|r| r.gpu.as_str()),
         by_arch: group(|r| r.arch.as_str()),
+        by_stack: group(|r| r.stack.as_str()),
     }
 }
 
@@ -917,10 +964,22 @@ mod tests {
     #[test]
     fn source_entries_match_one_way() {
         for e in source_entries() {
-            assert!(
-                e.prefix.is_some() != e.contains.is_some(),
-                "a [[source]] needs exactly one of prefix and contains"
+            let keys = [
+                e.prefix.is_some(),
+                e.contains.is_some(),
+                e.id_prefix.is_some(),
+            ];
+            assert_eq!(
+                keys.iter().filter(|k| **k).count(),
+                1,
+                "a [[source]] needs exactly one of prefix, contains and id_prefix"
             );
+            if let Some(stack) = &e.stack {
+                assert!(
+                    crate::stack::Stack::named(stack).is_ok(),
+                    "unknown stack {stack}"
+                );
+            }
         }
     }
 
@@ -938,6 +997,15 @@ mod tests {
         assert!(!SourceFacts::of("Narayanan et al. 2021").flash_attention);
         assert!(SourceFacts::of("Llama Team, AI @ Meta 2024").zero2_reduces_once);
         assert_eq!(SourceFacts::of("someone else"), SourceFacts::DEFAULT);
+        assert_eq!(titan.stack, "torchtitan");
+        let sc21 = "Narayanan et al. 2021 (SC21, arXiv:2104.04473)";
+        assert_eq!(SourceFacts::of(sc21).stack, "megatron-core");
+        assert_eq!(
+            SourceFacts::of_run(sc21, "narayanan21-t2-ZeRO-3-174.6B-384gpu").stack,
+            "deepspeed"
+        );
+        let maxtext = "NVIDIA DGX Cloud Benchmarking recipe, MaxText (JAX) Llama3 70B (BF16)";
+        assert_eq!(SourceFacts::of(maxtext).stack, "maxtext");
     }
 
     #[test]

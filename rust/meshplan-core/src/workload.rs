@@ -60,12 +60,20 @@ pub struct Workload {
     /// gradient, 14 bytes per logit at the start of the backward (§2.4.4).
     #[serde(default = "yes")]
     pub fused_cross_entropy: bool,
+    /// The training stack that runs the plan (a table of `data/stacks.toml`): how it times
+    /// the plan and which plans it can run.
+    #[serde(default = "default_stack_name")]
+    pub stack: String,
     /// Parameters per data-parallel gradient bucket (Megatron `--ddp-bucket-size`); `None`
     /// takes the stack's default, `max(40 M, 1 M · data-parallel ranks)` for Megatron-Core
     /// (docs/costmodel.md §3.6). Fewer, larger buckets pay less latency but expose more of the
     /// last one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket_params: Option<u32>,
+}
+
+fn default_stack_name() -> String {
+    crate::stack::DEFAULT_STACK.to_string()
 }
 
 fn yes() -> bool {
@@ -88,6 +96,7 @@ impl Workload {
             lora: false,
             flash_attention: true,
             fused_cross_entropy: true,
+            stack: default_stack_name(),
             bucket_params: None,
         }
     }
@@ -105,7 +114,15 @@ impl Workload {
                 "2 or 4",
             ));
         }
+        crate::stack::Stack::named(&self.stack)?;
         Ok(())
+    }
+
+    /// The workload's stack profile; the default stack when the name is unknown, which
+    /// [`Workload::validate`] (run by [`crate::Problem::new`]) rules out.
+    pub fn stack_profile(&self) -> &'static crate::stack::Stack {
+        crate::stack::Stack::named(&self.stack)
+            .unwrap_or_else(|_| crate::stack::Stack::default_stack())
     }
 
     /// Tokens per optimizer step.

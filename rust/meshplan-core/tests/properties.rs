@@ -106,13 +106,21 @@ proptest! {
 #[test]
 fn pruned_search_equals_brute_force() {
     let space = small_space();
-    for (model, gpu, n, gb, s) in [
+    // Under every training stack: its rules prune the knobs once, per tuple, and must remove
+    // exactly the plans `evaluate` rejects, counted under the same first rule.
+    let stacks = ["megatron-core", "torchtitan", "deepspeed", "maxtext"];
+    for ((model, gpu, n, gb, s), stack) in [
         ("llama3-8b", "h100-sxm", 16, 64, 4096),
         ("mixtral-8x7b", "h100-sxm", 32, 64, 4096),
         ("gpt-1.7b", "a100-sxm-40g", 16, 128, 2048),
         ("qwen3-30b-a3b", "gb200-nvl72", 16, 32, 4096),
-    ] {
-        let p = problem(model, gpu, n, gb, s);
+    ]
+    .into_iter()
+    .flat_map(|problem| stacks.map(|stack| (problem, stack)))
+    {
+        let mut p = problem(model, gpu, n, gb, s);
+        p.workload.stack = stack.to_string();
+        let model = format!("{model} under {stack}");
         let plans = all_plans(&p, &space);
         let mut pruned: BTreeMap<String, u64> = BTreeMap::new();
         let mut feasible = Vec::new();

@@ -570,6 +570,12 @@ fn gpu_provenance(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>
     })
 }
 
+/// Every training stack profile of `data/stacks.toml` as a list of dicts, sorted by name.
+#[pyfunction]
+fn stacks(py: Python<'_>) -> PyResult<Py<PyAny>> {
+    run(py, (), None, |()| core::stack::Stack::all())
+}
+
 /// A model dict from the text of a Hugging Face `config.json`.
 #[pyfunction]
 #[pyo3(signature = (json_text, name=None))]
@@ -1142,6 +1148,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_presets, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_preset, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_provenance, m)?)?;
+    m.add_function(wrap_pyfunction!(stacks, m)?)?;
     m.add_function(wrap_pyfunction!(model_from_hf_config, m)?)?;
     m.add_function(wrap_pyfunction!(default_space, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate, m)?)?;

@@ -106,6 +106,10 @@ impl Ctx<'_> {
             };
             let size = match self.problem.workload.bucket_params {
                 Some(_) => "the workload's bucket_params".to_string(),
+                // A fixed bucket (PyTorch DDP, DeepSpeed, XLA's combine threshold).
+                None if stack.ddp_bucket_params_per_rank == 0.0 => {
+                    format!("the {} stack's fixed bucket", stack.name)
+                }
                 None => format!(
                     "the {} stack's max({:.0} M, {:.0} M per rank) over {} ranks",
                     stack.name,
