@@ -232,30 +232,12 @@ fn widest_ffn(model: &Model, w: &Worker) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hardware::{Cluster, Precision};
-    use crate::serving::problem::{Objective, Slo, Traffic};
+    use crate::hardware::Precision;
 
     fn problem(model: &str) -> ServingProblem {
-        ServingProblem {
-            model: crate::presets::model(model).unwrap(),
-            cluster: Cluster {
-                gpu: crate::presets::gpu("h100-sxm").unwrap(),
-                num_gpus: 8,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            },
-            weight_precision: Precision::Bf16,
-            kv_precision: Precision::Bf16,
-            traffic: Traffic {
-                input_len: 1024,
-                output_len: 1024,
-                prefix_fraction: 0.0,
-                concurrency: None,
-                request_rate: None,
-            },
-            slo: Slo::default(),
-            objective: Objective::Throughput,
-        }
+        let mut p = crate::serving::problem::tests::problem(model, "h100-sxm", 8);
+        p.traffic.output_len = 1024;
+        p
     }
 
     fn worker(tp: u32, pp: u32) -> Worker {

@@ -150,9 +150,11 @@ pub fn bytes_per_element(p: Precision) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
+    /// The serving problem the tests start from: `model` on `n` `gpu`s, BF16 weights and KV,
+    /// 1024 prompt and 256 output tokens, no SLO.
     pub(crate) fn problem(model: &str, gpu: &str, n: u32) -> ServingProblem {
         ServingProblem {
             model: crate::presets::model(model).unwrap(),

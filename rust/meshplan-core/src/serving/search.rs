@@ -553,30 +553,13 @@ fn pool_sizes(n: u64, gp: u64, gd: u64, rp: f64, rd: f64, y_fixed: u64) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hardware::{Cluster, Precision};
-    use crate::serving::problem::{Slo, Traffic};
+    use crate::hardware::Precision;
 
     fn problem(model: &str, gpu: &str, n: u32) -> ServingProblem {
-        ServingProblem {
-            model: crate::presets::model(model).unwrap(),
-            cluster: Cluster {
-                gpu: crate::presets::gpu(gpu).unwrap(),
-                num_gpus: n,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            },
-            weight_precision: Precision::Bf16,
-            kv_precision: Precision::Bf16,
-            traffic: Traffic {
-                input_len: 2048,
-                output_len: 512,
-                prefix_fraction: 0.0,
-                concurrency: None,
-                request_rate: None,
-            },
-            slo: Slo::default(),
-            objective: Objective::Throughput,
-        }
+        let mut p = crate::serving::problem::tests::problem(model, gpu, n);
+        p.traffic.input_len = 2048;
+        p.traffic.output_len = 512;
+        p
     }
 
     #[test]

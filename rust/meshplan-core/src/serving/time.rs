@@ -478,30 +478,9 @@ pub struct ServingTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hardware::{Cluster, Precision};
-    use crate::serving::problem::{Objective, Slo, Traffic};
 
     pub(crate) fn problem(model: &str, n: u32) -> ServingProblem {
-        ServingProblem {
-            model: crate::presets::model(model).unwrap(),
-            cluster: Cluster {
-                gpu: crate::presets::gpu("h100-sxm").unwrap(),
-                num_gpus: n,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            },
-            weight_precision: Precision::Bf16,
-            kv_precision: Precision::Bf16,
-            traffic: Traffic {
-                input_len: 1024,
-                output_len: 256,
-                prefix_fraction: 0.0,
-                concurrency: None,
-                request_rate: None,
-            },
-            slo: Slo::default(),
-            objective: Objective::Throughput,
-        }
+        crate::serving::problem::tests::problem(model, "h100-sxm", n)
     }
 
     fn decode(seqs: f64) -> Batch {
