@@ -91,8 +91,8 @@ impl Control {
     }
 }
 
-/// Divisors of `n` in increasing order.
-fn divisors(n: u32) -> Vec<u32> {
+/// Divisors of `n` in increasing order (the training and serving searches both enumerate them).
+pub(crate) fn divisors(n: u32) -> Vec<u32> {
     let mut small = Vec::new();
     let mut large = Vec::new();
     let mut i = 1u32;

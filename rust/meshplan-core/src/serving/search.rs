@@ -22,6 +22,7 @@ use super::memory::worker_memory;
 use super::plan::{ServingPlan, Worker};
 use super::problem::{Objective, ServingProblem};
 use super::time::{Batch, TimeModel};
+use crate::search::divisors;
 
 fn default_top_k() -> u32 {
     10
@@ -138,24 +139,6 @@ pub struct ServingSearchResult {
     /// fastest per user first.
     pub pareto: Vec<ServingEvaluation>,
     pub stats: ServingSearchStats,
-}
-
-/// The divisors of `n`, ascending.
-fn divisors(n: u32) -> Vec<u32> {
-    let mut small = Vec::new();
-    let mut large = Vec::new();
-    let mut i = 1u32;
-    while (i as u64) * (i as u64) <= n as u64 {
-        if n % i == 0 {
-            small.push(i);
-            if i != n / i {
-                large.push(n / i);
-            }
-        }
-        i += 1;
-    }
-    small.extend(large.into_iter().rev());
-    small
 }
 
 /// Worker batches to try: `adp·2^i` up to `cap`, and `cap` itself (multiples of `adp`).
