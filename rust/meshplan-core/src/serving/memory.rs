@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::layer::{params_per_rank, LayerCounts, Mixer, Shard, ACT_BYTES, FP32_BYTES};
+use crate::layer::{params_per_rank, LayerCounts, Mixer, ACT_BYTES, FP32_BYTES};
 use crate::model::Model;
 
 use super::constants;
@@ -103,16 +103,8 @@ pub(crate) fn stage_params(
     last: bool,
 ) -> f64 {
     let kinds = model.layer_kinds();
-    let dense_shard = Shard {
-        tp: w.tp,
-        ep: w.ep,
-        sequence_parallel: false,
-    };
-    let expert_shard = Shard {
-        tp: w.expert_tp,
-        ep: w.ep,
-        sequence_parallel: false,
-    };
+    let dense_shard = w.dense_shard();
+    let expert_shard = w.expert_shard();
     let mut params = 0.0;
     for (kind, n) in counts.iter() {
         if n == 0 {

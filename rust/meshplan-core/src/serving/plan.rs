@@ -41,6 +41,25 @@ pub struct Worker {
 }
 
 impl Worker {
+    /// How the worker shards its dense weights (attention, dense MLP): `tp` ways, no sequence
+    /// parallelism in serving.
+    pub fn dense_shard(&self) -> crate::layer::Shard {
+        crate::layer::Shard {
+            tp: self.tp,
+            ep: self.ep,
+            sequence_parallel: false,
+        }
+    }
+
+    /// How the worker shards its routed experts: `expert_tp` ways within `ep`.
+    pub fn expert_shard(&self) -> crate::layer::Shard {
+        crate::layer::Shard {
+            tp: self.expert_tp,
+            ep: self.ep,
+            sequence_parallel: false,
+        }
+    }
+
     /// GPUs of one pipeline stage, `tp × attention_dp`.
     pub fn stage_gpus(&self) -> u64 {
         self.tp as u64 * self.attention_dp as u64

@@ -212,11 +212,7 @@ impl<'a> TimeModel<'a> {
     ) -> (PhaseTime, Linear) {
         let model = &self.problem.model;
         let tok = batch.tokens();
-        let shard = Shard {
-            tp: w.tp,
-            ep: w.ep,
-            sequence_parallel: false,
-        };
+        let shard = w.dense_shard();
         let ctx = OpsContext {
             tokens: tok,
             ..self.ops
@@ -236,11 +232,7 @@ impl<'a> TimeModel<'a> {
         if let Some(moe) = spec.moe() {
             // Tokens of the whole stage reach the experts: every attention-DP rank's own.
             let stage_tokens = tok * w.attention_dp as f64;
-            let expert_shard = Shard {
-                tp: w.expert_tp,
-                ep: w.ep,
-                sequence_parallel: false,
-            };
+            let expert_shard = w.expert_shard();
             let per_ep_rank = OpsContext {
                 tokens: stage_tokens / w.ep as f64,
                 ..self.ops
