@@ -114,6 +114,31 @@ def test_search_by_preset_name_and_by_hf_config_text(planner: PlannerServer) -> 
     assert same_result(wire.search_result(response), local)
 
 
+def test_answers_on_a_derived_gpu_carry_the_calibration_note(planner: PlannerServer) -> None:
+    # h200-sxm has no runs of its own: its GEMM efficiency is derived from h100-sxm's fit, and
+    # every planning answer says so, as the CLI's `note:` lines do; h100-sxm's answers say nothing.
+    stub = pb_grpc.PlannerStub(grpc.insecure_channel(planner.address))
+    space = wire.space_message(mp.SearchSpace(max_micro_batch=1, zero=[1], recompute=["full"],
+                                              schedules=["1f1b"], top_k=1))
+    workload = wire.workload_message(mp.Workload(64, 4096))
+    for gpu, noted in (("h200-sxm", True), ("h100-sxm", False)):
+        cluster = wire.cluster_message(mp.Cluster(gpu, 16))
+        model = pb.Model(preset="llama3-8b")
+        want = mp.hardware.calibration_notes(gpu, "bf16")
+        assert bool(want) is noted
+        found = stub.Search(pb.SearchRequest(model=model, cluster=cluster, workload=workload,
+                                             space=space), timeout=60)
+        assert list(found.notes) == want
+        plan = found.plans[0].plan
+        ev = stub.Evaluate(pb.EvaluateRequest(model=model, cluster=cluster, workload=workload,
+                                              plan=plan), timeout=60)
+        x = stub.Explain(pb.ExplainRequest(model=model, cluster=cluster, workload=workload,
+                                           plan=plan), timeout=60)
+        assert list(ev.notes) == want and list(x.notes) == want
+        if noted:
+            assert "h200-sxm" in want[0] and "derived" in want[0]
+
+
 def test_space_constraints_travel_exactly(client: PlannerClient) -> None:
     space = mp.SearchSpace(
         tp=2, max_pp=2, vpp=mp.Degree(min=1, max=None), micro_batch=mp.Degree(fixed=1),

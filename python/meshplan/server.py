@@ -72,7 +72,7 @@ from ._core import CancelToken
 from .api import evaluate, search
 from .errors import CancelledError, DeadlineExceededError, InvalidInputError, MeshplanError
 from .explain import explain
-from .hardware import Cluster, Gpu
+from .hardware import Cluster, Gpu, calibration_notes
 from .server_cache import DEFAULT_CACHE_ENTRIES, MAX_CACHE_ENTRIES, ResponseCache, request_key
 from .server_metrics import RequestLog, ServerMetrics, configure_logging
 from .validation import CalibrationLike, calibrated
@@ -363,7 +363,9 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             with self.planning(context) as (cancel, timeout_s):
                 result = search(model, cluster, workload, space, threads=self.threads,
                                 timeout_s=timeout_s, cancel=cancel)
-                return wire.search_response(result)
+                response = wire.search_response(result)
+                response.notes.extend(calibration_notes(cluster.resolved_gpu(), workload.precision))
+                return response
 
         key = request_key("Search", model=model.to_dict(), cluster=cluster.to_dict(),
                           workload=workload.to_dict(), space=space.to_dict())
@@ -380,7 +382,10 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         def compute() -> pb.EvaluateResponse:
             with self.planning(context) as (cancel, timeout_s):
                 ev = evaluate(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
-                return pb.EvaluateResponse(evaluation=wire.evaluation_message(ev))
+                return pb.EvaluateResponse(
+                    evaluation=wire.evaluation_message(ev),
+                    notes=calibration_notes(cluster.resolved_gpu(), workload.precision),
+                )
 
         key = request_key("Evaluate", model=model.to_dict(), cluster=cluster.to_dict(),
                           workload=workload.to_dict(), plan=plan.to_dict())
@@ -397,7 +402,9 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         def compute() -> pb.ExplainResponse:
             with self.planning(context) as (cancel, timeout_s):
                 x = explain(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
-                return wire.explain_response(x)
+                response = wire.explain_response(x)
+                response.notes.extend(calibration_notes(cluster.resolved_gpu(), workload.precision))
+                return response
 
         key = request_key("Explain", model=model.to_dict(), cluster=cluster.to_dict(),
                           workload=workload.to_dict(), plan=plan.to_dict())

@@ -1287,21 +1287,30 @@ class SearchResponse(_message.Message):
 
     PLANS_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def plans(self) -> _containers.RepeatedCompositeFieldContainer[Global___Evaluation]:
         """Best first."""
 
     @_builtins.property
     def stats(self) -> Global___SearchStats: ...
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """One line each: what the answer rests on that the caller should know, e.g. a GPU preset whose
+        GEMM efficiency is derived or assumed rather than fitted on its own runs (meshplan gpus
+        --provenance); empty when there is nothing to say.
+        """
+
     def __init__(
         self,
         *,
         plans: _abc.Iterable[Global___Evaluation] | None = ...,
         stats: Global___SearchStats | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["stats", b"stats"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["plans", b"plans", "stats", b"stats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["notes", b"notes", "plans", b"plans", "stats", b"stats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1344,16 +1353,22 @@ class EvaluateResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EVALUATION_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def evaluation(self) -> Global___Evaluation: ...
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """As SearchResponse.notes."""
+
     def __init__(
         self,
         *,
         evaluation: Global___Evaluation | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation", "notes", b"notes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1400,6 +1415,7 @@ class ExplainResponse(_message.Message):
     MESH_FIELD_NUMBER: _builtins.int
     AXES_FIELD_NUMBER: _builtins.int
     PIPELINE_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def plan(self) -> Global___Plan:
         """The plan as explained (defaults resolved)."""
@@ -1414,6 +1430,10 @@ class ExplainResponse(_message.Message):
 
     @_builtins.property
     def pipeline(self) -> Global___PipelineTimes: ...
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """As SearchResponse.notes."""
+
     def __init__(
         self,
         *,
@@ -1422,10 +1442,11 @@ class ExplainResponse(_message.Message):
         mesh: Global___Mesh | None = ...,
         axes: _abc.Iterable[Global___AxisExplanation] | None = ...,
         pipeline: Global___PipelineTimes | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation", "mesh", b"mesh", "pipeline", b"pipeline", "plan", b"plan"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "evaluation", b"evaluation", "mesh", b"mesh", "pipeline", b"pipeline", "plan", b"plan"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "evaluation", b"evaluation", "mesh", b"mesh", "notes", b"notes", "pipeline", b"pipeline", "plan", b"plan"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
