@@ -114,3 +114,14 @@ def test_fewer_requests_than_attention_dp_ranks_count_only_the_requests() -> Non
     # with as many requests as ranks, all of them count
     assert rows[1]["predicted"]["output_tokens_per_s"] * rows[1]["predicted"]["tpot_s"] > \
         rows[0]["predicted"]["output_tokens_per_s"] * rows[0]["predicted"]["tpot_s"]
+
+
+def test_the_summaries_use_the_cores_percentile() -> None:
+    from meshplan import _core
+    from meshplan.errors import InvalidInputError
+
+    assert _core.percentile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.5
+    assert _core.percentile([1.0, 2.0, 3.0, 4.0], 0.9) == pytest.approx(3.7)
+    assert _core.percentile([], 0.5) is None
+    with pytest.raises(InvalidInputError, match="q"):
+        _core.percentile([1.0], 2.0)

@@ -30,6 +30,7 @@ __all__ = [
     "search",
     "validate",
     "summarise",
+    "percentile",
     "apply_calibration",
     "collective_times",
     "gemm_times",
@@ -132,6 +133,9 @@ def validate(
     of a calibration-overrides file (TOML or JSON). Returns ``{"cases": [...], "summary": {...}}``;
     a case that does not fit the schema raises ``InvalidCaseError``.
     """
+
+def percentile(values: Sequence[float], q: float) -> Optional[float]:
+    """The ``q``-quantile of ``values``, interpolated as NumPy does; None for no values."""
 
 def summarise(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The summary (``throughput``, ``memory``, ``by_gpu``, ``by_arch``) of case rows as

@@ -140,3 +140,7 @@ def _value(key: str, text: str) -> Any:
             f"invalid plan.sequence_parallel: {text!r} (allowed: true/false, on/off, yes/no, 1/0)"
         )
     return text
+
+
+PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Plan))
+"""The plan's fields in order (``dp`` ... ``order``): the columns every table and export lists."""

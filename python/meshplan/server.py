@@ -76,6 +76,7 @@ from .hardware import Cluster, Gpu, calibration_notes
 from .server_cache import DEFAULT_CACHE_ENTRIES, MAX_CACHE_ENTRIES, ResponseCache, request_key
 from .server_metrics import RequestLog, ServerMetrics, configure_logging
 from .validation import CalibrationLike, calibrated
+from .workload import Workload
 from .v1 import planner_pb2 as pb
 from .v1 import planner_pb2_grpc as pb_grpc
 
@@ -364,7 +365,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
                 result = search(model, cluster, workload, space, threads=self.threads,
                                 timeout_s=timeout_s, cancel=cancel)
                 response = wire.search_response(result)
-                response.notes.extend(calibration_notes(cluster.resolved_gpu(), workload.precision))
+                response.notes.extend(_notes(cluster, workload))
                 return response
 
         key = request_key("Search", model=model.to_dict(), cluster=cluster.to_dict(),
@@ -384,7 +385,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
                 ev = evaluate(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
                 return pb.EvaluateResponse(
                     evaluation=wire.evaluation_message(ev),
-                    notes=calibration_notes(cluster.resolved_gpu(), workload.precision),
+                    notes=_notes(cluster, workload),
                 )
 
         key = request_key("Evaluate", model=model.to_dict(), cluster=cluster.to_dict(),
@@ -403,7 +404,7 @@ class PlannerServicer(pb_grpc.PlannerServicer):
             with self.planning(context) as (cancel, timeout_s):
                 x = explain(model, cluster, workload, plan, timeout_s=timeout_s, cancel=cancel)
                 response = wire.explain_response(x)
-                response.notes.extend(calibration_notes(cluster.resolved_gpu(), workload.precision))
+                response.notes.extend(_notes(cluster, workload))
                 return response
 
         key = request_key("Explain", model=model.to_dict(), cluster=cluster.to_dict(),
@@ -476,6 +477,13 @@ class PlannerServicer(pb_grpc.PlannerServicer):
 
 MIN_RESPONSE_BYTES = 1024
 """The smallest response cap a server or a client may set."""
+
+
+def _notes(cluster: Cluster, workload: Workload) -> list[str]:
+    """The answer's notes: what it rests on that the caller should know
+    (:func:`meshplan.hardware.calibration_notes` of the cluster's GPU at the workload's
+    precision)."""
+    return calibration_notes(cluster.resolved_gpu(), workload.precision)
 
 
 def _too_large(what: str, cap: int, whose: str, advice: str) -> Refusal:

@@ -54,20 +54,11 @@ class ServingValidationReport:
         return {"rows": self.rows, "summary": self.summary}
 
 
-def _percentile(values: list[float], q: float) -> Optional[float]:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
 def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for metric in METRICS:
         apes = [r["ape"][metric] for r in rows if r["ape"].get(metric) is not None]
-        out[metric] = {"n": len(apes), "median_ape": _percentile(apes, 0.5), "p90_ape": _percentile(apes, 0.9)}
+        out[metric] = {"n": len(apes), "median_ape": _core.percentile(apes, 0.5), "p90_ape": _core.percentile(apes, 0.9)}
     return out
 
 

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional, Sequence, TextIO
 from .batch import Query, search_many
 from .errors import InvalidInputError, MeshplanError
 from .hardware import Cluster, Gpu
+from .plan import PLAN_FIELDS
 from .report import SearchResult
 from .space import SearchSpace
 from .workload import Workload
@@ -36,18 +37,7 @@ COLUMNS = (
     "mfu",
     "step_time_s",
     "peak_memory_gib",
-    "dp",
-    "tp",
-    "pp",
-    "ep",
-    "cp",
-    "vpp",
-    "micro_batch",
-    "zero",
-    "recompute",
-    "sequence_parallel",
-    "schedule",
-    "order",
+    *PLAN_FIELDS,
     "plan",
     "candidates",
     "feasible",

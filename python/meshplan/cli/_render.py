@@ -8,25 +8,11 @@ from typing import Any, Optional, Sequence, TextIO
 
 from ..hardware import Cluster, Gpu, calibration_notes
 from ..model import Model
-from ..plan import DEFAULT_ORDER
+from ..plan import DEFAULT_ORDER, PLAN_FIELDS
 from ..report import Evaluation, SearchResult, SearchStats
 from ..workload import Workload
 
-PLAN_COLUMNS = (
-    "rank",
-    "dp",
-    "tp",
-    "pp",
-    "ep",
-    "cp",
-    "vpp",
-    "micro_batch",
-    "zero",
-    "recompute",
-    "sequence_parallel",
-    "schedule",
-    "order",
-)
+PLAN_COLUMNS = ("rank", *PLAN_FIELDS)
 METRIC_COLUMNS = (
     "feasible",
     "step_time_s",

@@ -364,7 +364,7 @@ impl Fabric {
         let c = &t.protocols;
         let i = proto.index();
         let all_reduce = kind == Collective::AllReduce;
-        let steps = if all_reduce { 2 * (p - 1) } else { p - 1 } as f64;
+        let steps = (p - 1) as f64 * if all_reduce { 2.0 } else { 1.0 };
         let inter_steps = match (domains, all_reduce) {
             (1, _) => 0.0,
             (_, true) => 2.0 * (domains - 1) as f64,

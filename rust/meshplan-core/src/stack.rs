@@ -381,6 +381,11 @@ impl Stack {
     /// The stack called `name` in `data/stacks.toml` (case-insensitive, `_` for `-`).
     pub fn named(name: &str) -> Result<&'static Stack> {
         let table = stacks().as_ref().map_err(Clone::clone)?;
+        // Timing contexts look the workload's (already canonical) name up per knob cell: no
+        // allocation then, the normalised spelling only for other spellings.
+        if let Some(stack) = table.get(name) {
+            return Ok(stack);
+        }
         let key = name.trim().to_lowercase().replace('_', "-");
         table.get(&key).ok_or_else(|| {
             Error::invalid(

@@ -730,6 +730,23 @@ fn summarise(py: Python<'_>, rows: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
     })
 }
 
+/// The `q`-quantile of `values` interpolated as NumPy does (`None` for no values): the one
+/// percentile every validation summary uses.
+#[pyfunction]
+fn percentile(
+    py: Python<'_>,
+    values: &Bound<'_, PyAny>,
+    q: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (arg::<Vec<f64>>(values, "values")?, arg::<f64>(q, "q")?);
+    run(py, inputs, None, |(values, q)| {
+        if !(0.0..=1.0).contains(&q) {
+            return Err(core::Error::invalid("q", q, "a number in [0, 1]"));
+        }
+        Ok(core::validation::percentile(&values, q))
+    })
+}
+
 /// A GPU dict with the calibration overrides of `calibration` (TOML or JSON text) applied.
 #[pyfunction]
 fn apply_calibration(
@@ -1155,6 +1172,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(search, m)?)?;
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(summarise, m)?)?;
+    m.add_function(wrap_pyfunction!(percentile, m)?)?;
     m.add_function(wrap_pyfunction!(apply_calibration, m)?)?;
     m.add_function(wrap_pyfunction!(collective_times, m)?)?;
     m.add_function(wrap_pyfunction!(gemm_times, m)?)?;

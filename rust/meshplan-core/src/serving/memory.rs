@@ -13,7 +13,7 @@ use super::constants;
 use super::plan::Worker;
 use super::problem::{bytes_per_element, ServingProblem};
 
-const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+use crate::memory::GIB;
 
 /// Layers per kind of each of `pp` stages: contiguous runs of the model's layer stack, the
 /// remainder of `layers / pp` going one each to the first stages.
