@@ -186,6 +186,7 @@ columns! {
     sequence_parallel: bool = "sequence_parallel", Bool, r.plan.sequence_parallel;
     schedule: u8 = "schedule", U8, schedule_code(r.plan.schedule());
     order: u8 = "order", U8, c.order(r.plan.order);
+    etp: u32 = "etp", U32, r.plan.etp.unwrap_or(0);
     step_time_s: f64 = "step_time_s", F64, r.time.total();
     tokens_per_s_per_gpu: f64 = "tokens_per_s_per_gpu", F64, r.tokens_per_s_per_gpu;
     mfu: f64 = "mfu", F64, r.mfu;
@@ -216,7 +217,8 @@ impl Rows {
     pub fn finish(mut self, codes: &Codes, stats: SearchStats) -> FeasibleSpace {
         let key = |i: usize| {
             (
-                self.tp[i],
+                // etp 0: unfolded, ordered before every folded etp as `None` in a search.
+                (self.tp[i], self.etp[i]),
                 self.pp[i],
                 self.cp[i],
                 self.ep[i],

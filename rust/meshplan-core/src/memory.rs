@@ -367,6 +367,7 @@ mod tests {
             sequence_parallel: sp,
             schedule: None,
             order: Default::default(),
+            etp: None,
         }
     }
 

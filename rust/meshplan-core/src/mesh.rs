@@ -62,14 +62,35 @@ impl Mesh {
 }
 
 impl Plan {
-    /// The plan's device mesh: its degrees along its rank order.
+    /// The plan's device mesh: its degrees along its rank order. A folded plan's has no EP
+    /// axis (size 1): its dense layers see `tp × cp × dp × pp`.
     pub fn mesh(&self) -> Mesh {
-        Mesh::new(self.order, |axis| axis.size(self))
+        if self.folded() {
+            Mesh::new(self.order, |axis| match axis {
+                Axis::Ep => 1,
+                _ => axis.size(self),
+            })
+        } else {
+            Mesh::new(self.order, |axis| axis.size(self))
+        }
     }
 
-    /// The plan's expert mesh over the same ranks (today `etp = tp`, `edp = dp·cp`).
+    /// The plan's expert mesh over the same ranks: the dense mesh itself (`etp = tp`,
+    /// `edp = dp·cp`), or a folded plan's own `etp × ep × edp × pp` laid out along the same rank
+    /// order (Megatron builds the expert rank groups with the dense order, expert TP in TP's
+    /// place, EP in EP's, expert DP in DP's and no CP: `RankGenerator` in
+    /// megatron/core/parallel_state.py).
     pub fn expert_mesh(&self) -> ExpertMesh {
-        ExpertMesh::over(self.mesh())
+        match self.etp {
+            None => ExpertMesh::over(self.mesh()),
+            Some(etp) => ExpertMesh::over(Mesh::new(self.order, |axis| match axis {
+                Axis::Tp => etp,
+                Axis::Cp => 1,
+                Axis::Ep => self.ep,
+                Axis::Dp => self.expert_dp(),
+                Axis::Pp => self.pp,
+            })),
+        }
     }
 }
 
@@ -86,28 +107,30 @@ pub enum ExpertDim {
     Pp,
 }
 
-/// The expert mesh: the ranks of a plan's [`Mesh`] as the MoE layers' experts see them,
-/// `etp × ep × edp × pp`. Without parallel folding each expert dimension spans axes of the one
-/// rank order ([`ExpertMesh::spans`]: `etp = tp`, `edp = dp·cp`, EP carved out of the dense
-/// data parallelism), so its groups land where the dense mesh's do; a folded expert mesh (its
-/// own `etp`, `edp`) changes `spans` into a factoring of its own, and the callers do not change.
+/// The expert mesh: the ranks of a plan as the MoE layers' experts see them,
+/// `etp × ep × edp × pp`, a [`Mesh`] whose dimensions span its axes ([`ExpertMesh::spans`]:
+/// `etp` the TP axis, `ep` the EP axis, `edp` the CP and DP axes). Without parallel folding it
+/// is the dense mesh itself (`etp = tp`, `edp = dp·cp`, EP carved out of the dense data
+/// parallelism), so its groups land where the dense mesh's do; a folded plan's is a mesh of its
+/// own over the same ranks (CP size 1), and the callers do not change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ExpertMesh {
-    dense: Mesh,
+    mesh: Mesh,
 }
 
 impl ExpertMesh {
     /// The dimensions, innermost (in the default rank order) first.
     pub const DIMS: [ExpertDim; 4] = [ExpertDim::Etp, ExpertDim::Ep, ExpertDim::Edp, ExpertDim::Pp];
 
-    /// The expert mesh over the ranks of `dense`.
-    pub fn over(dense: Mesh) -> Self {
-        ExpertMesh { dense }
+    /// The expert mesh whose dimensions span the axes of `mesh`.
+    pub fn over(mesh: Mesh) -> Self {
+        ExpertMesh { mesh }
     }
 
-    /// The dense mesh whose ranks this one factors (its rank order and strides).
-    pub fn dense(&self) -> &Mesh {
-        &self.dense
+    /// The mesh whose axes the dimensions span (its rank order and strides): the dense mesh,
+    /// or a folded plan's expert mesh.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
     }
 
     /// The dense axes `dim` spans over the same ranks.
@@ -124,7 +147,7 @@ impl ExpertMesh {
     pub fn size(&self, dim: ExpertDim) -> u32 {
         ExpertMesh::spans(dim)
             .iter()
-            .fold(1u32, |n, &a| n.saturating_mul(self.dense.size(a)))
+            .fold(1u32, |n, &a| n.saturating_mul(self.mesh.size(a)))
     }
 
     /// Ranks of the mesh (saturating): the dense mesh's.
@@ -138,7 +161,7 @@ impl ExpertMesh {
 /// A communication group of a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GroupRole {
-    /// Tensor parallel (also the experts' TP: expert TP = TP today).
+    /// Tensor parallel (also the experts' TP unless the plan is folded).
     Tp,
     /// Context parallel ring.
     Cp,
@@ -193,6 +216,7 @@ mod tests {
             sequence_parallel: false,
             schedule: None,
             order: RankOrder::parse(order).unwrap(),
+            etp: None,
         }
     }
 

@@ -146,10 +146,12 @@ struct Degrees {
     pp: u32,
     ep: u32,
     cp: u32,
+    /// A folded plan's expert TP (`dp` is then the dense data parallelism, [`Plan::etp`]).
+    etp: Option<u32>,
 }
 
 fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
-    let Degrees { dp, tp, pp, ep, cp } = degrees;
+    let Degrees { tp, pp, .. } = degrees;
     let mb_upper = space
         .micro_batch
         .fixed
@@ -180,7 +182,8 @@ fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
     let mut zero = space.zero.clone();
     zero.sort();
     zero.dedup();
-    if dp * ep * cp == 1 {
+    let base = base_plan(degrees);
+    if base.dense_dp() as u64 * base.cp as u64 == 1 && base.expert_dp() == 1 {
         // Nothing to shard over: every ZeRO stage is the same plan; keep the lowest allowed.
         zero.truncate(1);
     }
@@ -203,7 +206,9 @@ fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
     }
 }
 
-/// Outer tuples `(dp, tp, pp, ep, cp)` with product `N` allowed by the space, in a fixed order.
+/// Outer tuples `(dp, tp, pp, ep, cp)` with product `N` allowed by the space, in a fixed order;
+/// for an MoE model with `space.fold`, after each `(tp, pp, cp)` its folded tuples
+/// ([`folded_tuples`]).
 fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
     let n = problem.cluster.num_gpus;
     let divs = divisors(n);
@@ -228,14 +233,59 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
                         continue; // ep = 1 for dense models: not part of their space
                     }
                     let dp = rest / ep;
-                    if space.dp.allows(dp) {
-                        out.push(Degrees { dp, tp, pp, ep, cp });
+                    if space.dp.allows(dp) && (!is_moe || space.etp.allows(tp)) {
+                        out.push(Degrees {
+                            dp,
+                            tp,
+                            pp,
+                            ep,
+                            cp,
+                            etp: None,
+                        });
                     }
+                }
+                if is_moe && space.fold {
+                    folded_tuples(space, &divs, tp, pp, cp, rest, &mut out);
                 }
             }
         }
     }
     out
+}
+
+/// The folded tuples of dense degrees `tp`, `pp`, `cp` and dense data parallelism `dp`: every
+/// expert TP `etp` dividing `tp` and EP degree `ep` with `etp·ep` dividing the stage's
+/// `dp·tp·cp` ranks, except those an unfolded tuple already is (`etp = tp` and `ep` dividing
+/// `dp`: EP carved out of data parallelism).
+fn folded_tuples(
+    space: &SearchSpace,
+    divs: &[u32],
+    tp: u32,
+    pp: u32,
+    cp: u32,
+    dp: u32,
+    out: &mut Vec<Degrees>,
+) {
+    if !space.dp.allows(dp) {
+        return;
+    }
+    let stage = dp as u64 * tp as u64 * cp as u64;
+    for &etp in divs.iter().filter(|&&v| tp % v == 0 && space.etp.allows(v)) {
+        for &ep in divs.iter().filter(|&&v| v > 1 && space.ep.allows(v)) {
+            let expert = etp as u64 * ep as u64;
+            if stage % expert != 0 || (etp == tp && dp % ep == 0) {
+                continue;
+            }
+            out.push(Degrees {
+                dp,
+                tp,
+                pp,
+                ep,
+                cp,
+                etp: Some(etp),
+            });
+        }
+    }
 }
 
 /// A feasible plan before its full evaluation: what the ranking needs.
@@ -253,7 +303,7 @@ fn rank_order(a: &Ranked, b: &Ranked) -> Ordering {
 }
 
 type PlanKey = (
-    u32,
+    (u32, Option<u32>),
     u32,
     u32,
     u32,
@@ -269,7 +319,7 @@ type PlanKey = (
 
 fn plan_key(p: &Plan) -> PlanKey {
     (
-        p.tp,
+        (p.tp, p.etp),
         p.pp,
         p.cp,
         p.ep,
@@ -310,7 +360,16 @@ fn distinct_orders(
 }
 
 /// The plan with `degrees` and every knob at its first value.
-fn base_plan(Degrees { dp, tp, pp, ep, cp }: Degrees) -> Plan {
+fn base_plan(
+    Degrees {
+        dp,
+        tp,
+        pp,
+        ep,
+        cp,
+        etp,
+    }: Degrees,
+) -> Plan {
     Plan {
         dp,
         tp,
@@ -324,6 +383,7 @@ fn base_plan(Degrees { dp, tp, pp, ep, cp }: Degrees) -> Plan {
         sequence_parallel: false,
         schedule: Some(Schedule::OneFOneB),
         order: RankOrder::DEFAULT,
+        etp,
     }
 }
 
@@ -609,7 +669,10 @@ impl<'a> Searcher<'a> {
             .sequence_parallel
             .iter()
             .copied()
-            .filter(|s| base.tp == 1 || stack.sequence_parallel.contains(s))
+            .filter(|&s| {
+                // Folded MoE layers with TP need sequence parallelism (the stack rule).
+                base.tp == 1 || (stack.sequence_parallel.contains(&s) && (s || !base.folded()))
+            })
             .collect();
         part.prune(Rule::StackSequenceParallel, cells * (sp - sps.len() as u64));
         let left = Knobs {

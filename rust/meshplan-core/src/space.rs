@@ -74,8 +74,15 @@ pub struct SearchSpace {
     pub pp: Degree,
     pub ep: Degree,
     pub cp: Degree,
+    /// Expert tensor parallelism of an MoE plan, folded or not (an unfolded plan's is its `tp`).
+    pub etp: Degree,
     pub vpp: Degree,
     pub micro_batch: Degree,
+    /// Also try folded MoE plans (MoE parallel folding, `Plan::etp`): expert meshes whose EP
+    /// spans ranks the dense layers spend on TP, CP and DP, with expert TP dividing `tp`. A
+    /// folded plan that equals an unfolded one (`etp = tp`, `ep` dividing the dense DP) is not
+    /// tried twice.
+    pub fold: bool,
     /// Allowed ZeRO stages.
     pub zero: Vec<u8>,
     /// Allowed recompute modes.
@@ -114,6 +121,7 @@ impl Default for SearchSpace {
             pp: Degree::default(),
             ep: Degree::default(),
             cp: Degree::default(),
+            etp: Degree::default(),
             vpp: Degree {
                 fixed: None,
                 min: None,
@@ -124,6 +132,7 @@ impl Default for SearchSpace {
                 min: None,
                 max: Some(DEFAULT_MAX_MICRO_BATCH),
             },
+            fold: true,
             zero: vec![0, 1, 2, 3],
             recompute: Recompute::DEFAULT.to_vec(),
             sequence_parallel: vec![false, true],
@@ -149,6 +158,7 @@ impl SearchSpace {
             ("pp", &self.pp),
             ("ep", &self.ep),
             ("cp", &self.cp),
+            ("etp", &self.etp),
             ("vpp", &self.vpp),
             ("micro_batch", &self.micro_batch),
         ] {

@@ -48,6 +48,37 @@ pub enum PipelineSplit {
 }
 
 /// A parallel axis beside data parallelism.
+/// Which folded MoE plans ([`Plan::etp`]) a stack can build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExpertFolding {
+    /// None: EP is carved out of data parallelism and the experts split `tp` ways.
+    None,
+    /// Expert TP 1 or `tp` (torchtitan).
+    EtpOneOrTp,
+    /// Any expert TP with `etp·ep` dividing a stage's ranks (Megatron-Core).
+    Any,
+}
+
+impl ExpertFolding {
+    /// Whether a folded plan of expert TP `etp` and TP `tp` is one the stack builds.
+    pub fn allows(self, etp: u32, tp: u32) -> bool {
+        match self {
+            ExpertFolding::None => false,
+            ExpertFolding::EtpOneOrTp => etp == 1 || etp == tp,
+            ExpertFolding::Any => true,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertFolding::None => "none",
+            ExpertFolding::EtpOneOrTp => "etp 1 or tp",
+            ExpertFolding::Any => "any etp",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StackAxis {
@@ -118,6 +149,8 @@ pub struct Stack {
     pub precisions: Vec<Precision>,
     /// Parallel axes beside data parallelism the stack can run (degree > 1).
     pub parallelism: Vec<StackAxis>,
+    /// Which folded MoE plans ([`Plan::etp`]) the stack builds.
+    pub expert_folding: ExpertFolding,
     /// Rank orders the stack can build.
     pub orders: Vec<RankOrder>,
     /// Pipeline schedules the stack has.
@@ -268,6 +301,15 @@ impl Stack {
                 "{name} cannot run {label} = {degree} (it runs {label} = 1 only)"
             );
         }
+        if let Some(etp) = plan.etp {
+            rule!(
+                !self.expert_folding.allows(etp, plan.tp),
+                Rule::StackParallelism,
+                "{name} cannot fold the experts as etp = {etp} with tp = {} (it folds: {})",
+                plan.tp,
+                self.expert_folding.name()
+            );
+        }
         rule!(
             !self.orders.contains(&plan.order),
             Rule::StackOrder,
@@ -309,6 +351,12 @@ impl Stack {
             Rule::StackSequenceParallel,
             "{name} runs tp > 1 with sequence parallelism {} only",
             if plan.sequence_parallel { "off" } else { "on" }
+        );
+        rule!(
+            plan.folded() && plan.tp > 1 && !plan.sequence_parallel,
+            Rule::StackSequenceParallel,
+            "{name} runs folded MoE layers with tp > 1 under sequence parallelism only \
+             (each TP rank dispatches its own share of the tokens)"
         );
     }
 
@@ -496,6 +544,7 @@ mod tests {
             sequence_parallel: tp > 1,
             schedule: None,
             order: RankOrder::DEFAULT,
+            etp: None,
         }
     }
 

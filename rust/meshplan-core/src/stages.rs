@@ -411,6 +411,7 @@ mod tests {
             sequence_parallel: false,
             schedule: None,
             order: Default::default(),
+            etp: None,
         };
         let got = in_flight(&plan, 64, 0);
         let want = 8.0 * (1.0 + 7.0 / 32.0);

@@ -227,7 +227,11 @@ impl<'a> TimeContext<'a> {
     /// One tensor-parallel "all-reduce point" on `bytes`: an all-reduce, or with sequence
     /// parallelism the reduce-scatter + all-gather pair that replaces it (§3.4).
     fn tp_point(&self, bytes: f64) -> f64 {
-        let g = self.groups.tp;
+        self.tp_point_on(bytes, self.groups.tp)
+    }
+
+    /// A TP point on group `g` (the TP group, or a folded plan's expert-TP group).
+    fn tp_point_on(&self, bytes: f64, g: Group) -> f64 {
         if self.plan.sequence_parallel {
             self.fabric.collective_s(Collective::AllGather, bytes, g)
                 + self
@@ -301,12 +305,19 @@ impl<'a> TimeContext<'a> {
         let bwd_compute = g.dgrad + wgrad + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead;
 
         // Tensor parallel (§3.4).
-        let tp_fwd = if plan.tp > 1 {
+        let mut tp_fwd = if plan.tp > 1 {
             let tp_points = ops.comm.tp_points as f64;
             (1.0 - self.tp_overlap()) * tp_points * self.tp_point(ops.comm.tp_bytes)
         } else {
             0.0
         };
+        // A folded plan's routed copies gather over the expert-TP group (§3.7).
+        if ops.comm.etp_points > 0 {
+            let points = ops.comm.etp_points as f64;
+            tp_fwd += (1.0 - self.tp_overlap())
+                * points
+                * self.tp_point_on(ops.comm.etp_bytes, self.groups.etp);
+        }
 
         // Context parallel ring (§3.8): c−1 K/V blocks, each hidden behind one attention block.
         let (cp_fwd, cp_bwd) = if plan.cp > 1 {

@@ -16,13 +16,30 @@ impl Ctx<'_> {
             return self.axis("ep", e, state, g);
         };
         let expert = plan.expert_mesh();
-        let state = format!(
-            "Routed experts: {} of the {} experts per GPU (each also split {} ways by expert TP = TP); every token is sent to its top-{} experts' GPUs and back. Attention and dense layers are not split by EP: for them the EP ranks are extra data parallelism.",
-            moe.num_experts / e,
-            moe.num_experts,
-            expert.size(ExpertDim::Etp),
-            moe.top_k
-        );
+        let state = if plan.folded() {
+            format!(
+                "Routed experts: {} of the {} experts per GPU, each split {} ways by expert TP; every token is sent to its top-{} experts' GPUs and back. Folded (MoE parallel folding): the expert layers run their own etp × ep × edp × pp = {} × {e} × {} × {} mesh over the ranks the dense layers run as tp × cp × dp × pp = {} × {} × {} × {}, so EP spans ranks the dense layers spend on TP, CP and DP.",
+                moe.num_experts / e,
+                moe.num_experts,
+                expert.size(ExpertDim::Etp),
+                moe.top_k,
+                expert.size(ExpertDim::Etp),
+                expert.size(ExpertDim::Edp),
+                plan.pp,
+                plan.tp,
+                plan.cp,
+                plan.dp,
+                plan.pp,
+            )
+        } else {
+            format!(
+                "Routed experts: {} of the {} experts per GPU (each also split {} ways by expert TP = TP); every token is sent to its top-{} experts' GPUs and back. Attention and dense layers are not split by EP: for them the EP ranks are extra data parallelism.",
+                moe.num_experts / e,
+                moe.num_experts,
+                expert.size(ExpertDim::Etp),
+                moe.top_k
+            )
+        };
         let mut a = self.axis("ep", e, state, g);
         let h_bytes = model.hidden as f64 * WIRE_BYTES;
         let routed = self.tokens / self.sp_div();
@@ -62,6 +79,20 @@ impl Ctx<'_> {
             a.notes.push(format!(
                 "with sequence parallelism each TP rank routes 1/{} of the micro-batch's tokens",
                 plan.tp
+            ));
+        }
+        if plan.folded() {
+            let (etp, edp) = (self.groups.etp, self.groups.expert_dp);
+            a.notes.push(format!(
+                "expert mesh: EP group of {} ranks on {}, expert-TP group of {} on {}, expert-DP group of {} on {} (the expert gradient reduction); the dense layers' TP group of {} is on {}",
+                g.size,
+                fabric_name(g),
+                etp.size,
+                fabric_name(etp),
+                edp.size,
+                fabric_name(edp),
+                self.groups.tp.size,
+                fabric_name(self.groups.tp)
             ));
         }
         if g.domains() > 1 {

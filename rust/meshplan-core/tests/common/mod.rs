@@ -41,10 +41,46 @@ pub fn factorisations(n: u32, moe: bool) -> Vec<[u32; 5]> {
     out
 }
 
+/// Every folded MoE degree tuple of `n` GPUs as the search defines them: `([dp, tp, pp, ep,
+/// cp], etp)` with `dp·tp·pp·cp = n`, `etp` dividing `tp`, `ep > 1`, `etp·ep` dividing
+/// `dp·tp·cp`, and not an unfolded plan in disguise (`etp = tp` with `ep` dividing `dp`).
+pub fn folded_factorisations(n: u32) -> Vec<([u32; 5], u32)> {
+    let mut out = Vec::new();
+    for tp in divisors(n) {
+        for pp in divisors(n / tp) {
+            for cp in divisors(n / tp / pp) {
+                let dp = n / tp / pp / cp;
+                let stage = dp * tp * cp;
+                for etp in divisors(tp) {
+                    for ep in divisors(stage / etp).into_iter().filter(|&e| e > 1) {
+                        if etp == tp && dp % ep == 0 {
+                            continue;
+                        }
+                        out.push(([dp, tp, pp, ep, cp], etp));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Every plan of `space` as the search defines it, by brute force.
 pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
     let mut out = Vec::new();
-    for [dp, tp, pp, ep, cp] in factorisations(p.cluster.num_gpus, p.model.is_moe()) {
+    let mut tuples: Vec<([u32; 5], Option<u32>)> =
+        factorisations(p.cluster.num_gpus, p.model.is_moe())
+            .into_iter()
+            .map(|d| (d, None))
+            .collect();
+    if p.model.is_moe() && space.fold {
+        tuples.extend(
+            folded_factorisations(p.cluster.num_gpus)
+                .into_iter()
+                .map(|(d, etp)| (d, Some(etp))),
+        );
+    }
+    for ([dp, tp, pp, ep, cp], etp) in tuples {
         let mut schedules = vec![(Schedule::OneFOneB, 1)];
         if pp > 1 {
             schedules.push((Schedule::ZeroBubbleH1, 1));
@@ -52,7 +88,11 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                 schedules.push((Schedule::Interleaved, v));
             }
         }
-        let zeros: Vec<u8> = if dp * ep * cp == 1 {
+        let replicas = match etp {
+            None => dp * ep * cp,
+            Some(e) => dp * cp * (dp * tp * cp / (e * ep)),
+        };
+        let zeros: Vec<u8> = if replicas == 1 {
             vec![0]
         } else {
             vec![0, 1, 2, 3]
@@ -80,6 +120,7 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                                 sequence_parallel,
                                 schedule: Some(schedule),
                                 order: RankOrder::DEFAULT,
+                                etp,
                             });
                         }
                     }
