@@ -231,6 +231,7 @@ _SCALARS = (
     "top_k",
     "max_candidates",
     "distinct",
+    "fold",
 )
 
 
@@ -275,6 +276,7 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         sequence_parallel=p.sequence_parallel,
         schedule=p.schedule,
         order=p.order,
+        etp=p.etp,
     )
     return msg
 
@@ -417,7 +419,7 @@ def plan_from(msg: Any) -> Plan:
     defaults."""
     fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
     for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "order"):
+                 "schedule", "order", "etp"):
         if msg.HasField(name):
             fields[name] = getattr(msg, name)
     return Plan.from_dict(fields)
@@ -531,6 +533,7 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "sequence_parallel": msg.sequence_parallel,
         "schedule": _opt(msg, "schedule"),
         "order": msg.order,
+        "etp": _opt(msg, "etp"),
     }
     return Plan.from_dict(fields)
 

@@ -23,7 +23,10 @@ impl Ctx<'_> {
             model.heads / t,
             model.heads,
             model.moe.as_ref().map_or(String::new(), |m| if plan.folded() {
-                format!(", each routed expert's {} columns split {} ways by the expert TP of the folded expert mesh", m.expert_ffn_hidden, plan.expert_tp())
+                match plan.expert_tp() {
+                    1 => format!(", the routed experts whole (etp = 1 on the folded expert mesh: their {} columns not split)", m.expert_ffn_hidden),
+                    etp => format!(", each routed expert's {} columns split {etp} ways by the expert TP of the folded expert mesh", m.expert_ffn_hidden),
+                }
             } else {
                 format!(", each routed expert's {} columns split the same way", m.expert_ffn_hidden)
             }),
