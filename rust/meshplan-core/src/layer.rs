@@ -696,6 +696,47 @@ mod tests {
     }
 
     #[test]
+    fn a_folded_moe_layer_gathers_copies_over_the_expert_tp_group() {
+        let m = crate::presets::model("mixtral-8x7b").unwrap();
+        let spec = m.layer_kinds().specs()[1];
+        let ctx = OpsContext {
+            tokens: 4096.0,
+            moe_imbalance: 1.0,
+            elementwise_bytes_per_hidden: 40.0,
+            replicated_elementwise_bytes_per_hidden: 20.0,
+            routed_copy_bytes_per_hidden: 8.0,
+            expert_activation_bytes_per_width: 6.0,
+        };
+        let shard = |etp| Shard {
+            tp: 4,
+            ep: 8,
+            etp,
+            sequence_parallel: true,
+        };
+        let unfolded = layer_ops(&m, &spec, &shard(None), &ctx);
+        let whole = layer_ops(&m, &spec, &shard(Some(1)), &ctx);
+        let two = layer_ops(&m, &spec, &shard(Some(2)), &ctx);
+        // Unfolded: the copies gather over TP; etp = 1: no TP collective around the experts.
+        assert_eq!((unfolded.comm.tp_points, unfolded.comm.etp_points), (3, 0));
+        assert_eq!((whole.comm.tp_points, whole.comm.etp_points), (1, 0));
+        assert_eq!((two.comm.tp_points, two.comm.etp_points), (1, 2));
+        assert_eq!(two.comm.etp_bytes, unfolded.comm.tp_bytes * 2.0 / 4.0);
+        // The same routed FLOPs per GPU whatever the expert TP: rows × width is constant.
+        let routed = |ops: &LayerOps| {
+            ops.gemms()[1..3]
+                .iter()
+                .map(|g| g.m * g.n * g.k * g.repeat)
+                .sum::<f64>()
+        };
+        assert_eq!(routed(&whole), routed(&unfolded));
+        assert_eq!(routed(&two), routed(&unfolded));
+        // Each expert whole on one rank (etp = 1) holds tp times the unfolded expert weights.
+        assert_eq!(whole.params.expert, 4.0 * unfolded.params.expert);
+        // The dispatch is each TP rank's own share of the tokens either way.
+        assert_eq!(whole.comm.dispatch, unfolded.comm.dispatch);
+    }
+
+    #[test]
     fn an_moe_layer_has_a_point_per_routed_copy_and_a_dispatch() {
         let m = crate::presets::model("mixtral-8x7b").unwrap();
         let kinds = m.layer_kinds();

@@ -260,6 +260,54 @@ mod tests {
     }
 
     #[test]
+    fn a_folded_plan_has_its_own_expert_mesh_over_the_same_ranks() {
+        // Qwen3-235B as Megatron-Bridge runs it on 256 H100: TP 2, PP 8, DP 16, EP 32, ETP 1.
+        let qwen = Plan {
+            etp: Some(1),
+            ..plan([16, 2, 8, 32, 1], "tp-cp-ep-dp-pp")
+        };
+        assert_eq!(qwen.num_gpus(), 256);
+        assert_eq!(qwen.dense_dp(), 16);
+        assert_eq!(qwen.expert_dp(), 1);
+        let dense = qwen.mesh();
+        assert_eq!(dense.size(Axis::Ep), 1);
+        assert_eq!(dense.num_ranks(), 256);
+        let e = qwen.expert_mesh();
+        let sizes: Vec<u32> = ExpertMesh::DIMS.iter().map(|&d| e.size(d)).collect();
+        assert_eq!(sizes, vec![1, 32, 1, 8]);
+        assert_eq!(e.num_ranks(), 256);
+        // EP spans the 32 consecutive ranks of a stage: the dense TP pairs and 16 DP ranks.
+        let ep = crate::layout::group_ranks(e.mesh(), ExpertMesh::spans(ExpertDim::Ep), 0, 64);
+        assert_eq!(ep, (0..32).collect::<Vec<u64>>());
+        let g = crate::layout::Groups::of(&qwen, 8);
+        assert_eq!((g.ep.size, g.ep.per_domain), (32, 8));
+        assert_eq!((g.etp.size, g.expert_dp.size, g.tp.size), (1, 1, 2));
+        assert_eq!(g.dense_dp.size, 16);
+        // Folding over CP too: tp 2, cp 2, dp 2 (8 ranks a stage), etp 2, ep 4.
+        let cp = Plan {
+            etp: Some(2),
+            ..plan([2, 2, 1, 4, 2], "tp-cp-ep-dp-pp")
+        };
+        assert_eq!(cp.num_gpus(), 8);
+        assert_eq!(cp.expert_dp(), 1);
+        let g = crate::layout::Groups::of(&cp, 8);
+        assert_eq!(
+            (g.ep.size, g.etp.size, g.cp.size, g.dense_dp.size),
+            (4, 2, 2, 4)
+        );
+    }
+
+    #[test]
+    fn an_unfolded_plans_expert_groups_are_the_dense_meshs() {
+        let plan = plan([4, 2, 1, 2, 1], "tp-cp-ep-dp-pp");
+        let g = crate::layout::Groups::of(&plan, 8);
+        assert_eq!(g.etp, g.tp);
+        assert_eq!(plan.expert_mesh().mesh(), &plan.mesh());
+        assert_eq!(plan.expert_dp(), 4);
+        assert_eq!(plan.expert_tp(), 2);
+    }
+
+    #[test]
     fn every_group_role_spans_some_axis() {
         for (role, axes) in GROUP_AXES {
             assert!(!axes.is_empty(), "{role:?}");

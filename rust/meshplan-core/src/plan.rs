@@ -437,6 +437,33 @@ mod tests {
     }
 
     #[test]
+    fn a_folded_plan_multiplies_without_ep_and_needs_etp_ep_to_divide_a_stage() {
+        let mut plan: Plan =
+            serde_json::from_str(r#"{"dp": 16, "tp": 2, "pp": 8, "ep": 32, "etp": 1}"#).unwrap();
+        assert!(plan.folded());
+        plan.validate(256).unwrap();
+        assert!(plan.to_string().ends_with(",etp=1"));
+        // ep·etp = 64 does not divide the 32 ranks of a stage.
+        plan.etp = Some(2);
+        let e = plan.validate(256).unwrap_err().to_string();
+        assert!(e.contains("plan.etp") && e.contains("32 ranks"), "{e}");
+        // The unfolded reading of the same numbers needs 8192 GPUs.
+        plan.etp = None;
+        let e = plan.validate(256).unwrap_err().to_string();
+        assert!(e.contains("dp·tp·pp·ep·cp = 8192"), "{e}");
+        for bad in [0u64, 1 << 31, 1 << 32, u64::MAX] {
+            let text = format!(r#"{{"dp": 16, "tp": 2, "pp": 8, "ep": 32, "etp": {bad}}}"#);
+            match serde_json::from_str::<Plan>(&text) {
+                Ok(p) => {
+                    let e = p.validate(256).unwrap_err().to_string();
+                    assert!(e.contains("plan.etp"), "{bad}: {e}");
+                }
+                Err(e) => assert!(bad > u32::MAX as u64, "{bad}: {e}"),
+            }
+        }
+    }
+
+    #[test]
     fn rank_orders_parse_print_and_reject_non_permutations() {
         assert_eq!(
             RankOrder::parse("tp-cp-ep-dp-pp").unwrap(),

@@ -589,6 +589,53 @@ mod tests {
         }
     }
 
+    /// The rules `stack` breaks for `plan` of Qwen3-30B-A3B in bf16.
+    fn broken(stack: &str, plan: &Plan) -> Vec<(Rule, String)> {
+        let model = crate::presets::model("qwen3-30b-a3b").unwrap();
+        let mut out = Vec::new();
+        Stack::named(stack)
+            .unwrap()
+            .rules(&model, Precision::Bf16, plan, &mut |rule, msg| {
+                out.push((rule, msg.to_string()));
+                true
+            });
+        out
+    }
+
+    #[test]
+    fn each_stack_folds_the_experts_as_its_data_says() {
+        let folded = |etp, sp| Plan {
+            etp: Some(etp),
+            sequence_parallel: sp,
+            ..plan([8, 4, 1, 16], 1)
+        };
+        assert!(broken("megatron-core", &folded(2, true)).is_empty());
+        assert!(broken("megatron-core", &folded(1, true)).is_empty());
+        // Megatron needs sequence parallelism for MoE layers with TP.
+        let r = broken("megatron-core", &folded(1, false));
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, Rule::StackSequenceParallel);
+        assert!(r[0].1.contains("folded"), "{}", r[0].1);
+        // torchtitan: expert TP 1 or tp only.
+        assert!(broken("torchtitan", &folded(1, true))
+            .iter()
+            .all(|(rule, _)| *rule != Rule::StackParallelism));
+        let r = broken("torchtitan", &folded(2, true));
+        assert!(
+            r.iter().any(|(rule, m)| *rule == Rule::StackParallelism
+                && m.contains("etp = 2")
+                && m.contains("etp 1 or tp")),
+            "{r:?}"
+        );
+        // MaxText does not fold.
+        let r = broken("maxtext", &folded(1, true));
+        assert!(
+            r.iter()
+                .any(|(rule, m)| *rule == Rule::StackParallelism && m.contains("none")),
+            "{r:?}"
+        );
+    }
+
     #[test]
     fn torchtitan_runs_zero_1_only_under_pipelining() {
         let titan = Stack::named("torchtitan").unwrap();
