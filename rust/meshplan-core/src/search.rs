@@ -244,8 +244,8 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
                         });
                     }
                 }
-                if is_moe && space.fold {
-                    folded_tuples(space, &divs, tp, pp, cp, rest, &mut out);
+                if let (Some(moe), true) = (&problem.model.moe, space.fold) {
+                    folded_tuples(space, moe.num_experts, &divs, [tp, pp, cp, rest], &mut out);
                 }
             }
         }
@@ -253,27 +253,38 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
     out
 }
 
-/// The folded tuples of dense degrees `tp`, `pp`, `cp` and dense data parallelism `dp`: every
-/// expert TP `etp` dividing `tp` and EP degree `ep` with `etp·ep` dividing the stage's
-/// `dp·tp·cp` ranks, except those an unfolded tuple already is (`etp = tp` and `ep` dividing
-/// `dp`: EP carved out of data parallelism).
+/// The folded tuples of dense degrees `tp`, `pp`, `cp` and dense data parallelism `dp`: expert
+/// TP `etp` and EP degree `ep > 1` dividing the model's `experts`, with `etp·ep` dividing the
+/// stage's `dp·tp·cp` ranks, except those an unfolded tuple already is (`etp = tp` and `ep`
+/// dividing `dp`: EP carved out of data parallelism). By default `etp = 1` (the folding
+/// Megatron-Bridge and torchtitan recipes run: whole experts, EP over the TP and DP ranks) and
+/// EP spans CP ranks only where TP and DP cannot hold it (`ep ∤ dp·tp`); a space that bounds
+/// `etp` gets every divisor of `tp` it allows and every EP placement.
 fn folded_tuples(
     space: &SearchSpace,
+    experts: u32,
     divs: &[u32],
-    tp: u32,
-    pp: u32,
-    cp: u32,
-    dp: u32,
+    [tp, pp, cp, dp]: [u32; 4],
     out: &mut Vec<Degrees>,
 ) {
     if !space.dp.allows(dp) {
         return;
     }
     let stage = dp as u64 * tp as u64 * cp as u64;
-    for &etp in divs.iter().filter(|&&v| tp % v == 0 && space.etp.allows(v)) {
-        for &ep in divs.iter().filter(|&&v| v > 1 && space.ep.allows(v)) {
+    let bounded = space.etp != crate::space::Degree::default();
+    let without_cp = dp as u64 * tp as u64;
+    for &etp in divs
+        .iter()
+        .filter(|&&v| tp % v == 0 && (bounded || v == 1) && space.etp.allows(v))
+    {
+        for &ep in divs
+            .iter()
+            .filter(|&&v| v > 1 && experts % v == 0 && space.ep.allows(v))
+        {
             let expert = etp as u64 * ep as u64;
-            if stage % expert != 0 || (etp == tp && dp % ep == 0) {
+            let over_cp_by_choice = cp > 1 && without_cp % expert == 0;
+            if stage % expert != 0 || (etp == tp && dp % ep == 0) || (!bounded && over_cp_by_choice)
+            {
                 continue;
             }
             out.push(Degrees {

@@ -79,9 +79,10 @@ pub struct SearchSpace {
     pub vpp: Degree,
     pub micro_batch: Degree,
     /// Also try folded MoE plans (MoE parallel folding, `Plan::etp`): expert meshes whose EP
-    /// spans ranks the dense layers spend on TP, CP and DP, with expert TP dividing `tp`. A
-    /// folded plan that equals an unfolded one (`etp = tp`, `ep` dividing the dense DP) is not
-    /// tried twice.
+    /// (dividing the experts) spans ranks the dense layers spend on TP and DP — and CP where
+    /// those cannot hold it — with whole experts (`etp = 1`); when `etp` is bounded, every
+    /// divisor of `tp` it allows and every EP placement. A folded plan that equals an unfolded
+    /// one (`etp = tp`, `ep` dividing the dense DP) is not tried twice.
     pub fold: bool,
     /// Allowed ZeRO stages.
     pub zero: Vec<u8>,

@@ -41,19 +41,25 @@ pub fn factorisations(n: u32, moe: bool) -> Vec<[u32; 5]> {
     out
 }
 
-/// Every folded MoE degree tuple of `n` GPUs as the search defines them: `([dp, tp, pp, ep,
-/// cp], etp)` with `dp·tp·pp·cp = n`, `etp` dividing `tp`, `ep > 1`, `etp·ep` dividing
-/// `dp·tp·cp`, and not an unfolded plan in disguise (`etp = tp` with `ep` dividing `dp`).
-pub fn folded_factorisations(n: u32) -> Vec<([u32; 5], u32)> {
+/// Every folded MoE degree tuple of `n` GPUs for a model of `experts` experts as the default
+/// space defines them: `([dp, tp, pp, ep, cp], etp)` with `dp·tp·pp·cp = n`, `etp = 1`,
+/// `ep > 1` dividing `experts`, `etp·ep` dividing `dp·tp·cp` (and not `dp·tp` when `cp > 1`: EP
+/// over CP ranks only where it must), and not an unfolded plan in disguise (`tp = 1` with `ep`
+/// dividing `dp`).
+pub fn folded_factorisations(n: u32, experts: u32) -> Vec<([u32; 5], u32)> {
     let mut out = Vec::new();
     for tp in divisors(n) {
         for pp in divisors(n / tp) {
             for cp in divisors(n / tp / pp) {
                 let dp = n / tp / pp / cp;
                 let stage = dp * tp * cp;
-                for etp in divisors(tp) {
-                    for ep in divisors(stage / etp).into_iter().filter(|&e| e > 1) {
-                        if etp == tp && dp % ep == 0 {
+                let etp = 1;
+                {
+                    for ep in divisors(stage / etp) {
+                        // EP over CP ranks only where TP and DP cannot hold it.
+                        let by_choice = cp > 1 && (dp * tp) % (etp * ep) == 0;
+                        if ep == 1 || experts % ep != 0 || (etp == tp && dp % ep == 0) || by_choice
+                        {
                             continue;
                         }
                         out.push(([dp, tp, pp, ep, cp], etp));
@@ -73,9 +79,9 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
             .into_iter()
             .map(|d| (d, None))
             .collect();
-    if p.model.is_moe() && space.fold {
+    if let (Some(moe), true) = (&p.model.moe, space.fold) {
         tuples.extend(
-            folded_factorisations(p.cluster.num_gpus)
+            folded_factorisations(p.cluster.num_gpus, moe.num_experts)
                 .into_iter()
                 .map(|(d, etp)| (d, Some(etp))),
         );
