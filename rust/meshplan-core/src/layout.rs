@@ -240,6 +240,8 @@ mod tests {
             schedule: None,
             order: RankOrder::DEFAULT,
             etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         }
     }
 

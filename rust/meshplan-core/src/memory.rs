@@ -368,6 +368,8 @@ mod tests {
             schedule: None,
             order: Default::default(),
             etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         }
     }
 

@@ -217,6 +217,8 @@ mod tests {
             schedule: None,
             order: RankOrder::parse(order).unwrap(),
             etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         }
     }
 

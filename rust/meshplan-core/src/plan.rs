@@ -80,6 +80,40 @@ impl Schedule {
     }
 }
 
+/// How an MoE layer's tokens reach their experts and come back (docs/costmodel.md §3.7):
+/// Megatron-Core's `--moe-token-dispatcher-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Dispatcher {
+    /// NCCL all-to-all of every routed copy (Megatron `alltoall`, torchtitan's EP).
+    #[serde(rename = "alltoall")]
+    AllToAll,
+    /// All-gather of the EP group's tokens, each rank keeping its experts' (Megatron
+    /// `allgather`); the combine is a reduce-scatter.
+    #[serde(rename = "allgather")]
+    AllGather,
+    /// DeepEP / HybridEP kernels with node-deduplicated routing: a token crosses the network
+    /// once per remote domain and fans out over NVLink there (Megatron `flex`).
+    #[serde(rename = "flex")]
+    Flex,
+}
+
+impl Dispatcher {
+    /// Every dispatcher, in the order of their codes (`feasible_space` columns).
+    pub const ALL: [Dispatcher; 3] = [
+        Dispatcher::AllToAll,
+        Dispatcher::AllGather,
+        Dispatcher::Flex,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatcher::AllToAll => "alltoall",
+            Dispatcher::AllGather => "allgather",
+            Dispatcher::Flex => "flex",
+        }
+    }
+}
+
 /// An axis of the device mesh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Axis {
@@ -258,6 +292,13 @@ pub struct Plan {
     /// split `tp` ways (`N = dp·tp·pp·ep·cp`).
     #[serde(default)]
     pub etp: Option<u32>,
+    /// MoE token dispatcher (`None`: the workload's stack's default; the search names it).
+    #[serde(default)]
+    pub dispatcher: Option<Dispatcher>,
+    /// EP communication overlap: one micro-batch's dispatch and combine hidden behind another's
+    /// computation (Megatron `--overlap-moe-expert-parallel-comm`, DualPipe-style).
+    #[serde(default)]
+    pub ep_overlap: bool,
 }
 
 fn one() -> u32 {
@@ -406,6 +447,12 @@ impl fmt::Display for Plan {
         if let Some(etp) = self.etp {
             write!(f, ",etp={etp}")?;
         }
+        if let Some(d) = self.dispatcher {
+            write!(f, ",dispatcher={}", d.name())?;
+        }
+        if self.ep_overlap {
+            f.write_str(",ep_overlap=true")?;
+        }
         Ok(())
     }
 }
@@ -431,6 +478,8 @@ mod tests {
             schedule: None,
             order: RankOrder::DEFAULT,
             etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         };
         let e = plan.validate(8).unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");

@@ -39,7 +39,7 @@ use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
 use crate::levels::{DegreeLevel, KnobLevel, KnobTimes, Pipeline};
 use crate::memory::layer_activations;
-use crate::plan::{Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::report::{Evaluation, SearchResult, SearchStats};
 use crate::rules::{PruneCounts, Rule, Scope};
 use crate::space::{Degree, SearchSpace};
@@ -148,6 +148,10 @@ struct Degrees {
     cp: u32,
     /// A folded plan's expert TP (`dp` is then the dense data parallelism, [`Plan::etp`]).
     etp: Option<u32>,
+    /// The MoE dispatcher of a plan with `ep > 1` ([`Plan::dispatcher`]).
+    dispatcher: Option<Dispatcher>,
+    /// EP communication overlap ([`Plan::ep_overlap`]).
+    ep_overlap: bool,
 }
 
 fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
@@ -241,12 +245,48 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
                             ep,
                             cp,
                             etp: None,
+                            dispatcher: None,
+                            ep_overlap: false,
                         });
                     }
                 }
                 if let (Some(moe), true) = (&problem.model.moe, space.fold) {
                     folded_tuples(space, moe.num_experts, &divs, [tp, pp, cp, rest], &mut out);
                 }
+            }
+        }
+    }
+    out
+}
+
+/// `tuples` with every MoE token-exchange variant the space allows for a plan with `ep > 1`:
+/// each of `space.dispatchers` (empty: the stack's default) with each of `space.ep_overlap`
+/// (empty: the stack's default), those the stack offers; `ep = 1` tuples exchange nothing.
+fn with_ep_comm(problem: &Problem, space: &SearchSpace, tuples: Vec<Degrees>) -> Vec<Degrees> {
+    let stack = problem.workload.stack_profile();
+    let dispatchers = if space.dispatchers.is_empty() {
+        vec![stack.default_dispatcher]
+    } else {
+        space.dispatchers.clone()
+    };
+    let overlaps = if space.ep_overlap.is_empty() {
+        vec![stack.default_ep_overlap]
+    } else {
+        space.ep_overlap.clone()
+    };
+    let mut out = Vec::with_capacity(tuples.len());
+    for t in tuples {
+        if t.ep <= 1 {
+            out.push(t);
+            continue;
+        }
+        for &dispatcher in &dispatchers {
+            for &ep_overlap in &overlaps {
+                out.push(Degrees {
+                    dispatcher: Some(dispatcher),
+                    ep_overlap,
+                    ..t
+                });
             }
         }
     }
@@ -294,6 +334,8 @@ fn folded_tuples(
                 ep,
                 cp,
                 etp: Some(etp),
+                dispatcher: None,
+                ep_overlap: false,
             });
         }
     }
@@ -314,7 +356,7 @@ fn rank_order(a: &Ranked, b: &Ranked) -> Ordering {
 }
 
 type PlanKey = (
-    (u32, Option<u32>),
+    (u32, Option<u32>, Option<Dispatcher>, bool),
     u32,
     u32,
     u32,
@@ -330,7 +372,7 @@ type PlanKey = (
 
 fn plan_key(p: &Plan) -> PlanKey {
     (
-        (p.tp, p.etp),
+        (p.tp, p.etp, p.dispatcher, p.ep_overlap),
         p.pp,
         p.cp,
         p.ep,
@@ -379,6 +421,8 @@ fn base_plan(
         ep,
         cp,
         etp,
+        dispatcher,
+        ep_overlap,
     }: Degrees,
 ) -> Plan {
     Plan {
@@ -395,6 +439,8 @@ fn base_plan(
         schedule: Some(Schedule::OneFOneB),
         order: RankOrder::DEFAULT,
         etp,
+        dispatcher,
+        ep_overlap,
     }
 }
 
@@ -669,7 +715,7 @@ impl<'a> Searcher<'a> {
             .recompute
             .iter()
             .copied()
-            .filter(|r| stack.recompute.contains(r))
+            .filter(|&r| stack.recompute.contains(&r) && stack.recompute_allowed(base, r))
             .collect();
         part.prune(
             Rule::StackRecompute,
@@ -1201,7 +1247,7 @@ fn collect(
     keep: Keep,
     started: Instant,
 ) -> Result<Partial> {
-    let tuples = outer_tuples(problem, space);
+    let tuples = with_ep_comm(problem, space, outer_tuples(problem, space));
     if let Some(limit) = space.max_candidates {
         let candidates: u64 = tuples
             .iter()

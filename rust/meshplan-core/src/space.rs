@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::plan::{RankOrder, Recompute, Schedule};
+use crate::plan::{Dispatcher, RankOrder, Recompute, Schedule};
 
 /// Constraint on one parallel degree: fixed, or bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -84,6 +84,11 @@ pub struct SearchSpace {
     /// divisor of `tp` it allows and every EP placement. A folded plan that equals an unfolded
     /// one (`etp = tp`, `ep` dividing the dense DP) is not tried twice.
     pub fold: bool,
+    /// MoE token dispatchers to try for plans with `ep > 1` (empty: the stack's default).
+    pub dispatchers: Vec<Dispatcher>,
+    /// EP communication overlap settings to try for plans with `ep > 1` (empty: the stack's
+    /// default).
+    pub ep_overlap: Vec<bool>,
     /// Allowed ZeRO stages.
     pub zero: Vec<u8>,
     /// Allowed recompute modes.
@@ -134,6 +139,8 @@ impl Default for SearchSpace {
                 max: Some(DEFAULT_MAX_MICRO_BATCH),
             },
             fold: true,
+            dispatchers: Vec::new(),
+            ep_overlap: Vec::new(),
             zero: vec![0, 1, 2, 3],
             recompute: Recompute::DEFAULT.to_vec(),
             sequence_parallel: vec![false, true],

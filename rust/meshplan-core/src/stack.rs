@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::hardware::{check_fraction, check_positive, Precision};
 use crate::model::Model;
-use crate::plan::{Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::rules::Rule;
 
 /// The default stack's name.
@@ -151,6 +151,12 @@ pub struct Stack {
     pub parallelism: Vec<StackAxis>,
     /// Which folded MoE plans ([`Plan::etp`]) the stack builds.
     pub expert_folding: ExpertFolding,
+    /// MoE token dispatchers the stack has, and the one it uses unless told otherwise.
+    pub dispatchers: Vec<Dispatcher>,
+    pub default_dispatcher: Dispatcher,
+    /// EP communication overlap settings the stack offers, and its default.
+    pub ep_overlap: Vec<bool>,
+    pub default_ep_overlap: bool,
     /// Rank orders the stack can build.
     pub orders: Vec<RankOrder>,
     /// Pipeline schedules the stack has.
@@ -310,6 +316,33 @@ impl Stack {
                 self.expert_folding.name()
             );
         }
+        if plan.ep > 1 {
+            let dispatcher = self.dispatcher(plan);
+            rule!(
+                !self.dispatchers.contains(&dispatcher),
+                Rule::StackParallelism,
+                "{name} has no {} token dispatcher (it has {})",
+                dispatcher.name(),
+                list(self.dispatchers.iter().map(|d| d.name()))
+            );
+        }
+        if plan.ep_overlap {
+            rule!(
+                !self.ep_overlap.contains(&true),
+                Rule::StackParallelism,
+                "{name} has no EP communication overlap"
+            );
+            rule!(
+                plan.ep <= 1,
+                Rule::StackParallelism,
+                "{name} overlaps EP communication only with expert parallelism (ep = 1)"
+            );
+            rule!(
+                self.dispatcher(plan) == Dispatcher::AllGather,
+                Rule::StackParallelism,
+                "{name} overlaps EP communication with the alltoall or flex dispatcher only"
+            );
+        }
         rule!(
             !self.orders.contains(&plan.order),
             Rule::StackOrder,
@@ -323,6 +356,11 @@ impl Stack {
             "{name} has no {} schedule (it has {})",
             plan.schedule().name(),
             list(self.schedules.iter().map(|s| s.name()))
+        );
+        rule!(
+            plan.ep_overlap && plan.pp > 1 && plan.schedule() != Schedule::Interleaved,
+            Rule::StackSchedule,
+            "{name} overlaps EP communication under pipelining with interleaved-1f1b only"
         );
         if let Some(why) = self.split_problem(model, plan) {
             rule!(
@@ -347,6 +385,11 @@ impl Stack {
             list(self.recompute.iter().map(|r| r.name()))
         );
         rule!(
+            !self.recompute_allowed(plan, plan.recompute),
+            Rule::StackRecompute,
+            "{name} cannot overlap EP communication under full recompute"
+        );
+        rule!(
             plan.tp > 1 && !self.sequence_parallel.contains(&plan.sequence_parallel),
             Rule::StackSequenceParallel,
             "{name} runs tp > 1 with sequence parallelism {} only",
@@ -358,6 +401,17 @@ impl Stack {
             "{name} runs folded MoE layers with tp > 1 under sequence parallelism only \
              (each TP rank dispatches its own share of the tokens)"
         );
+    }
+
+    /// The token dispatcher of `plan` under this stack: its own, else the stack's default.
+    pub fn dispatcher(&self, plan: &Plan) -> Dispatcher {
+        plan.dispatcher.unwrap_or(self.default_dispatcher)
+    }
+
+    /// Whether recompute mode `r` goes with the EP overlap setting of `plan` (Megatron's A2A
+    /// overlap drives the layers' backward itself: no whole-layer recompute).
+    pub fn recompute_allowed(&self, plan: &Plan, r: Recompute) -> bool {
+        !(plan.ep_overlap && r == Recompute::Full)
     }
 
     /// The ZeRO stages this stack allows for the degrees of `plan`.
@@ -545,6 +599,8 @@ mod tests {
             schedule: None,
             order: RankOrder::DEFAULT,
             etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         }
     }
 

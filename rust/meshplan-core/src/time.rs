@@ -331,15 +331,32 @@ impl<'a> TimeContext<'a> {
             (0.0, 0.0)
         };
 
-        // Expert parallel all-to-all (§3.7): dispatch + combine each way.
-        let ep_fwd = match ops.comm.dispatch {
+        // Expert parallel token exchange (§3.7): dispatch + combine each way, by the plan's
+        // dispatcher. With EP overlap one micro-batch's exchange hides behind another's
+        // computation in the other direction (Megatron's combined 1F1B schedule): what the
+        // backward pass's compute cannot cover of a forward exchange is exposed, and the other
+        // way round.
+        let (ep_fwd, ep_bwd) = match ops.comm.dispatch {
             Some(d) if plan.ep > 1 => {
-                let one_way =
-                    self.fabric
-                        .dispatch_s(d.tokens, d.bytes_per_copy, d.top_k, self.groups.ep);
-                (1.0 - cal.ep_overlap) * 2.0 * one_way * cal.moe_imbalance
+                let one_way = self
+                    .fabric
+                    .token_exchange(
+                        self.stack.dispatcher(plan),
+                        d.tokens,
+                        d.bytes_per_copy,
+                        d.top_k,
+                        self.groups.ep,
+                    )
+                    .total_s;
+                if plan.ep_overlap {
+                    let raw = 2.0 * one_way * cal.moe_imbalance;
+                    ((raw - bwd_compute).max(0.0), (raw - fwd_compute).max(0.0))
+                } else {
+                    let exposed = (1.0 - cal.ep_overlap) * 2.0 * one_way * cal.moe_imbalance;
+                    (exposed, exposed)
+                }
             }
-            _ => 0.0,
+            _ => (0.0, 0.0),
         };
 
         let fwd = Pass {
@@ -352,7 +369,7 @@ impl<'a> TimeContext<'a> {
             compute: bwd_compute,
             tp: tp_fwd,
             cp: cp_bwd,
-            ep: ep_fwd,
+            ep: ep_bwd,
         };
         LayerParts {
             time: LayerTime { fwd, bwd, wgrad },

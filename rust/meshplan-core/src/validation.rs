@@ -648,6 +648,8 @@ fn published_plan(
         schedule: None,
         order: Default::default(),
         etp: p.etp,
+        dispatcher: None,
+        ep_overlap: false,
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),

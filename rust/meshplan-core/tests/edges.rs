@@ -63,6 +63,8 @@ fn base_plan(n: u32) -> Plan {
         schedule: None,
         order: RankOrder::DEFAULT,
         etp: None,
+        dispatcher: None,
+        ep_overlap: false,
     }
 }
 

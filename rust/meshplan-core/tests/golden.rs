@@ -50,6 +50,8 @@ fn plan(dp: u32, tp: u32, zero: u8, sp: bool) -> Plan {
         schedule: None,
         order: RankOrder::DEFAULT,
         etp: None,
+        dispatcher: None,
+        ep_overlap: false,
     }
 }
 

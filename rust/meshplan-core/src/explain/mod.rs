@@ -37,7 +37,7 @@ use crate::limits::{MAX_LISTED_RANKS, MAX_LISTED_STAGES};
 use crate::memory::stage_params;
 use crate::mesh::{group_axes, ExpertDim, ExpertMesh, GroupRole};
 use crate::model::Model;
-use crate::plan::{Axis, Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{Axis, Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::space::SearchSpace;
 use crate::stack::Stack;
@@ -536,6 +536,15 @@ fn layer_counts_text(runs: &[StageRun], pp: u32) -> String {
 }
 
 /// `x` rounded to an integer with thousands separators (`57,344`).
+/// Seconds as a note writes them: `12.3 ms` below a second, `1.234 s` above.
+fn seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.3} s")
+    }
+}
+
 fn commas(x: f64) -> String {
     let digits = format!("{:.0}", x.abs());
     let mut out = String::new();
@@ -621,6 +630,8 @@ pub fn decode_traffic(
         schedule: None,
         order: RankOrder::DEFAULT,
         etp: None,
+        dispatcher: None,
+        ep_overlap: false,
     };
     let g = Groups::of(&plan, cluster.nvlink_domain()).tp;
     let fabric = Fabric::of(cluster);

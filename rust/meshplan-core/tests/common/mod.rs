@@ -127,6 +127,10 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                                 schedule: Some(schedule),
                                 order: RankOrder::DEFAULT,
                                 etp,
+                                // The stack's default exchange for plans with experts spread.
+                                dispatcher: (ep > 1)
+                                    .then_some(p.workload.stack_profile().default_dispatcher),
+                                ep_overlap: false,
                             });
                         }
                     }
