@@ -861,6 +861,37 @@ mod tests {
     }
 
     #[test]
+    fn each_dispatcher_prices_its_own_exchange() {
+        use crate::plan::Dispatcher;
+        let f = fabric();
+        let (tokens, bytes, k) = (4096.0, 8192.0 * 2.0, 8);
+        // Inside one domain the all-to-all and the node-deduplicated dispatch are one exchange.
+        let one = group(8, 8);
+        assert_eq!(
+            f.token_exchange(Dispatcher::AllToAll, tokens, bytes, k, one),
+            f.token_exchange(Dispatcher::Flex, tokens, bytes, k, one)
+        );
+        // Across domains every copy of the all-to-all crosses the network on its own: 7 of the 8
+        // copies of a token for 64 ranks in 8 domains, against 4.59 deduplicated.
+        let wide = group(64, 8);
+        let a2a = f.token_exchange(Dispatcher::AllToAll, tokens, bytes, k, wide);
+        let flex = f.token_exchange(Dispatcher::Flex, tokens, bytes, k, wide);
+        let ratio = a2a.bandwidth_s / flex.bandwidth_s;
+        let want = 7.0 / (7.0 * (1.0 - (7.0f64 / 8.0).powi(8)));
+        assert!((ratio - want).abs() < 1e-9, "{ratio} vs {want}");
+        // The all-gather moves every rank's tokens whatever top-k is: the group's 64 × tokens.
+        let ag = f.token_exchange(Dispatcher::AllGather, tokens, bytes, k, wide);
+        assert_eq!(
+            ag,
+            f.collective(Collective::AllGather, tokens * bytes * 64.0, wide)
+        );
+        assert_eq!(
+            f.token_exchange(Dispatcher::AllGather, tokens, bytes, 1, wide),
+            ag
+        );
+    }
+
+    #[test]
     fn dispatch_across_domains_sends_each_token_once_per_remote_domain() {
         // 64 ranks over 8 domains, top-8: (8 − 1)·(1 − (7/8)^8) = 4.59 network copies, not 7.
         let c = fabric().dispatch(1.0, 50e9, 8, group(64, 8));
