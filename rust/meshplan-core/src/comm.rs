@@ -579,10 +579,7 @@ impl CollectiveModel for Fabric {
         }
         let p1 = group.per_domain.clamp(1, p);
         let d = (p / p1).max(1) as f64;
-        let k = top_k as f64;
-        let pf = p as f64;
-        let nvlink_copies = k * (pf - 1.0) / pf;
-        let network_copies = (d - 1.0) * (1.0 - (1.0 - 1.0 / d).powf(k));
+        let (nvlink_copies, network_copies) = deduplicated_copies(top_k, group);
         let intra = tokens * nvlink_copies * bytes_per_copy / self.domain_bytes_per_s(p1.max(2));
         let inter = tokens * network_copies * bytes_per_copy / self.network_bytes_per_s;
         let algorithm = if d > 1.0 {
@@ -611,6 +608,30 @@ impl CollectiveModel for Fabric {
             Protocol::Simple,
         )
     }
+}
+
+/// Copies of one token a node-deduplicated dispatch over `group` moves, `(NVLink, network)`:
+/// `k·(P − 1)/P` over NVLink (local experts' and the fan-out of arriving ones) and
+/// `(D − 1)·(1 − (1 − 1/D)^k)` over the network, one per distinct remote domain (§3.7).
+pub fn deduplicated_copies(top_k: u32, group: Group) -> (f64, f64) {
+    let p = group.size.max(1);
+    let p1 = group.per_domain.clamp(1, p);
+    let d = (p / p1).max(1) as f64;
+    let (k, pf) = (top_k as f64, p as f64);
+    (
+        k * (pf - 1.0) / pf,
+        (d - 1.0) * (1.0 - (1.0 - 1.0 / d).powf(k)),
+    )
+}
+
+/// Copies of one token an all-to-all over `group` moves, `(NVLink, network)`: every copy to
+/// another rank of the domain over NVLink, `k·(P1 − 1)/P`, every other one over the network,
+/// `k·(P − P1)/P` (§3.2).
+pub fn all_to_all_copies(top_k: u32, group: Group) -> (f64, f64) {
+    let p = group.size.max(1);
+    let p1 = group.per_domain.clamp(1, p);
+    let (k, pf) = (top_k as f64, p as f64);
+    (k * (p1 as f64 - 1.0) / pf, k * (pf - p1 as f64) / pf)
 }
 
 /// One collective call priced on its own, outside any plan: what `meshplan calibrate` fits
