@@ -2123,3 +2123,118 @@ class EvaluateServingResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EvaluateServingResponse: _TypeAlias = EvaluateServingResponse  # noqa: Y015
+
+@_typing.final
+class ExplainServingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def problem(self) -> Global___ServingProblem: ...
+    @_builtins.property
+    def plan(self) -> Global___ServingPlan: ...
+    def __init__(
+        self,
+        *,
+        problem: Global___ServingProblem | None = ...,
+        plan: Global___ServingPlan | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "problem", b"problem"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "problem", b"problem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainServingRequest: _TypeAlias = ExplainServingRequest  # noqa: Y015
+
+@_typing.final
+class ServingAxis(_message.Message):
+    """One axis of a serving deployment (Python `explain_serving(...)["axes"]`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AXIS_FIELD_NUMBER: _builtins.int
+    DEGREE_FIELD_NUMBER: _builtins.int
+    STATE_SHARDED_FIELD_NUMBER: _builtins.int
+    COLLECTIVE_FIELD_NUMBER: _builtins.int
+    CALLS_PER_STEP_FIELD_NUMBER: _builtins.int
+    MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    BYTES_PER_TOKEN_PER_GPU_FIELD_NUMBER: _builtins.int
+    SECONDS_PER_STEP_FIELD_NUMBER: _builtins.int
+    LATENCY_BOUND_FIELD_NUMBER: _builtins.int
+    FABRIC_FIELD_NUMBER: _builtins.int
+    GROUP_SIZE_FIELD_NUMBER: _builtins.int
+    MEMBERS_PER_DOMAIN_FIELD_NUMBER: _builtins.int
+    axis: _builtins.str
+    """"tp", "attention_dp", "ep", "expert_tp", "pp", "replicas" or "kv_transfer"."""
+    degree: _builtins.int
+    state_sharded: _builtins.str
+    """What is split and what is replicated."""
+    collective: _builtins.str
+    """"all-reduce", "dispatch+combine", "send-recv" or "none"."""
+    calls_per_step: _builtins.float
+    """Calls per decode step on the busiest stage (per request for kv_transfer)."""
+    message_bytes: _builtins.float
+    """Buffer of one call, bytes."""
+    bytes_per_token_per_gpu: _builtins.float
+    """Wire bytes each GPU sends per token it decodes (per prompt token for kv_transfer)."""
+    seconds_per_step: _builtins.float
+    """Seconds of these calls per decode step (per request for kv_transfer)."""
+    latency_bound: _builtins.bool
+    """One call's latency term is at least its bandwidth term."""
+    fabric: _builtins.str
+    """"nvlink", "network", "nvlink+network" or "none"."""
+    group_size: _builtins.int
+    members_per_domain: _builtins.int
+    def __init__(
+        self,
+        *,
+        axis: _builtins.str = ...,
+        degree: _builtins.int = ...,
+        state_sharded: _builtins.str = ...,
+        collective: _builtins.str = ...,
+        calls_per_step: _builtins.float = ...,
+        message_bytes: _builtins.float = ...,
+        bytes_per_token_per_gpu: _builtins.float = ...,
+        seconds_per_step: _builtins.float = ...,
+        latency_bound: _builtins.bool = ...,
+        fabric: _builtins.str = ...,
+        group_size: _builtins.int = ...,
+        members_per_domain: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axis", b"axis", "bytes_per_token_per_gpu", b"bytes_per_token_per_gpu", "calls_per_step", b"calls_per_step", "collective", b"collective", "degree", b"degree", "fabric", b"fabric", "group_size", b"group_size", "latency_bound", b"latency_bound", "members_per_domain", b"members_per_domain", "message_bytes", b"message_bytes", "seconds_per_step", b"seconds_per_step", "state_sharded", b"state_sharded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServingAxis: _TypeAlias = ServingAxis  # noqa: Y015
+
+@_typing.final
+class ExplainServingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVALUATION_FIELD_NUMBER: _builtins.int
+    AXES_FIELD_NUMBER: _builtins.int
+    RIDGE_FLOPS_PER_BYTE_FIELD_NUMBER: _builtins.int
+    ridge_flops_per_byte: _builtins.float
+    """FLOPs per byte at which the GPU's GEMMs turn compute-bound."""
+    @_builtins.property
+    def evaluation(self) -> Global___ServingEvaluation: ...
+    @_builtins.property
+    def axes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServingAxis]: ...
+    def __init__(
+        self,
+        *,
+        evaluation: Global___ServingEvaluation | None = ...,
+        axes: _abc.Iterable[Global___ServingAxis] | None = ...,
+        ridge_flops_per_byte: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "evaluation", b"evaluation", "ridge_flops_per_byte", b"ridge_flops_per_byte"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainServingResponse: _TypeAlias = ExplainServingResponse  # noqa: Y015
