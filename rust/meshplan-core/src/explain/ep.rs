@@ -29,7 +29,7 @@ impl Ctx<'_> {
         let message = routed * moe.top_k as f64 * h_bytes;
         let wire = wire_bytes(Collective::AllToAll, message, e);
         let terms = self.fabric.dispatch(routed, h_bytes, moe.top_k, g);
-        let imbalance = self.problem.cluster.gpu.calibration.moe_imbalance;
+        let imbalance = self.problem.workload.moe_imbalance;
         let layers = self.worst_moe_layers();
         if layers > 0 {
             for pass in self.passes() {
@@ -68,7 +68,7 @@ impl Ctx<'_> {
             a.notes.push("across domains each token crosses the network once per remote domain it is routed to and fans out over NVLink there (node-deduplicated dispatch)".into());
         }
         a.notes.push(format!(
-            "seconds include the routing imbalance λ = {imbalance} of the busiest rank (calibration moe_imbalance)"
+            "seconds include the routing imbalance λ = {imbalance} of the busiest rank (workload moe_imbalance)"
         ));
         a.notes.extend(self.stage_note());
         let exposed = self.evaluation.time_s.ep;
