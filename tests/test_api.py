@@ -45,7 +45,7 @@ def test_workload_defaults_and_round_trip() -> None:
     assert w.to_dict() == {
         "global_batch": 512, "seq_len": 2048, "precision": "bf16", "optimizer": "adam",
         "grad_bytes": 4, "lora": False, "flash_attention": True, "fused_cross_entropy": True,
-        "stack": "megatron-core",
+        "stack": "megatron-core", "moe_imbalance": 1.1,
     }
     assert mp.Workload.from_dict(w.to_dict()) == w
 

@@ -219,6 +219,7 @@ def workload_message(workload: object) -> pb.Workload:
         fused_cross_entropy=w.fused_cross_entropy,
         stack=w.stack,
         bucket_params=w.bucket_params,
+        moe_imbalance=w.moe_imbalance,
     )
 
 
@@ -373,7 +374,7 @@ def workload_from(msg: Any) -> Workload:
     given = {
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
-                     "fused_cross_entropy", "stack", "bucket_params")
+                     "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance")
         if msg.HasField(name)
     }
     return Workload(msg.global_batch, msg.seq_len, lora=msg.lora, **given)

@@ -40,6 +40,12 @@ class Workload:
     bucket_params: Optional[int] = None
     """Parameters per data-parallel gradient bucket (Megatron ``--ddp-bucket-size``); None takes
     the stack's default (Megatron-Core: ``max(40 M, 1 M · data-parallel ranks)``)."""
+    moe_imbalance: float = 1.1
+    """Routing imbalance λ of MoE layers: tokens routed to the busiest expert-parallel rank over
+    the mean, 1 to 100. A property of the router and recipe, not of the GPU: 1.1 (the default)
+    for aux-loss balanced dropless training, 1.0 where routing is force-balanced (Megatron-Bridge
+    benchmarks) or tokens are dropped at capacity factor 1. Scales the routed experts' GEMMs,
+    activation memory and dispatch time."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
@@ -56,6 +62,7 @@ class Workload:
             "fused_cross_entropy": self.fused_cross_entropy,
             "stack": self.stack,
             **({} if self.bucket_params is None else {"bucket_params": self.bucket_params}),
+            "moe_imbalance": self.moe_imbalance,
         }
 
     @classmethod
@@ -68,5 +75,6 @@ _KINDS = {
     "grad_bytes": "int", "lora": "bool", "flash_attention": "bool", "fused_cross_entropy": "bool",
     "stack": "str",
     "bucket_params": "int?",
+    "moe_imbalance": "number",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

@@ -76,6 +76,11 @@ def problem_flags() -> Parser:
         "--bucket-params", type=int, default=None, metavar="N",
         help="parameters per DP gradient bucket (default: the stack's, max(40 M, 1 M per DP rank))",
     )
+    g.add_argument(
+        "--moe-imbalance", type=float, default=1.1, metavar="λ",
+        help="MoE routing imbalance: busiest expert rank's routed tokens over the mean, 1-100 "
+        "(default 1.1, aux-loss balanced; 1.0 for force-balanced routing)",
+    )
     g.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
     g.add_argument(
         "--no-flash-attention", dest="flash_attention", action="store_false",
@@ -225,6 +230,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
     return Workload(
         args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
         args.lora, args.flash_attention, args.fused_cross_entropy, args.stack, args.bucket_params,
+        args.moe_imbalance,
     )
 
 

@@ -94,7 +94,7 @@ def _gpus(args: argparse.Namespace, out: TextIO) -> int:
 
 _SOFTWARE = (
     "elementwise_bytes_per_hidden", "layer_overhead_us", "fixed_memory_gib", "fragmentation",
-    "ep_overlap", "moe_imbalance", "tp_overlap", "dp_overlap",
+    "ep_overlap", "tp_overlap", "dp_overlap",
 )
 """Calibration constants that belong to the software, not the GPU (their origin is shared)."""
 

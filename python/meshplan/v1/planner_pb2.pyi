@@ -292,6 +292,7 @@ class Workload(_message.Message):
     FUSED_CROSS_ENTROPY_FIELD_NUMBER: _builtins.int
     STACK_FIELD_NUMBER: _builtins.int
     BUCKET_PARAMS_FIELD_NUMBER: _builtins.int
+    MOE_IMBALANCE_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -316,6 +317,10 @@ class Workload(_message.Message):
     """Parameters per data-parallel gradient bucket; default: the stack's (Megatron-Core:
     max(40 M, 1 M per data-parallel rank)).
     """
+    moe_imbalance: _builtins.float
+    """MoE routing imbalance: tokens routed to the busiest expert-parallel rank over the mean,
+    1-100; default 1.1 (aux-loss balanced, dropless). 1.0 for force-balanced routing.
+    """
     def __init__(
         self,
         *,
@@ -329,10 +334,11 @@ class Workload(_message.Message):
         fused_cross_entropy: _builtins.bool | None = ...,
         stack: _builtins.str | None = ...,
         bucket_params: _builtins.int | None = ...,
+        moe_imbalance: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
     _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
@@ -342,6 +348,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__fused_cross_entropy: _TypeAlias = _typing.Literal["_fused_cross_entropy", b"_fused_cross_entropy"]  # noqa: Y015
     _WhichOneofReturnType__grad_bytes: _TypeAlias = _typing.Literal["grad_bytes"]  # noqa: Y015
     _WhichOneofArgType__grad_bytes: _TypeAlias = _typing.Literal["_grad_bytes", b"_grad_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__moe_imbalance: _TypeAlias = _typing.Literal["moe_imbalance"]  # noqa: Y015
+    _WhichOneofArgType__moe_imbalance: _TypeAlias = _typing.Literal["_moe_imbalance", b"_moe_imbalance"]  # noqa: Y015
     _WhichOneofReturnType__optimizer: _TypeAlias = _typing.Literal["optimizer"]  # noqa: Y015
     _WhichOneofArgType__optimizer: _TypeAlias = _typing.Literal["_optimizer", b"_optimizer"]  # noqa: Y015
     _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
@@ -356,6 +364,8 @@ class Workload(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__fused_cross_entropy) -> _WhichOneofReturnType__fused_cross_entropy | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__grad_bytes) -> _WhichOneofReturnType__grad_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__moe_imbalance) -> _WhichOneofReturnType__moe_imbalance | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__optimizer) -> _WhichOneofReturnType__optimizer | None: ...
     @_typing.overload

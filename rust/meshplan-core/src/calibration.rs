@@ -47,7 +47,9 @@ pub struct CalibrationOverride {
     pub dp_overlap: Option<f64>,
     #[serde(default)]
     pub ep_overlap: Option<f64>,
-    #[serde(default)]
+    /// Accepted by the parser only to be refused with a pointer to its new home: routing
+    /// imbalance is the workload's `moe_imbalance`, not a GPU constant.
+    #[serde(default, skip_serializing)]
     pub moe_imbalance: Option<f64>,
     #[serde(default)]
     pub layer_overhead_us: Option<f64>,
@@ -131,7 +133,6 @@ impl CalibrationOverride {
             (self.fixed_memory_gib, &mut cal.fixed_memory_gib),
             (self.fragmentation, &mut cal.fragmentation),
             (self.ep_overlap, &mut cal.ep_overlap),
-            (self.moe_imbalance, &mut cal.moe_imbalance),
             (self.layer_overhead_us, &mut cal.layer_overhead_us),
         ];
         for (value, slot) in scalars {
@@ -160,6 +161,13 @@ impl CalibrationOverride {
 pub fn apply_overrides(overrides: &CalibrationOverrides, gpu: &mut Gpu) -> Result<()> {
     for key in ["*", gpu.name.as_str()] {
         if let Some(o) = overrides.get(key) {
+            if let Some(v) = o.moe_imbalance {
+                return Err(Error::invalid(
+                    "calibration.moe_imbalance",
+                    v,
+                    "no GPU value; set the workload's moe_imbalance (--moe-imbalance)",
+                ));
+            }
             o.apply(&mut gpu.calibration);
         }
     }
@@ -237,5 +245,15 @@ mod tests {
         let mut gpu = crate::presets::gpu("h100-sxm").unwrap();
         let e = apply_overrides(&o, &mut gpu).unwrap_err();
         assert!(e.to_string().contains("tp_overlap"), "{e}");
+    }
+
+    #[test]
+    fn moe_imbalance_is_refused_with_a_pointer_to_the_workload() {
+        let o = parse_overrides("[\"*\"]\nmoe_imbalance = 1.2\n").unwrap();
+        let e = check_overrides(&o).unwrap_err().to_string();
+        assert!(
+            e.contains("calibration.moe_imbalance") && e.contains("--moe-imbalance"),
+            "{e}"
+        );
     }
 }

@@ -17,12 +17,14 @@ const DEVICE_TOML: &str = include_str!("../data/device.toml");
 struct DeviceDefaults {
     /// GEMM efficiency of a GPU with none for the precision and none for bf16.
     fallback_gemm_efficiency: f64,
+    /// Rows each expert's segment of a grouped GEMM is padded to.
+    grouped_gemm_tile_rows: f64,
 }
 
 fn defaults() -> DeviceDefaults {
     static DEFAULTS: OnceLock<DeviceDefaults> = OnceLock::new();
     *DEFAULTS.get_or_init(|| {
-        toml::from_str(DEVICE_TOML).expect("data/device.toml holds fallback_gemm_efficiency")
+        toml::from_str(DEVICE_TOML).expect("data/device.toml holds the device defaults")
     })
 }
 
@@ -87,6 +89,7 @@ impl Device {
                 Precision::Nvfp4 => 0.5,
                 Precision::Bf16 | Precision::Fp16 => 2.0,
             },
+            grouped_tile_rows: defaults().grouped_gemm_tile_rows,
         };
         let gemm16 = GemmDevice {
             peak_flops: attention_peak,

@@ -137,8 +137,6 @@ pub struct Calibration {
     pub dp_overlap: Option<f64>,
     /// Fraction of EP all-to-all hidden behind computation (§3.7).
     pub ep_overlap: f64,
-    /// Routing imbalance: busiest expert rank's load over the mean (§1.2 λ).
-    pub moe_imbalance: f64,
     /// Fixed host and kernel-launch time of one dense layer's forward pass per micro-batch,
     /// microseconds (backward counts twice, an MoE layer, with about twice the kernels, twice
     /// again). Negligible for large layers; it is what slows small micro-batches and
@@ -292,7 +290,6 @@ impl Gpu {
             check_fraction("gpu.calibration.dp_overlap", v, 0.0, 1.0)?;
         }
         check_fraction("gpu.calibration.ep_overlap", c.ep_overlap, 0.0, 1.0)?;
-        check_fraction("gpu.calibration.moe_imbalance", c.moe_imbalance, 1.0, 100.0)?;
         check_fraction(
             "gpu.calibration.layer_overhead_us",
             c.layer_overhead_us,

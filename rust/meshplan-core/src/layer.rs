@@ -445,6 +445,9 @@ pub struct Gemm {
     pub n: f64,
     pub k: f64,
     pub repeat: f64,
+    /// The `repeat` instances run as one grouped GEMM (the routed experts:
+    /// [`crate::gemm::grouped_linear_s`]), not as separate launches.
+    pub grouped: bool,
 }
 
 /// Most linear layers one layer has (MLA with a query LoRA: 5; an MoE FFN with shared experts:
@@ -512,7 +515,28 @@ impl LayerOps {
     }
 
     fn push(&mut self, m: f64, n: f64, k: f64, repeat: f64) {
-        self.gemms[self.gemm_count] = Gemm { m, n, k, repeat };
+        self.push_gemm(Gemm {
+            m,
+            n,
+            k,
+            repeat,
+            grouped: false,
+        });
+    }
+
+    /// The routed experts' linear: `experts` GEMMs of `m` rows in one grouped GEMM.
+    fn push_grouped(&mut self, m: f64, n: f64, k: f64, experts: f64) {
+        self.push_gemm(Gemm {
+            m,
+            n,
+            k,
+            repeat: experts,
+            grouped: true,
+        });
+    }
+
+    fn push_gemm(&mut self, gemm: Gemm) {
+        self.gemms[self.gemm_count] = gemm;
         self.gemm_count += 1;
     }
 }
@@ -610,8 +634,8 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             let per_expert = copies / local_experts;
             let fe = m.expert_ffn_hidden as f64;
             ops.push(tok / shard.sp_div(), m.num_experts as f64, h, 1.0);
-            ops.push(per_expert, gate_up * fe / et, h, local_experts);
-            ops.push(per_expert, h, fe / et, local_experts);
+            ops.push_grouped(per_expert, gate_up * fe / et, h, local_experts);
+            ops.push_grouped(per_expert, h, fe / et, local_experts);
             let fsh = m.shared_ffn_hidden() as f64;
             if fsh > 0.0 {
                 ops.push(tok, gate_up * fsh / t, h, 1.0);

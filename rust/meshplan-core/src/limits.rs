@@ -54,6 +54,10 @@ pub const MAX_SEQ_LEN: u32 = 1 << 24;
 /// Parameters per data-parallel gradient bucket: 2^31 (Megatron's default is 40 M, or 1 M per
 /// data-parallel rank; a bucket of 2 G parameters is already one bucket for most models).
 pub const MAX_BUCKET_PARAMS: u32 = 1 << 31;
+/// Routing imbalance λ (`workload.moe_imbalance`, a number, not in [`TABLE`]): 100. λ is the
+/// busiest expert-parallel rank's routed load over the mean, so at most the EP degree; published
+/// runs stay below 1.5, and 100 already prices one rank at 100× its share.
+pub const MAX_MOE_IMBALANCE: f64 = 100.0;
 /// Sequences per micro-batch, and the bound on `vpp` (model chunks per pipeline rank): 2^16. The
 /// search lists every allowed value of both knobs, so this also bounds its enumeration.
 pub const MAX_KNOB: u32 = 1 << 16;

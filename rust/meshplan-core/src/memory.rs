@@ -194,7 +194,7 @@ pub fn state_gib(
 pub fn layer_activations(problem: &Problem, plan: &Plan) -> PerKind {
     let model = &problem.model;
     let li = linear_input_bytes(problem.workload.precision);
-    let imbalance = problem.cluster.gpu.calibration.moe_imbalance;
+    let imbalance = problem.workload.moe_imbalance;
     let shard = Shard::of(plan);
     let mut out = [0.0; MAX_LAYER_KINDS];
     for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
@@ -224,7 +224,7 @@ pub fn stored_bytes_per_micro_batch(
         // minus nothing: the a·s² tensors it would save are never materialised (§2.4.2).
         Recompute::Selective => full_layers,
         Recompute::SelectiveOp => {
-            let imbalance = problem.cluster.gpu.calibration.moe_imbalance;
+            let imbalance = problem.workload.moe_imbalance;
             let shard = Shard::of(plan);
             let mut per_kind = [0.0; MAX_LAYER_KINDS];
             for (k, spec) in model.layer_kinds().specs().iter().enumerate() {

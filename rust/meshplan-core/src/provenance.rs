@@ -64,7 +64,6 @@ pub const SHARED: &[(&str, &str)] = &[
     ("fixed_memory_gib", "literature starting value for every GPU (docs/costmodel.md §2.6)"),
     ("fragmentation", "Megatron's x1.05 activation margin, every GPU (docs/costmodel.md §2.6)"),
     ("ep_overlap", "framework behaviour, every GPU (docs/costmodel.md §3.7)"),
-    ("moe_imbalance", "framework behaviour with aux-loss balancing, every GPU (docs/costmodel.md §1.2)"),
     ("tp_overlap", "framework behaviour (the stack's value unless overridden)"),
     ("dp_overlap", "framework behaviour (the stack's value unless overridden)"),
 ];

@@ -11,8 +11,8 @@
 
 use crate::comm::{Collective, CollectiveCost, CollectiveModel, Fabric};
 use crate::device::Device;
-use crate::gemm::{linear_s, LinearTimes};
-use crate::layer::{layer_ops, LayerOps, OpsContext, Shard, FP32_BYTES, MAX_LAYER_KINDS};
+use crate::gemm::{grouped_linear_s, linear_s, LinearTimes};
+use crate::layer::{layer_ops, Gemm, LayerOps, OpsContext, Shard, FP32_BYTES, MAX_LAYER_KINDS};
 use crate::layout::Group;
 use crate::layout::Groups;
 use crate::memory::StageParams;
@@ -171,7 +171,7 @@ impl<'a> TimeContext<'a> {
         let cal = &self.problem.cluster.gpu.calibration;
         let ctx = OpsContext {
             tokens: self.tokens,
-            moe_imbalance: cal.moe_imbalance,
+            moe_imbalance: self.problem.workload.moe_imbalance,
             elementwise_bytes_per_hidden: cal.elementwise_bytes_per_hidden,
             replicated_elementwise_bytes_per_hidden: self
                 .stack
@@ -205,23 +205,36 @@ impl<'a> TimeContext<'a> {
     /// element of the activation in forward, of the output gradient in backward) and keep a
     /// transposed copy of the input for the weight-gradient GEMM (`quantized_transpose_bytes`)
     /// [derived: Transformer Engine's cast/transpose kernels; memory-bound, §5.3].
-    fn linear(&self, acc: &mut LinearTimes, m: f64, n: f64, k: f64, repeat: f64) {
+    ///
+    /// The routed experts' linears are grouped GEMMs (§5.2.1): one launch whose time covers
+    /// every local expert; other linears run `repeat` separate GEMMs.
+    fn linear(&self, acc: &mut LinearTimes, gemm: &Gemm) {
+        let Gemm { m, n, k, .. } = *gemm;
+        let (times, instances, casts) = if gemm.grouped {
+            (
+                grouped_linear_s(&self.device.gemm, gemm.repeat, m, n, k),
+                1.0,
+                gemm.repeat,
+            )
+        } else {
+            (linear_s(&self.device.gemm, m, n, k), gemm.repeat, 1.0)
+        };
         let LinearTimes {
             fwd: mut f,
             dgrad: mut d,
             wgrad: w,
-        } = linear_s(&self.device.gemm, m, n, k);
+        } = times;
         if self.device.quantized {
             let (cast, transpose) = (
                 self.stack.quantized_cast_bytes,
                 self.stack.quantized_transpose_bytes,
             );
-            f += cast * m * k / self.device.memory_bytes_per_s;
-            d += (cast * m * n + transpose * m * k) / self.device.memory_bytes_per_s;
+            f += casts * (cast * m * k / self.device.memory_bytes_per_s);
+            d += casts * ((cast * m * n + transpose * m * k) / self.device.memory_bytes_per_s);
         }
-        acc.fwd += f * repeat;
-        acc.dgrad += d * repeat;
-        acc.wgrad += w * repeat;
+        acc.fwd += f * instances;
+        acc.dgrad += d * instances;
+        acc.wgrad += w * instances;
     }
 
     /// One tensor-parallel "all-reduce point" on `bytes`: an all-reduce, or with sequence
@@ -256,7 +269,7 @@ impl<'a> TimeContext<'a> {
         let mem_bw = self.device.memory_bytes_per_s;
         let mut g = LinearTimes::default();
         for gemm in ops.gemms() {
-            self.linear(&mut g, gemm.m, gemm.n, gemm.k, gemm.repeat);
+            self.linear(&mut g, gemm);
         }
 
         let seq = self.problem.workload.seq_len as f64;
@@ -349,10 +362,13 @@ impl<'a> TimeContext<'a> {
                     )
                     .total_s;
                 if plan.ep_overlap {
-                    let raw = 2.0 * one_way * cal.moe_imbalance;
+                    let raw = 2.0 * one_way * self.problem.workload.moe_imbalance;
                     ((raw - bwd_compute).max(0.0), (raw - fwd_compute).max(0.0))
                 } else {
-                    let exposed = (1.0 - cal.ep_overlap) * 2.0 * one_way * cal.moe_imbalance;
+                    let exposed = (1.0 - cal.ep_overlap)
+                        * 2.0
+                        * one_way
+                        * self.problem.workload.moe_imbalance;
                     (exposed, exposed)
                 }
             }

@@ -390,6 +390,9 @@ struct SourceEntry {
     zero2_reduces_once: Option<bool>,
     /// Reported FLOPs count causal attention at `s/2` (else the full square).
     causal_flops: Option<bool>,
+    /// Routing imbalance λ of the runs (the workload's `moe_imbalance`): 1 where the source
+    /// force-balances routing.
+    moe_imbalance: Option<f64>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -399,7 +402,7 @@ struct SourcesFile {
 }
 
 /// The framework facts of one source, after every matching entry of `data/sources.toml`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct SourceFacts {
     stack: &'static str,
     grad_bytes: u32,
@@ -410,6 +413,7 @@ struct SourceFacts {
     fsdp_under_pp_is_zero1: bool,
     zero2_reduces_once: bool,
     counting: AttentionCounting,
+    moe_imbalance: f64,
 }
 
 impl SourceFacts {
@@ -425,6 +429,7 @@ impl SourceFacts {
         fsdp_under_pp_is_zero1: false,
         zero2_reduces_once: false,
         counting: AttentionCounting::Full,
+        moe_imbalance: crate::workload::DEFAULT_MOE_IMBALANCE,
     };
 
     /// The facts of the runs of `source`, whatever their ids.
@@ -458,6 +463,7 @@ impl SourceFacts {
                 .unwrap_or(f.micro_batches_per_stage);
             f.fsdp_under_pp_is_zero1 = e.fsdp_under_pp_is_zero1.unwrap_or(f.fsdp_under_pp_is_zero1);
             f.zero2_reduces_once = e.zero2_reduces_once.unwrap_or(f.zero2_reduces_once);
+            f.moe_imbalance = e.moe_imbalance.unwrap_or(f.moe_imbalance);
             if let Some(causal) = e.causal_flops {
                 f.counting = if causal {
                     AttentionCounting::Causal
@@ -583,6 +589,7 @@ fn problem_of(
     workload.flash_attention = facts.flash_attention;
     workload.fused_cross_entropy = facts.fused_cross_entropy;
     workload.stack = facts.stack.to_string();
+    workload.moe_imbalance = facts.moe_imbalance;
     Problem::new(model, cluster, workload)
 }
 
@@ -1006,6 +1013,8 @@ mod tests {
         let bridge = SourceFacts::of("NVIDIA Megatron-Bridge (NeMo Framework) 25.09");
         assert_eq!(bridge.grad_bytes, 2);
         assert_eq!(bridge.counting, AttentionCounting::Causal);
+        // Megatron-Bridge's MoE benchmarks force-balance routing; others keep the default λ.
+        assert_eq!(bridge.moe_imbalance, 1.0);
         let titan = SourceFacts::of("torchtitan team (PyTorch), Dec-2024");
         assert!(titan.selective_is_op_level && !titan.fused_cross_entropy);
         assert_eq!(

@@ -70,6 +70,22 @@ pub struct Workload {
     /// last one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bucket_params: Option<u32>,
+    /// Routing imbalance λ: tokens routed to the busiest expert-parallel rank over the mean
+    /// (≥ 1; docs/costmodel.md §1.2). A property of the router and the recipe, not of the GPU:
+    /// [`DEFAULT_MOE_IMBALANCE`] for aux-loss (or aux-loss-free) balanced dropless training,
+    /// 1 for runs that force-balance routing (Megatron-Bridge's MoE benchmarks) or drop tokens
+    /// at capacity factor 1. Scales the routed experts' GEMMs, activations and dispatch.
+    #[serde(default = "default_moe_imbalance")]
+    pub moe_imbalance: f64,
+}
+
+/// Default routing imbalance λ: the busiest EP rank gets 10 % more routed tokens than the mean
+/// under aux-loss balancing (dropless) [derived: the value meshplan assumed per GPU before it
+/// became a workload field; framework-behaviour assumption, docs/costmodel.md §1.2].
+pub const DEFAULT_MOE_IMBALANCE: f64 = 1.1;
+
+fn default_moe_imbalance() -> f64 {
+    DEFAULT_MOE_IMBALANCE
 }
 
 fn default_stack_name() -> String {
@@ -98,6 +114,7 @@ impl Workload {
             fused_cross_entropy: true,
             stack: default_stack_name(),
             bucket_params: None,
+            moe_imbalance: DEFAULT_MOE_IMBALANCE,
         }
     }
 
@@ -107,6 +124,12 @@ impl Workload {
         limits::check("workload.seq_len", self.seq_len)?;
         limits::check("workload.grad_bytes", self.grad_bytes)?;
         limits::check_opt("workload.bucket_params", self.bucket_params)?;
+        crate::hardware::check_fraction(
+            "workload.moe_imbalance",
+            self.moe_imbalance,
+            1.0,
+            limits::MAX_MOE_IMBALANCE,
+        )?;
         if self.grad_bytes != 2 && self.grad_bytes != 4 {
             return Err(Error::invalid(
                 "workload.grad_bytes",

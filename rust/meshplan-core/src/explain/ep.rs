@@ -65,7 +65,7 @@ impl Ctx<'_> {
         let terms = self
             .fabric
             .token_exchange(dispatcher, routed, h_bytes, moe.top_k, g);
-        let imbalance = self.problem.cluster.gpu.calibration.moe_imbalance;
+        let imbalance = self.problem.workload.moe_imbalance;
         let layers = self.worst_moe_layers();
         if layers > 0 {
             for pass in self.passes() {
@@ -158,7 +158,7 @@ impl Ctx<'_> {
             ));
         }
         a.notes.push(format!(
-            "seconds include the routing imbalance λ = {imbalance} of the busiest rank (calibration moe_imbalance)"
+            "seconds include the routing imbalance λ = {imbalance} of the busiest rank (workload moe_imbalance)"
         ));
         a.notes.extend(self.stage_note());
         let exposed = self.evaluation.time_s.ep;

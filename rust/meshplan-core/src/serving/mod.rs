@@ -53,6 +53,9 @@ pub struct ServingConstants {
     pub skinny_gemm_rows: f64,
     /// Share of the HBM datasheet bandwidth decode kernels reach.
     pub decode_bandwidth_fraction: f64,
+    /// Fraction of the dense peak that serving engines' fused-MoE grouped GEMMs reach with
+    /// FP8/FP4 weights (in place of the GPU's large-GEMM efficiency, for the routed experts).
+    pub moe_gemm_quantized_efficiency: f64,
     /// Host time per decode iteration, µs.
     pub decode_step_overhead_us: f64,
     /// Launch time per layer per decode step under CUDA graphs, µs.

@@ -426,9 +426,17 @@ fn disaggregated(
     let osl = p.traffic.output_len as f64;
     let ttft_ok = |o: &&PrefillOption| p.slo.ttft_s.is_none_or(|t| o.latency_s <= t);
     let per_gpu = |o: &PrefillOption| o.requests_per_s / o.worker.gpus() as f64;
+    // A prefill worker that leaves no GPUs for the smallest decode worker pairs with none.
+    let smallest_decode = decode_shapes
+        .iter()
+        .map(|(w, _)| w.gpus())
+        .min()
+        .unwrap_or(n);
+    let fits = |o: &&PrefillOption| o.worker.gpus() + smallest_decode <= n;
     let mut picks: Vec<&PrefillOption> = Vec::new();
     if let Some(best) = prefill
         .iter()
+        .filter(fits)
         .filter(ttft_ok)
         .max_by(|a, b| per_gpu(a).total_cmp(&per_gpu(b)))
     {
@@ -436,6 +444,7 @@ fn disaggregated(
     }
     if let Some(fast) = prefill
         .iter()
+        .filter(fits)
         .min_by(|a, b| a.latency_s.total_cmp(&b.latency_s))
     {
         if picks.first().is_none_or(|b| b.worker != fast.worker) {

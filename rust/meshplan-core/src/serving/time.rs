@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::comm::{Collective, CollectiveModel, Fabric};
 use crate::device::Device;
-use crate::gemm;
+use crate::gemm::{self, GemmDevice};
 use crate::layer::{layer_ops, Gemm, LayerCounts, LayerSpec, Mixer, OpsContext, Shard, ACT_BYTES};
 use crate::layout::{self, Group};
 use crate::mesh::Mesh;
@@ -153,7 +153,7 @@ impl<'a> TimeModel<'a> {
         let model = &problem.model;
         let ops = OpsContext {
             tokens: 1.0,
-            moe_imbalance: gpu.calibration.moe_imbalance,
+            moe_imbalance: crate::workload::DEFAULT_MOE_IMBALANCE,
             elementwise_bytes_per_hidden: gpu.calibration.elementwise_bytes_per_hidden,
             replicated_elementwise_bytes_per_hidden: stack.replicated_elementwise_bytes_per_hidden,
             routed_copy_bytes_per_hidden: stack.routed_copy_bytes_per_hidden,
@@ -184,16 +184,35 @@ impl<'a> TimeModel<'a> {
     }
 
     /// Adds `g` to `acc`: FLOPs at the shape's efficiency against the bytes of the weights of
-    /// `touched` of its `repeat` instances and of its activations, whichever is slower.
+    /// `touched` of its `repeat` instances and of its activations, whichever is slower. A
+    /// grouped GEMM (the routed experts) runs its tokens on the `touched` experts in one launch
+    /// (`gemm::grouped_efficiency`: their tiles share the waves).
     fn gemm(&self, acc: &mut Linear, g: &Gemm, touched: f64) {
-        if g.m <= 0.0 || g.n <= 0.0 || g.k <= 0.0 {
+        if g.m <= 0.0 || g.n <= 0.0 || g.k <= 0.0 || touched <= 0.0 {
             return;
         }
         let dev = &self.device.gemm;
         let flops = 2.0 * g.m * g.n * g.k * g.repeat;
         // Skinny GEMMs (decode) run on kernels that pad no tile rows (data/serving.toml).
-        let rows = g.m.max(constants().skinny_gemm_rows);
-        let compute = flops / (dev.peak_flops * gemm::efficiency(dev, rows, g.n, g.k));
+        let skinny = constants().skinny_gemm_rows;
+        let efficiency = if g.grouped {
+            let rows = (g.m * g.repeat / touched).max(skinny);
+            // The engines' fused-MoE kernels reach a small share of the FP8/FP4 peak.
+            let fused = if self.device.quantized {
+                GemmDevice {
+                    efficiency: dev
+                        .efficiency
+                        .min(constants().moe_gemm_quantized_efficiency),
+                    ..*dev
+                }
+            } else {
+                *dev
+            };
+            gemm::grouped_efficiency(&fused, touched, rows, g.n, g.k)
+        } else {
+            gemm::efficiency(dev, g.m.max(skinny), g.n, g.k)
+        };
+        let compute = flops / (dev.peak_flops * efficiency);
         let weights = self.weight_bytes * g.n * g.k * touched;
         let bytes = weights + ACT_BYTES * (g.m * g.k + g.m * g.n) * g.repeat;
         acc.seconds += compute.max(bytes / self.stream_bytes_per_s);
@@ -324,6 +343,7 @@ impl<'a> TimeModel<'a> {
             n: model.vocab as f64 / w.tp as f64,
             k: model.hidden as f64,
             repeat: 1.0,
+            grouped: false,
         };
         self.gemm(&mut lin, &head, 1.0);
         let gather = self
