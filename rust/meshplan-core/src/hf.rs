@@ -21,10 +21,32 @@
 //! * `glm4_moe`: `n_routed_experts`, `num_experts_per_tok`, `n_shared_experts`,
 //!   `moe_intermediate_size`, `first_k_dense_replace`;
 //! * `gpt_oss`: `num_local_experts`, `experts_per_token` or `num_experts_per_tok`; experts of
-//!   `intermediate_size`.
+//!   `intermediate_size`; `layer_types` (`sliding_attention` / `full_attention`) with
+//!   `sliding_window` become a layer pattern (`S`/`A`);
+//! * `nemotron_h` (Nemotron-H, Nemotron 3): the layer pattern `hybrid_override_pattern` (or the
+//!   newer `layers_block_type` list, whose length is then the layer count when
+//!   `num_hidden_layers` is absent), Nemotron-H's own notation (`M` Mamba-2, `*` attention, `-`
+//!   MLP, `E` MoE); the Mamba-2 mixer from `mamba_num_heads`, `mamba_head_dim`,
+//!   `ssm_state_size`, `n_groups` (`mamba_n_groups`), `conv_kernel` (`mamba_d_conv`),
+//!   `chunk_size` (`mamba_chunk_size`, default 128) — `d_inner` is heads × head_dim, as HF's
+//!   `NemotronHMamba2Mixer` builds it, so `expand` is not read; `head_dim` or
+//!   `attention_head_dim`; `mlp_hidden_act` (plain MLP, `relu2`); MoE layers from
+//!   `n_routed_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `n_shared_experts`,
+//!   `moe_shared_expert_intermediate_size`. A latent MoE (`moe_latent_size`, Nemotron 3
+//!   Super/Ultra) is rejected, not approximated;
+//! * `qwen3_next`: `layer_types` or, without it, `full_attention_interval` (every n-th layer
+//!   full attention, the rest gated DeltaNet: `linear_num_key_heads`, `linear_key_head_dim`,
+//!   `linear_num_value_heads`, `linear_value_head_dim`, `linear_conv_kernel_dim`); MoE layers
+//!   as Qwen3-MoE's (`decoder_sparse_step`, `mlp_only_layers`, one shared expert of
+//!   `shared_expert_intermediate_size`). The attention output gate (a second query-sized
+//!   projection) is not modelled.
 //!
-//! The descriptor keeps only leading dense layers (`first_dense_layers`): a file whose dense
-//! (MLP-only) layers are anywhere else is rejected rather than approximated.
+//! The bare tokens `Infinity`, `-Infinity` and `NaN` that Python's `json` writes (Nemotron-H's
+//! `time_step_limit`) are read as `null`.
+//!
+//! Without a layer pattern the descriptor keeps only leading dense layers
+//! (`first_dense_layers`): a Qwen-MoE or DeepSeek-style file whose dense (MLP-only) layers are
+//! anywhere else is rejected rather than approximated.
 //!
 //! `hidden_act` maps onto the activation, and the family fixes the gating: every family but
 //! `nemotron` uses a gated MLP (gate, up and down projections), so `silu`/`swish` import as
@@ -35,16 +57,15 @@
 //! Not modelled, so absent from the parameter and FLOP counts: biases (Qwen2 QKV, GLM-4.5,
 //! gpt-oss), QK-norm weights, routers' biases, attention sinks, multi-token-prediction layers
 //! (`num_nextn_predict_layers`: DeepSeek-V3's 685 B checkpoint is 671 B without them), and
-//! sliding-window attention: Mistral/Phi-3 `sliding_window` and gpt-oss's alternating
-//! sliding-window layers (`layer_types`) are costed as full causal attention.
+//! Mistral/Phi-3's model-wide `sliding_window` (costed as full causal attention).
 
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::model::{Activation, Mla, Model, Moe, Norm};
+use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
 
 /// The `model_type`s this importer understands.
-pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 15] = [
     "deepseek_v3",
     "glm4_moe",
     "gpt_oss",
@@ -53,12 +74,21 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
     "mistral",
     "mixtral",
     "nemotron",
+    "nemotron_h",
     "phi3",
     "qwen2",
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "qwen3_next",
 ];
+
+/// Chunk length of flash-linear-attention's chunked gated delta rule (`chunk_size = 64` in
+/// `fla.ops.gated_delta_rule.chunk`), which Qwen3-Next's gated DeltaNet layers run.
+const DELTANET_CHUNK: u32 = 64;
+
+/// Chunk length of Nemotron-H's Mamba-2 scan when the file names none (HF `NemotronHConfig`).
+const NEMOTRON_H_DEFAULT_CHUNK: u32 = 128;
 
 /// The pseudo-field named when the document itself is wrong (not JSON, not an object).
 const DOCUMENT: &str = "config.json";
@@ -217,12 +247,22 @@ fn dropout(cfg: &Config) -> Result<bool> {
 }
 
 /// Families whose MLP is plain (up and down projections), not gated.
-const PLAIN_MLP_MODEL_TYPES: [&str; 1] = ["nemotron"];
+const PLAIN_MLP_MODEL_TYPES: [&str; 2] = ["nemotron", "nemotron_h"];
 
 /// Maps `hidden_act` onto the activation, gated or plain as the family's MLP is (see the
 /// module documentation); an activation the family cannot have is an error.
 fn activation(cfg: &Config) -> Result<Activation> {
-    let act = cfg.opt_str("hidden_act")?.unwrap_or("silu");
+    // Nemotron-H names the MLP's activation `mlp_hidden_act` (its Mamba layers have their own).
+    let key = if cfg.model_type == "nemotron_h" {
+        "mlp_hidden_act"
+    } else {
+        "hidden_act"
+    };
+    let act = cfg.opt_str(key)?.unwrap_or(if key == "mlp_hidden_act" {
+        "relu2"
+    } else {
+        "silu"
+    });
     let gated = !PLAIN_MLP_MODEL_TYPES.contains(&cfg.model_type);
     let name = act.to_ascii_lowercase();
     let gelu = matches!(
@@ -251,7 +291,7 @@ fn activation(cfg: &Config) -> Result<Activation> {
             "a plain MLP: relu2, the gelu variants, silu"
         };
         hf_error(
-            "hidden_act",
+            key,
             format!(
                 "unsupported activation '{}' for model_type '{}' ({supported})",
                 crate::error::echo(act),
@@ -413,6 +453,199 @@ fn gpt_oss_top_k(cfg: &Config) -> Result<u32> {
     }
 }
 
+/// Python's `json` writes non-finite floats as the bare tokens `Infinity`, `-Infinity` and
+/// `NaN`, which are not JSON; outside strings they become `null` here (no field this importer
+/// reads is a float that may be non-finite).
+fn non_finite_as_null(text: &str) -> std::borrow::Cow<'_, str> {
+    if !(text.contains("Infinity") || text.contains("NaN")) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        if c == '"' {
+            in_string = true;
+        } else if let Some(token) = ["-Infinity", "Infinity", "NaN"]
+            .into_iter()
+            .find(|t| rest.starts_with(t))
+        {
+            out.push_str("null");
+            rest = &rest[token.len()..];
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A list of strings under `key`, if present.
+fn string_list<'a>(cfg: &'a Config, key: &str) -> Result<Option<Vec<&'a str>>> {
+    let Some(v) = cfg.get(key) else {
+        return Ok(None);
+    };
+    let bad = || {
+        hf_error(
+            key,
+            format!("expected a list of strings, got {}", describe(v)),
+        )
+    };
+    let items = v.as_array().ok_or_else(bad)?;
+    items
+        .iter()
+        .map(|item| item.as_str().ok_or_else(bad))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// Nemotron-H's layer pattern: `hybrid_override_pattern`, or the newer `layers_block_type`
+/// list mapped onto the same characters. Every character must be one of `M*-E`.
+fn nemotron_h_pattern(cfg: &Config) -> Result<String> {
+    let (key, pattern) = if let Some(p) = cfg.opt_str("hybrid_override_pattern")? {
+        ("hybrid_override_pattern", p.to_string())
+    } else if let Some(list) = string_list(cfg, "layers_block_type")? {
+        let mut p = String::with_capacity(list.len());
+        for t in list {
+            p.push(match t {
+                "mamba" | "linear_attention" => 'M',
+                "attention" | "full_attention" => '*',
+                "mlp" => '-',
+                "moe" => 'E',
+                other => {
+                    return Err(hf_error(
+                        "layers_block_type",
+                        format!(
+                            "unknown layer type '{}' (known: mamba, attention, mlp, moe)",
+                            crate::error::echo(other)
+                        ),
+                    ))
+                }
+            });
+        }
+        ("layers_block_type", p)
+    } else {
+        return Err(cfg.missing("hybrid_override_pattern"));
+    };
+    if let Some(c) = pattern.chars().find(|c| !"M*-E".contains(*c)) {
+        return Err(hf_error(
+            key,
+            format!(
+                "unknown layer character {:?} (Nemotron-H's are M, *, - and E)",
+                c
+            ),
+        ));
+    }
+    Ok(pattern)
+}
+
+/// The Mamba-2 mixer of a Nemotron-H file.
+fn nemotron_h_mamba(cfg: &Config) -> Result<Mamba> {
+    let either = |a: &str, b: &str| -> Result<Option<u32>> {
+        Ok(match cfg.opt_positive(a)? {
+            Some(v) => Some(v),
+            None => cfg.opt_positive(b)?,
+        })
+    };
+    Ok(Mamba {
+        heads: cfg.positive("mamba_num_heads")?,
+        head_dim: cfg.positive("mamba_head_dim")?,
+        state: cfg.positive("ssm_state_size")?,
+        groups: either("n_groups", "mamba_n_groups")?.ok_or_else(|| cfg.missing("n_groups"))?,
+        conv_kernel: either("conv_kernel", "mamba_d_conv")?
+            .ok_or_else(|| cfg.missing("conv_kernel"))?,
+        chunk: either("chunk_size", "mamba_chunk_size")?.unwrap_or(NEMOTRON_H_DEFAULT_CHUNK),
+    })
+}
+
+/// The MoE block of a Nemotron-H file with `E` layers (`None` without).
+fn nemotron_h_moe(cfg: &Config, pattern: &str) -> Result<Option<Moe>> {
+    if !pattern.contains('E') {
+        return Ok(None);
+    }
+    if cfg.get("moe_latent_size").is_some() {
+        return Err(hf_error(
+            "moe_latent_size",
+            "a latent MoE (experts in a projected latent space, Nemotron 3 Super/Ultra) is not \
+             modelled",
+        ));
+    }
+    let shared_experts = cfg.opt_count("n_shared_experts")?.unwrap_or(0);
+    Ok(Some(Moe {
+        num_experts: cfg.positive("n_routed_experts")?,
+        top_k: cfg.positive("num_experts_per_tok")?,
+        expert_ffn_hidden: cfg.positive("moe_intermediate_size")?,
+        shared_experts,
+        shared_expert_ffn_hidden: if shared_experts > 0 {
+            cfg.opt_positive("moe_shared_expert_intermediate_size")?
+        } else {
+            None
+        },
+        first_dense_layers: 0,
+    }))
+}
+
+/// Per-layer attention kinds from `layer_types` (`full_attention`, `sliding_attention`,
+/// `linear_attention`), as pattern letters `A`, `S`, `G` (upper case; lowered later for a dense
+/// FFN). `None` when the file has no `layer_types`.
+fn layer_type_letters(cfg: &Config, layers: u32) -> Result<Option<Vec<char>>> {
+    let Some(list) = string_list(cfg, "layer_types")? else {
+        return Ok(None);
+    };
+    if list.len() != layers as usize {
+        return Err(hf_error(
+            "layer_types",
+            format!(
+                "{} entries for num_hidden_layers = {layers} (one per layer)",
+                list.len()
+            ),
+        ));
+    }
+    list.into_iter()
+        .map(|t| match t {
+            "full_attention" => Ok('A'),
+            "sliding_attention" => Ok('S'),
+            "linear_attention" => Ok('G'),
+            other => Err(hf_error(
+                "layer_types",
+                format!(
+                    "unknown layer type '{}' (known: full_attention, sliding_attention, \
+                     linear_attention)",
+                    crate::error::echo(other)
+                ),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// A pattern of `letters` (upper case) with the layers where `is_moe` is false in lower case
+/// (their dense FFN).
+fn pattern_of(letters: &[char], is_moe: impl Fn(u32) -> bool) -> String {
+    letters
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            if is_moe(i as u32) {
+                c
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
+        .collect()
+}
+
 /// The JSON key behind a descriptor field, for errors raised by [`Model::validate`].
 fn json_key(model_field: &str) -> &str {
     match model_field {
@@ -425,14 +658,36 @@ fn json_key(model_field: &str) -> &str {
         "model.vocab" => "vocab_size",
         "model.moe.top_k" => "num_experts_per_tok",
         "model.moe.first_dense_layers" => "first_k_dense_replace",
+        "model.layer_pattern" => "hybrid_override_pattern",
+        "model.sliding_window" => "sliding_window",
+        "model.mamba.heads" => "mamba_num_heads",
+        "model.mamba.head_dim" => "mamba_head_dim",
+        "model.mamba.state" => "ssm_state_size",
+        "model.mamba.groups" => "n_groups",
+        "model.mamba.conv_kernel" => "conv_kernel",
+        "model.mamba.chunk" => "chunk_size",
+        "model.linear_attention.key_heads" => "linear_num_key_heads",
+        "model.linear_attention.key_head_dim" => "linear_key_head_dim",
+        "model.linear_attention.value_heads" => "linear_num_value_heads",
+        "model.linear_attention.value_head_dim" => "linear_value_head_dim",
+        "model.linear_attention.conv_kernel" => "linear_conv_kernel_dim",
         other => other.strip_prefix("model.mla.").unwrap_or(other),
     }
+}
+
+/// The hybrid-stack parts of a model read from a file (all `None` for a uniform stack).
+#[derive(Default)]
+struct Hybrid {
+    layer_pattern: Option<String>,
+    mamba: Option<Mamba>,
+    linear_attention: Option<LinearAttention>,
+    sliding_window: Option<u32>,
 }
 
 /// Parses the text of a `config.json`; `name` overrides the name taken from the file
 /// (`_name_or_path`, else the `model_type`). See the module documentation for what is mapped.
 pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model> {
-    let value: Value = serde_json::from_str(json_text)
+    let value: Value = serde_json::from_str(&non_finite_as_null(json_text))
         .map_err(|e| hf_error(DOCUMENT, format!("not valid JSON: {e}")))?;
     let obj = value.as_object().ok_or_else(|| {
         hf_error(
@@ -467,12 +722,28 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
     }
     let cfg = Config { obj, model_type };
 
-    let layers = cfg.positive("num_hidden_layers")?;
+    // Nemotron 3 Ultra's file has no `num_hidden_layers`: the block-type list is the count.
+    let layers = match (
+        cfg.opt_positive("num_hidden_layers")?,
+        model_type == "nemotron_h",
+    ) {
+        (Some(n), _) => n,
+        (None, true) => {
+            let n = nemotron_h_pattern(&cfg)?.chars().count();
+            u32::try_from(n)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| cfg.missing("num_hidden_layers"))?
+        }
+        (None, false) => return Err(cfg.missing("num_hidden_layers")),
+    };
     // Before anything looks at every layer (`leading_dense_layers`).
     crate::limits::check("model.layers", layers).map_err(as_hf_error)?;
     let hidden = cfg.positive("hidden_size")?;
     let heads = cfg.positive("num_attention_heads")?;
     let kv_heads = cfg.opt_positive("num_key_value_heads")?.unwrap_or(heads);
+    // Qwen3-Next and Nemotron 3 have no dense FFN layer but keep the key; a file without it
+    // has no dense layer either (checked against the pattern below).
     let ffn_hidden = cfg.positive("intermediate_size")?;
     let vocab = cfg.positive("vocab_size")?;
     let activation = activation(&cfg)?;
@@ -487,10 +758,12 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         match cfg.opt_positive("head_dim")? {
             Some(d) => Some(d),
             None if model_type == "nemotron" => cfg.opt_positive("kv_channels")?,
+            None if model_type == "nemotron_h" => cfg.opt_positive("attention_head_dim")?,
             None => None,
         }
     };
 
+    let mut hybrid = Hybrid::default();
     let (moe, mla) = match model_type {
         "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "nemotron" => (None, None),
         "mixtral" => {
@@ -513,6 +786,82 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
                 ffn_hidden,
                 None,
             );
+            if let Some(letters) = layer_type_letters(&cfg, layers)? {
+                if letters.contains(&'G') {
+                    return Err(hf_error(
+                        "layer_types",
+                        "gpt-oss has no linear_attention layers",
+                    ));
+                }
+                if letters.contains(&'S') {
+                    hybrid.layer_pattern = Some(pattern_of(&letters, |_| true));
+                    hybrid.sliding_window = Some(cfg.positive("sliding_window")?);
+                }
+            }
+            (moe, None)
+        }
+        "nemotron_h" => {
+            let pattern = nemotron_h_pattern(&cfg)?;
+            if pattern.contains('M') {
+                hybrid.mamba = Some(nemotron_h_mamba(&cfg)?);
+            }
+            let moe = nemotron_h_moe(&cfg, &pattern)?;
+            hybrid.layer_pattern = Some(pattern);
+            (moe, None)
+        }
+        "qwen3_next" => {
+            let letters = match layer_type_letters(&cfg, layers)? {
+                Some(l) => l,
+                None => {
+                    let every = cfg.positive("full_attention_interval")?;
+                    (0..layers)
+                        .map(|i| if (i + 1) % every == 0 { 'A' } else { 'G' })
+                        .collect()
+                }
+            };
+            if letters.contains(&'S') {
+                return Err(hf_error(
+                    "layer_types",
+                    "Qwen3-Next has no sliding_attention layers",
+                ));
+            }
+            let num_experts = cfg.opt_count("num_experts")?.unwrap_or(0);
+            let step = cfg.opt_positive("decoder_sparse_step")?.unwrap_or(1);
+            let mut mlp_only = cfg.layer_list("mlp_only_layers", layers)?;
+            mlp_only.sort_unstable();
+            let is_moe = |i: u32| {
+                num_experts > 0 && mlp_only.binary_search(&i).is_err() && (i + 1) % step == 0
+            };
+            let pattern = pattern_of(&letters, is_moe);
+            let moe = if pattern.chars().any(|c| c.is_ascii_uppercase()) {
+                Some(Moe {
+                    num_experts,
+                    top_k: cfg.positive("num_experts_per_tok")?,
+                    expert_ffn_hidden: cfg.positive("moe_intermediate_size")?,
+                    shared_experts: u32::from(
+                        cfg.opt_count("shared_expert_intermediate_size")?
+                            .unwrap_or(0)
+                            > 0,
+                    ),
+                    shared_expert_ffn_hidden: cfg
+                        .opt_count("shared_expert_intermediate_size")?
+                        .filter(|&f| f > 0),
+                    first_dense_layers: 0,
+                })
+            } else {
+                None
+            };
+            if letters.contains(&'G') {
+                hybrid.linear_attention = Some(LinearAttention {
+                    key_heads: cfg.positive("linear_num_key_heads")?,
+                    key_head_dim: cfg.positive("linear_key_head_dim")?,
+                    value_heads: cfg.positive("linear_num_value_heads")?,
+                    value_head_dim: cfg.positive("linear_value_head_dim")?,
+                    conv_kernel: cfg.positive("linear_conv_kernel_dim")?,
+                    chunk: DELTANET_CHUNK,
+                });
+            }
+            hybrid.layer_pattern = Some(pattern);
             (moe, None)
         }
         "qwen2_moe" => (qwen_moe(&cfg, layers, true)?, None),
@@ -545,7 +894,8 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         ffn_hidden,
         vocab,
         activation,
-        // Nemotron's `layernorm1p` is a LayerNorm (weight and bias); the rest use RMSNorm.
+        // Nemotron's `layernorm1p` is a LayerNorm (weight and bias); the rest (Nemotron-H too)
+        // use RMSNorm.
         norm: if model_type == "nemotron" {
             Norm::Layernorm
         } else {
@@ -555,6 +905,10 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         dropout,
         moe,
         mla,
+        layer_pattern: hybrid.layer_pattern,
+        mamba: hybrid.mamba,
+        linear_attention: hybrid.linear_attention,
+        sliding_window: hybrid.sliding_window,
     };
     model.validate().map_err(as_hf_error)?;
     Ok(model)

@@ -350,6 +350,10 @@ mod tests {
             dropout: false,
             moe: None,
             mla: None,
+            layer_pattern: None,
+            mamba: None,
+            linear_attention: None,
+            sliding_window: None,
         }
     }
 
@@ -447,7 +451,7 @@ mod tests {
         )
         .unwrap();
         let pl = plan(1, false);
-        let stage = crate::stages::stage_runs(&problem.model, 1)[0].stage;
+        let stage = crate::stages::stage_runs(&problem.model, 1, problem.workload.seq_len)[0].stage;
         let params = stage_params(&problem.model, &pl, &stage);
         let layers = layer_activations(&problem, &pl);
         let tokens = 4096.0;

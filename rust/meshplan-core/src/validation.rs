@@ -539,6 +539,10 @@ fn problem_of(
         dropout: gpt_style,
         moe,
         mla: m.mla,
+        layer_pattern: None,
+        mamba: None,
+        linear_attention: None,
+        sliding_window: None,
     };
     let mut gpu = presets::gpu(&case.cluster.gpu)?;
     if let Some(o) = overrides {
@@ -703,11 +707,8 @@ fn measured_tokens(case: &Case, problem: &Problem, plan: &Plan) -> Option<(Strin
         return Some(("model_tflops_per_gpu".into(), tf * 1e12 / flops_per_token));
     }
     if let Some(tf) = m.hardware_tflops_per_gpu {
-        let s_ctx = match counting {
-            AttentionCounting::Causal => w.seq_len as f64 / 2.0,
-            AttentionCounting::Full => w.seq_len as f64,
-        };
-        let recompute = recompute_flops_per_token(&problem.model, plan.recompute, s_ctx);
+        let recompute =
+            recompute_flops_per_token(&problem.model, plan.recompute, w.seq_len as f64, counting);
         return Some((
             "hardware_tflops_per_gpu".into(),
             tf * 1e12 / (flops_per_token + recompute),

@@ -92,6 +92,14 @@ impl ServingProblem {
     /// Checks every part; the error names the first bad field.
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
+        if let Some(pattern) = &self.model.layer_pattern {
+            return Err(Error::invalid(
+                "model.layer_pattern",
+                format!("{:?}", pattern.chars().take(40).collect::<String>()),
+                "none: serving models every layer as attention + FFN; hybrid layer stacks \
+                 (Mamba-2, linear or sliding-window attention) are training-only for now",
+            ));
+        }
         self.cluster.validate()?;
         let t = &self.traffic;
         limits::check("traffic.input_len", t.input_len)?;

@@ -298,7 +298,9 @@ impl<'a> TimeModel<'a> {
         let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
         let decode_width = match mixer {
             Mixer::Latent(m) => 2.0 * m.kv_lora_rank as f64 + m.qk_rope_head_dim as f64,
-            Mixer::Attention { .. } => dqk + dv,
+            Mixer::Attention { .. } | Mixer::SlidingWindow { .. } => dqk + dv,
+            // Not attention (serving takes no layer pattern yet, `ServingProblem::validate`).
+            Mixer::Mamba(_) | Mixer::DeltaNet(_) | Mixer::None => 0.0,
         };
         let decode_flops = 2.0 * heads * decode_width * b.decode_seqs * b.decode_context;
         let pairs = b.prefill_new * b.prefill_cached + b.prefill_new * b.prefill_new / 2.0;
