@@ -75,15 +75,24 @@ fn every_fixture_imports_and_validates() {
             n += 1;
         }
     }
-    assert!(n >= 11, "expected the configs of tests/fixtures/hf, got {n}");
+    assert!(
+        n >= 11,
+        "expected the configs of tests/fixtures/hf, got {n}"
+    );
 }
 
 /// Fixtures the importer rejects, with the key its error names: what they need is not
 /// modelled.
 const UNSUPPORTED: [(&str, &str); 3] = [
     ("DeepSeek-V4-Flash.json", "model_type"),
-    ("NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json", "moe_latent_size"),
-    ("NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16.json", "moe_latent_size"),
+    (
+        "NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json",
+        "moe_latent_size",
+    ),
+    (
+        "NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16.json",
+        "moe_latent_size",
+    ),
 ];
 
 #[test]
@@ -475,7 +484,12 @@ fn nemotron_3_nano_is_mamba_attention_and_moe() {
     assert_eq!((m.moe_layers(), m.dense_layers()), (23, 0));
     // NVIDIA: 31.6 B total, 3.2 B active (3.6 B with the embeddings).
     assert_size("Nemotron-3-Nano", billions(m.total_params()), 31.6, 0.005);
-    assert_size("Nemotron-3-Nano active", active_with_embedding(&m), 3.6, 0.01);
+    assert_size(
+        "Nemotron-3-Nano active",
+        active_with_embedding(&m),
+        3.6,
+        0.01,
+    );
     // The NVFP4 3.5-Lightning file spells the same stack as a `layers_block_type` list.
     let l = import("NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4.json");
     assert_eq!(l.layer_pattern, m.layer_pattern);
@@ -488,12 +502,20 @@ fn qwen3_next_interleaves_gated_deltanet_and_full_attention() {
     assert_eq!(m.layer_pattern.as_deref().unwrap(), "GGGA".repeat(12));
     let la = m.linear_attention.unwrap();
     assert_eq!(
-        (la.key_heads, la.key_head_dim, la.value_heads, la.value_head_dim),
+        (
+            la.key_heads,
+            la.key_head_dim,
+            la.value_heads,
+            la.value_head_dim
+        ),
         (16, 128, 32, 128)
     );
     assert_eq!(la.conv_kernel, 4);
     let moe = m.moe.unwrap();
-    assert_eq!((moe.num_experts, moe.top_k, moe.shared_experts), (512, 10, 1));
+    assert_eq!(
+        (moe.num_experts, moe.top_k, moe.shared_experts),
+        (512, 10, 1)
+    );
     // Qwen: 80 B total.
     assert_size("Qwen3-Next-80B", billions(m.total_params()), 80.0, 0.01);
 }
@@ -512,11 +534,22 @@ fn bad_patterns_name_the_key() {
     let base = fixture("Nemotron-H-56B-Base-8K.json");
     let bad = base.replace("M-M-M-M*-M", "M-M-X-M*-M");
     let e = model_from_hf_config(&bad, None).unwrap_err().to_string();
-    assert!(e.contains("hybrid_override_pattern") && e.contains("'X'"), "{e}");
+    assert!(
+        e.contains("hybrid_override_pattern") && e.contains("'X'"),
+        "{e}"
+    );
     let short = base.replace("\"num_hidden_layers\": 118", "\"num_hidden_layers\": 117");
     let e = model_from_hf_config(&short, None).unwrap_err().to_string();
-    assert!(e.contains("hybrid_override_pattern") && e.contains("117"), "{e}");
+    assert!(
+        e.contains("hybrid_override_pattern") && e.contains("117"),
+        "{e}"
+    );
     let no_heads = base.replace("\"mamba_num_heads\": 256,", "");
-    let e = model_from_hf_config(&no_heads, None).unwrap_err().to_string();
-    assert!(e.contains("mamba_num_heads") && e.contains("missing"), "{e}");
+    let e = model_from_hf_config(&no_heads, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("mamba_num_heads") && e.contains("missing"),
+        "{e}"
+    );
 }
