@@ -1051,4 +1051,159 @@ mod tests {
             2.0 * expert_params(&m, kinds.specs()[1].moe().unwrap()) as f64 / 2.0
         );
     }
+
+    fn ctx(tokens: f64) -> OpsContext {
+        OpsContext {
+            tokens,
+            moe_imbalance: 1.0,
+            elementwise_bytes_per_hidden: 40.0,
+            replicated_elementwise_bytes_per_hidden: 20.0,
+            routed_copy_bytes_per_hidden: 8.0,
+            expert_activation_bytes_per_width: 6.0,
+        }
+    }
+
+    #[test]
+    fn a_nemotron_h_8b_mamba_layer_matches_a_hand_count() {
+        let m = crate::presets::model("nemotron-h-8b").unwrap();
+        let kinds = m.layer_kinds();
+        // The pattern starts "M-M-M-M*": kinds in order of first appearance.
+        let mamba = kinds.specs()[0];
+        assert!(matches!(mamba.mixer, Mixer::Mamba(_)) && mamba.mlp == Mlp::None);
+        assert!(matches!(kinds.specs()[1].mixer, Mixer::None));
+        assert!(matches!(kinds.specs()[2].mixer, Mixer::Attention { .. }));
+        let Mixer::Mamba(mm) = mamba.mixer else {
+            unreachable!()
+        };
+        // H = 128, P = 64, N = 128, G = 8, K = 4, Q = 128, h = 4096; d_inner = 8192.
+        // in_proj 4096 × (2·8192 + 2·8·128 + 128 = 18560), out_proj 8192 × 4096.
+        assert_eq!(mamba_in_proj_width(&mm), 18560);
+        let matmul = 4096 * 18560 + 8192 * 4096;
+        assert_eq!(mixer_matmul_params(&m, &mamba.mixer), matmul);
+        // + conv (4 + 1)·10240, dt_bias/A_log/D 3·128, gated norm 8192; + one RMSNorm of 4096.
+        assert_eq!(
+            mixer_params(&m, &mamba.mixer),
+            matmul + 5 * 10240 + 384 + 8192
+        );
+        assert_eq!(
+            mamba.params(&m),
+            (matmul + 5 * 10240 + 384 + 8192 + 4096) as u128
+        );
+        // Scan: 2·128·(8·128 + 128·64) + 4·128·128·64 + 2·4·10240 per token.
+        let scan = 2.0 * 128.0 * (1024.0 + 8192.0) + 4.0 * 128.0 * 128.0 * 64.0 + 8.0 * 10240.0;
+        assert_eq!(mamba_scan_fwd_flops_per_token(&mm, 1), scan);
+        assert_eq!(scan, 6_635_520.0);
+        // Under tp = 2 every part halves: GEMM widths, scan, parameters; one TP point.
+        let shard = Shard {
+            tp: 2,
+            ep: 1,
+            sequence_parallel: true,
+        };
+        let ops = layer_ops(&m, &mamba, &shard, &ctx(8192.0));
+        assert_eq!(ops.gemms().len(), 2);
+        assert_eq!((ops.gemms()[0].n, ops.gemms()[0].k), (9280.0, 4096.0));
+        assert_eq!((ops.gemms()[1].n, ops.gemms()[1].k), (4096.0, 4096.0));
+        assert_eq!(ops.attention.heads, 0.0);
+        assert_eq!(ops.attention.scan_fwd_flops_per_token, scan / 2.0);
+        assert_eq!(ops.comm.tp_points, 1);
+        assert_eq!(ops.comm.cp_kv_bytes_per_token, 0.0);
+        assert_eq!(
+            ops.comm.cp_all_to_all_bytes_per_token,
+            (18560.0 + 8192.0) / 2.0 * WIRE_BYTES
+        );
+        assert_eq!(
+            ops.params.dense,
+            (matmul + 5 * 10240 + 384 + 8192) as f64 / 2.0 + 4096.0 / 2.0
+        );
+        assert!(ops.comm.dispatch.is_none());
+    }
+
+    #[test]
+    fn one_block_layers_keep_one_norm_input_and_no_kv() {
+        let m = crate::presets::model("nemotron-h-8b").unwrap();
+        let kinds = m.layer_kinds();
+        let shard = Shard {
+            tp: 1,
+            ep: 1,
+            sequence_parallel: false,
+        };
+        let h = 4096.0;
+        // An FFN-only layer: one norm input (2 B) and one projection input (2 B) of h, then the
+        // squared-ReLU FFN (pre-activation 2 B and activation output 2 B per unit of width).
+        let ffn = kinds.specs()[1];
+        let bytes = activation_bytes_per_token(&m, &ffn, &shard, 1.0, 2.0);
+        assert_eq!(bytes, 4.0 * h + 4.0 * 21504.0);
+        let ops = layer_ops(&m, &ffn, &shard, &ctx(8192.0));
+        assert_eq!(ops.gemms().len(), 2);
+        assert_eq!(ops.comm.tp_points, 1);
+        assert_eq!(ops.attention.fwd_flops_with_keys(4096.0), 0.0);
+        // An attention-only layer: no FFN GEMMs.
+        let attn = kinds.specs()[2];
+        assert_eq!(layer_ops(&m, &attn, &shard, &ctx(8192.0)).gemms().len(), 2);
+        assert_eq!(attn.blocks(), 1);
+    }
+
+    #[test]
+    fn a_sliding_window_caps_the_keys_per_query() {
+        let core = CoreAttention {
+            heads: 1.0,
+            qk_head_dim: 64.0,
+            v_head_dim: 64.0,
+            window: Some(128.0),
+            scan_fwd_flops_per_token: 0.0,
+        };
+        // w − w²/(2s): 128 − 128²/8192 = 126.
+        assert_eq!(core.keys_per_query(4096.0), 126.0);
+        // A window no shorter than the sequence is the causal s/2.
+        assert_eq!(core.keys_per_query(100.0), 50.0);
+        let full = CoreAttention {
+            window: None,
+            ..core
+        };
+        assert_eq!(full.keys_per_query(4096.0), 2048.0);
+        // gpt-oss: the S layers cost ~1/16 of the A layers' core at s = 4096.
+        let m = crate::presets::model("gpt-oss-120b").unwrap();
+        let kinds = m.layer_kinds();
+        let s = core_of(&m, &kinds.specs()[0].mixer, 1);
+        let a = core_of(&m, &kinds.specs()[1].mixer, 1);
+        assert_eq!(s.window, Some(128.0));
+        assert_eq!(a.window, None);
+        let ratio = s.fwd_flops_with_keys(s.keys_per_query(4096.0))
+            / a.fwd_flops_with_keys(a.keys_per_query(4096.0));
+        assert!((ratio - 126.0 / 2048.0).abs() < 1e-12, "{ratio}");
+    }
+
+    #[test]
+    fn qwen3_next_runs_deltanet_and_attention_with_moe() {
+        let m = crate::presets::model("qwen3-next-80b-a3b").unwrap();
+        let kinds = m.layer_kinds();
+        assert_eq!(kinds.len(), 2);
+        assert_eq!(m.layer_stack()[..2], [(0, 3), (1, 1)]);
+        let g = kinds.specs()[0];
+        let Mixer::DeltaNet(la) = g.mixer else {
+            panic!("{g:?}")
+        };
+        // in: 2048 × (2·2048 + 2·4096 + 64), out: 4096 × 2048.
+        assert_eq!(deltanet_in_proj_width(&la), 12352);
+        assert_eq!(
+            mixer_matmul_params(&m, &g.mixer),
+            2048 * 12352 + 4096 * 2048
+        );
+        // 32 value heads of 128, chunk 64: 32·(2·64·(3·128 + 2·128) + 6·128·128) + conv.
+        let core = 32.0 * (128.0 * 640.0 + 6.0 * 16384.0) + 8.0 * (2.0 * 2048.0 + 4096.0);
+        assert_eq!(deltanet_scan_fwd_flops_per_token(&la, 1), core);
+        let ops = layer_ops(
+            &m,
+            &g,
+            &Shard {
+                tp: 2,
+                ep: 8,
+                sequence_parallel: true,
+            },
+            &ctx(4096.0),
+        );
+        // qkvz, ba, out; router, routed gate/up and down, shared gate/up and down.
+        assert_eq!(ops.gemms().len(), 8);
+        assert_eq!(ops.comm.tp_points, 1 + 10);
+    }
 }

@@ -59,7 +59,7 @@ use crate::error::{Error, Result};
 use crate::evaluate::evaluate_in;
 use crate::flops::{recompute_flops_per_token, train_flops_per_token, AttentionCounting};
 use crate::hardware::{Cluster, Precision};
-use crate::model::{Activation, Mla, Model, Moe, Norm};
+use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::search::{search_counting_faster, Control};
@@ -105,6 +105,15 @@ pub struct CaseModel {
     pub moe: Option<CaseMoe>,
     #[serde(default)]
     pub mla: Option<Mla>,
+    /// A hybrid stack's layers ([`Model::layer_pattern`]) and the parts its characters need.
+    #[serde(default)]
+    pub layer_pattern: Option<String>,
+    #[serde(default)]
+    pub mamba: Option<Mamba>,
+    #[serde(default)]
+    pub linear_attention: Option<LinearAttention>,
+    #[serde(default)]
+    pub sliding_window: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -116,6 +125,9 @@ pub struct CaseMoe {
     pub shared_experts: Option<u32>,
     #[serde(default)]
     pub first_dense_layers: Option<u32>,
+    /// Width of one shared expert (unset: `expert_ffn_hidden`).
+    #[serde(default)]
+    pub shared_expert_ffn_hidden: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -491,7 +503,7 @@ fn problem_of(
         top_k: x.top_k,
         expert_ffn_hidden: x.expert_ffn_hidden,
         shared_experts: x.shared_experts.unwrap_or(0),
-        shared_expert_ffn_hidden: None,
+        shared_expert_ffn_hidden: x.shared_expert_ffn_hidden,
         first_dense_layers: x.first_dense_layers.unwrap_or(0),
     });
     let ffn_hidden = match (m.ffn_hidden, &moe) {
@@ -539,10 +551,10 @@ fn problem_of(
         dropout: gpt_style,
         moe,
         mla: m.mla,
-        layer_pattern: None,
-        mamba: None,
-        linear_attention: None,
-        sliding_window: None,
+        layer_pattern: m.layer_pattern.clone(),
+        mamba: m.mamba,
+        linear_attention: m.linear_attention,
+        sliding_window: m.sliding_window,
     };
     let mut gpu = presets::gpu(&case.cluster.gpu)?;
     if let Some(o) = overrides {
