@@ -44,9 +44,9 @@
 //! The bare tokens `Infinity`, `-Infinity` and `NaN` that Python's `json` writes (Nemotron-H's
 //! `time_step_limit`) are read as `null`.
 //!
-//! Without a layer pattern the descriptor keeps only leading dense layers
-//! (`first_dense_layers`): a Qwen-MoE or DeepSeek-style file whose dense (MLP-only) layers are
-//! anywhere else is rejected rather than approximated.
+//! Leading dense layers become `first_dense_layers`; a Qwen-MoE or DeepSeek-style file whose
+//! dense (MLP-only) layers are anywhere else (`decoder_sparse_step`, `mlp_only_layers`,
+//! `moe_layer_freq`) becomes a layer pattern of `A` (MoE) and `a` (dense) layers.
 //!
 //! `hidden_act` maps onto the activation, and the family fixes the gating: every family but
 //! `nemotron` uses a gated MLP (gate, up and down projections), so `silu`/`swish` import as
@@ -301,31 +301,32 @@ fn activation(cfg: &Config) -> Result<Activation> {
     })
 }
 
-/// Leading dense layers of a MoE stack: `Ok(Some(k))` when layers `0..k` are dense and the rest
-/// MoE, `Ok(None)` when no layer is MoE; an error (naming `field`) when dense layers are
-/// interleaved, which the descriptor cannot express.
-fn leading_dense_layers(
-    layers: u32,
-    is_moe: impl Fn(u32) -> bool,
-    field: &str,
-) -> Result<Option<u32>> {
+/// Where a MoE stack's dense (MLP-only) layers are.
+enum FfnLayout {
+    /// No layer is MoE.
+    AllDense,
+    /// Layers `0..k` dense, the rest MoE (`first_dense_layers`).
+    Leading(u32),
+    /// Dense layers elsewhere: a layer pattern of attention layers, `A` with the MoE FFN and
+    /// `a` with the dense one (Qwen's `decoder_sparse_step`/`mlp_only_layers`, DeepSeek's
+    /// `moe_layer_freq`).
+    Interleaved(String),
+}
+
+/// The FFN layout of `layers` layers whose MoE layers are those where `is_moe` holds.
+fn ffn_layout(layers: u32, is_moe: impl Fn(u32) -> bool) -> FfnLayout {
     let dense: Vec<u32> = (0..layers).filter(|&i| !is_moe(i)).collect();
     if dense.len() == layers as usize {
-        return Ok(None);
+        return FfnLayout::AllDense;
     }
     if dense.iter().enumerate().all(|(pos, &i)| i == pos as u32) {
-        return Ok(Some(dense.len() as u32));
+        return FfnLayout::Leading(dense.len() as u32);
     }
-    let shown: Vec<String> = dense.iter().take(8).map(u32::to_string).collect();
-    let more = if dense.len() > 8 { ", ..." } else { "" };
-    Err(hf_error(
-        field,
-        format!(
-            "dense (MLP-only) layers [{}{more}] are not a leading block; meshplan models dense \
-             layers only as the first `first_dense_layers` layers",
-            shown.join(", ")
-        ),
-    ))
+    FfnLayout::Interleaved(
+        (0..layers)
+            .map(|i| if is_moe(i) { 'A' } else { 'a' })
+            .collect(),
+    )
 }
 
 /// Builds the MoE block, or returns `None` when the layer pattern leaves no MoE layer.
@@ -352,28 +353,22 @@ fn moe_block(
 
 /// Qwen2-MoE / Qwen3-MoE: a layer is sparse unless listed in `mlp_only_layers` or skipped by
 /// `decoder_sparse_step` (transformers' `Qwen3MoeDecoderLayer`).
-fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<Option<Moe>> {
+fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<(Option<Moe>, Hybrid)> {
     let num_experts = cfg.count("num_experts")?;
     if num_experts == 0 {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     }
     let step = cfg.opt_positive("decoder_sparse_step")?.unwrap_or(1);
     // Sorted, so that each layer's lookup is a bisection (the list can be as long as the file).
     let mut mlp_only = cfg.layer_list("mlp_only_layers", layers)?;
     mlp_only.sort_unstable();
     mlp_only.dedup();
-    let field = if step != 1 {
-        "decoder_sparse_step"
-    } else {
-        "mlp_only_layers"
-    };
-    let first_dense = leading_dense_layers(
-        layers,
-        |i| mlp_only.binary_search(&i).is_err() && (i + 1) % step == 0,
-        field,
-    )?;
+    let layout = ffn_layout(layers, |i| {
+        mlp_only.binary_search(&i).is_err() && (i + 1) % step == 0
+    });
+    let (first_dense, hybrid) = split_layout(layout);
     if first_dense.is_none() {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     }
     let shared = if shared_expert {
         match cfg.opt_count("shared_expert_intermediate_size")? {
@@ -383,24 +378,47 @@ fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<Option<Moe
     } else {
         None
     };
-    Ok(moe_block(
-        layers,
-        first_dense,
-        num_experts,
-        cfg.positive("num_experts_per_tok")?,
-        cfg.positive("moe_intermediate_size")?,
-        shared,
+    Ok((
+        moe_block(
+            layers,
+            first_dense,
+            num_experts,
+            cfg.positive("num_experts_per_tok")?,
+            cfg.positive("moe_intermediate_size")?,
+            shared,
+        ),
+        hybrid,
     ))
+}
+
+/// The descriptor's view of an FFN layout: `first_dense_layers` (`None`: no MoE layer) and,
+/// for interleaved dense layers, the layer pattern (with `first_dense_layers` 0).
+fn split_layout(layout: FfnLayout) -> (Option<u32>, Hybrid) {
+    match layout {
+        FfnLayout::AllDense => (None, Hybrid::default()),
+        FfnLayout::Leading(k) => (Some(k), Hybrid::default()),
+        FfnLayout::Interleaved(pattern) => (
+            Some(0),
+            Hybrid {
+                layer_pattern: Some(pattern),
+                ..Hybrid::default()
+            },
+        ),
+    }
 }
 
 /// DeepSeek-V3 / Kimi-K2 / GLM-4.5: routed experts from `first_k_dense_replace` on (every
 /// `moe_layer_freq`-th layer for DeepSeek), shared experts of the routed experts' size.
-fn deepseek_style_moe(cfg: &Config, layers: u32, layer_freq: bool) -> Result<Option<Moe>> {
+fn deepseek_style_moe(
+    cfg: &Config,
+    layers: u32,
+    layer_freq: bool,
+) -> Result<(Option<Moe>, Hybrid)> {
     let Some(num_experts) = cfg.opt_count("n_routed_experts")? else {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     };
     if num_experts == 0 {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     }
     let first_k = cfg.count("first_k_dense_replace")?;
     let freq = if layer_freq {
@@ -408,23 +426,21 @@ fn deepseek_style_moe(cfg: &Config, layers: u32, layer_freq: bool) -> Result<Opt
     } else {
         1
     };
-    let field = if freq != 1 {
-        "moe_layer_freq"
-    } else {
-        "first_k_dense_replace"
-    };
-    let first_dense = leading_dense_layers(layers, |i| i >= first_k && i % freq == 0, field)?;
+    let (first_dense, hybrid) = split_layout(ffn_layout(layers, |i| i >= first_k && i % freq == 0));
     if first_dense.is_none() {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     }
     let shared_experts = cfg.count("n_shared_experts")?;
-    Ok(moe_block(
-        layers,
-        first_dense,
-        num_experts,
-        cfg.positive("num_experts_per_tok")?,
-        cfg.positive("moe_intermediate_size")?,
-        Some((shared_experts, None)),
+    Ok((
+        moe_block(
+            layers,
+            first_dense,
+            num_experts,
+            cfg.positive("num_experts_per_tok")?,
+            cfg.positive("moe_intermediate_size")?,
+            Some((shared_experts, None)),
+        ),
+        hybrid,
     ))
 }
 
@@ -737,7 +753,7 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         }
         (None, false) => return Err(cfg.missing("num_hidden_layers")),
     };
-    // Before anything looks at every layer (`leading_dense_layers`).
+    // Before anything looks at every layer (`ffn_layout`).
     crate::limits::check("model.layers", layers).map_err(as_hf_error)?;
     let hidden = cfg.positive("hidden_size")?;
     let heads = cfg.positive("num_attention_heads")?;
@@ -864,10 +880,21 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
             hybrid.layer_pattern = Some(pattern);
             (moe, None)
         }
-        "qwen2_moe" => (qwen_moe(&cfg, layers, true)?, None),
-        "qwen3_moe" => (qwen_moe(&cfg, layers, false)?, None),
-        "glm4_moe" => (deepseek_style_moe(&cfg, layers, false)?, None),
-        "deepseek_v3" | "kimi_k2" => (deepseek_style_moe(&cfg, layers, true)?, Some(mla(&cfg)?)),
+        "qwen2_moe" | "qwen3_moe" => {
+            let (moe, h) = qwen_moe(&cfg, layers, model_type == "qwen2_moe")?;
+            hybrid = h;
+            (moe, None)
+        }
+        "glm4_moe" => {
+            let (moe, h) = deepseek_style_moe(&cfg, layers, false)?;
+            hybrid = h;
+            (moe, None)
+        }
+        "deepseek_v3" | "kimi_k2" => {
+            let (moe, h) = deepseek_style_moe(&cfg, layers, true)?;
+            hybrid = h;
+            (moe, Some(mla(&cfg)?))
+        }
         other => unreachable!("model_type '{other}' is in SUPPORTED_MODEL_TYPES but not mapped"),
     };
 
@@ -1099,14 +1126,15 @@ mod tests {
     }
 
     #[test]
-    fn qwen_interleaved_dense_layers_are_rejected() {
-        let e = model_from_hf_config(&qwen3_moe_json(r#", "decoder_sparse_step": 2"#), None)
-            .unwrap_err();
-        assert_eq!(field_of(&e), "decoder_sparse_step");
-        assert!(e.to_string().contains("[0, 2, 4]"), "{e}");
-        let e =
-            model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [3]"#), None).unwrap_err();
-        assert_eq!(field_of(&e), "mlp_only_layers");
+    fn qwen_interleaved_dense_layers_become_a_layer_pattern() {
+        // decoder_sparse_step 2: layers 1, 3, 5 MoE (transformers' `(i + 1) % step == 0`).
+        let m =
+            model_from_hf_config(&qwen3_moe_json(r#", "decoder_sparse_step": 2"#), None).unwrap();
+        assert_eq!(m.layer_pattern.as_deref(), Some("aAaAaA"));
+        assert_eq!((m.moe_layers(), m.dense_layers()), (3, 3));
+        assert_eq!(m.moe.unwrap().first_dense_layers, 0);
+        let m = model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [3]"#), None).unwrap();
+        assert_eq!(m.layer_pattern.as_deref(), Some("AAAaAA"));
         let e =
             model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [6]"#), None).unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
@@ -1152,15 +1180,20 @@ mod tests {
     }
 
     #[test]
-    fn deepseek_moe_layer_freq_other_than_one_is_rejected() {
+    fn deepseek_moe_layer_freq_other_than_one_is_a_layer_pattern() {
         let j = r#"{"model_type": "deepseek_v3", "num_hidden_layers": 6, "hidden_size": 64,
             "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 1000,
             "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
             "moe_intermediate_size": 32, "first_k_dense_replace": 1, "moe_layer_freq": 2,
             "q_lora_rank": null, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
             "qk_nope_head_dim": 16, "v_head_dim": 16}"#;
-        let e = model_from_hf_config(j, None).unwrap_err();
-        assert_eq!(field_of(&e), "moe_layer_freq");
+        // Layers ≥ 1 with i % 2 == 0 are MoE (DeepSeek's `moe_layer_freq`), the rest dense.
+        let m = model_from_hf_config(j, None).unwrap();
+        assert_eq!(m.layer_pattern.as_deref(), Some("aaAaAa"));
+        assert!(matches!(
+            m.layer_kinds().specs()[0].mixer,
+            crate::layer::Mixer::Latent(_)
+        ));
         let m = model_from_hf_config(
             &j.replace(r#""moe_layer_freq": 2"#, r#""moe_layer_freq": 1"#),
             None,
