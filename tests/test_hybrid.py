@@ -134,3 +134,9 @@ def test_serving_rejects_a_layer_pattern_in_one_line() -> None:
         mp.search_serving("nemotron-h-8b", mp.Cluster("h100-sxm", 8), input_len=1024,
                           output_len=128)
     assert "model.layer_pattern" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_serving_takes_a_sliding_window_pattern() -> None:
+    r = mp.search_serving("gpt-oss-120b", mp.Cluster("h100-sxm", 8), input_len=1024,
+                          output_len=128)
+    assert r.plans

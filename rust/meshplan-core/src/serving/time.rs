@@ -159,8 +159,15 @@ impl<'a> TimeModel<'a> {
             routed_copy_bytes_per_hidden: stack.routed_copy_bytes_per_hidden,
             expert_activation_bytes_per_width: stack.expert_activation_bytes_per_width,
         };
-        // The dense layer's two FFN GEMMs follow its attention GEMMs (layer_ops' order).
-        let dense = model.layer_kinds().specs()[0];
+        // The dense layer's two FFN GEMMs follow its attention GEMMs (layer_ops' order). Built
+        // here, not taken from the kinds: a layer pattern's kind 0 may be an MoE layer, and
+        // sliding-window and full attention have the same projections.
+        let dense = LayerSpec {
+            mixer: model.mixer(),
+            mlp: crate::layer::Mlp::Dense {
+                ffn_hidden: model.ffn_hidden,
+            },
+        };
         let shard = Shard {
             tp: 1,
             ep: 1,
