@@ -16,7 +16,8 @@
 //! cost) is split by cost instead ([`balanced_ranks`]): each layer weighs its forward FLOPs per
 //! token ([`layer_costs`], from the same [`crate::layer::layer_ops`] shapes), the last rank also
 //! the LM head, and the contiguous split into `pp` non-empty ranks minimises the heaviest rank
-//! (Megatron's `--pipeline-model-parallel-layout` expresses any such split). Its ranks are at
+//! (a custom layout: GPT models take one with Megatron's `--pipeline-model-parallel-layout`;
+//! Megatron-Core's MambaStack itself deals the pattern out by count). Its ranks are at
 //! most `min(pp, L)` runs; `pp > L` falls back to the count split.
 
 use crate::layer::{core_of, LayerCounts, MAX_LAYER_KINDS};

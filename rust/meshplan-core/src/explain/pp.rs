@@ -99,7 +99,7 @@ impl Ctx<'_> {
             })
             .collect();
         Some(format!(
-            "layers split by cost, not count (Megatron's --pipeline-model-parallel-layout): each layer weighs its forward FLOPs per token at s = {seq} ({}), the last stage also the LM head ({:.2} GFLOP); {}",
+            "layers split by cost, not count (a custom pipeline layout; Megatron-Core's MambaStack deals a hybrid pattern out by count): each layer weighs its forward FLOPs per token at s = {seq} ({}), the last stage also the LM head ({:.2} GFLOP); {}",
             kinds
                 .specs()
                 .iter()
