@@ -80,12 +80,26 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
         dense += head + model.hidden as f64;
     }
     // The ZeRO-3 gather unit: a layer of the rank's last kind (MoE layers follow the dense ones
-    // and hold the experts), the dense-MLP layer on a rank without layers.
-    let unit = per_kind[stage.kinds.last_present()];
+    // and hold the experts), the dense-MLP layer on a rank without layers; with a layer pattern
+    // (kinds in no size order) the largest kind the rank holds.
+    let largest_layer = if model.layer_pattern.is_some() {
+        stage
+            .kinds
+            .iter()
+            .filter(|&(_, n)| n > 0)
+            .map(|(k, _)| per_kind[k].dense + per_kind[k].expert)
+            .fold(None, |acc: Option<f64>, x| {
+                Some(acc.map_or(x, |a| a.max(x)))
+            })
+            .unwrap_or(per_kind[0].dense + per_kind[0].expert)
+    } else {
+        let unit = per_kind[stage.kinds.last_present()];
+        unit.dense + unit.expert
+    };
     StageParams {
         dense,
         expert: stage.kinds.weighted_sum(&per_kind.map(|p| p.expert)),
-        largest_layer: unit.dense + unit.expert,
+        largest_layer,
     }
 }
 

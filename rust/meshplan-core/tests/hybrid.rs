@@ -229,3 +229,21 @@ fn presets_match_their_published_sizes() {
     assert!((b("nemotron-3-nano-30b-a3b") - 31.6).abs() < 0.2);
     assert!((b("qwen3-next-80b-a3b") - 80.0).abs() < 1.0);
 }
+
+#[test]
+fn the_zero3_unit_of_a_hybrid_stage_is_its_largest_layer() {
+    // Nemotron 3 Nano's kinds in order of first appearance: Mamba-2, MoE, attention. The last
+    // kind (attention) is the smallest; the ZeRO-3 gather unit is the MoE layer.
+    let p = problem("nemotron-3-nano-30b-a3b", "h100-sxm", 8, 64, 4096);
+    let plan = best(&p).plan;
+    let m = &p.model;
+    let stage = stage_runs(m, 1, 4096)[0].stage;
+    let per_kind = memory::kind_params(m, &plan);
+    let sizes: Vec<f64> = (0..m.layer_kinds().len())
+        .map(|k| per_kind[k].dense + per_kind[k].expert)
+        .collect();
+    assert!(m.layer_kinds().specs()[1].moe().is_some());
+    assert!(sizes[2] < sizes[1], "{sizes:?}");
+    let params = memory::stage_params(m, &plan, &stage);
+    assert_eq!(params.largest_layer, sizes[1]);
+}
