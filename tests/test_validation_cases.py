@@ -68,6 +68,7 @@ def plan_of(case: dict[str, Any]) -> mp.Plan:
         recompute=p["recompute"] or "none",
         sequence_parallel=p["tp"] > 1 if p["sequence_parallel"] is None else p["sequence_parallel"],
         schedule="interleaved-1f1b" if vpp > 1 else None,
+        etp=p.get("etp"),
     )
 
 
@@ -75,7 +76,7 @@ def workload_of(case: dict[str, Any], plan: mp.Plan) -> mp.Workload:
     t = case["training"]
     batch = t["global_batch"]
     if batch is None:
-        batch = plan.dp * plan.ep * plan.micro_batch * plan.pp
+        batch = plan.dense_dp * plan.micro_batch * plan.pp
     return mp.Workload(global_batch=batch, seq_len=t["seq_len"], precision=t["precision"])
 
 

@@ -198,6 +198,16 @@ def format_explanation(x: Explanation) -> str:
         f"mesh        {mesh['domain_size']} GPUs of this job per NVLink domain; "
         + "  ".join(f"{a['axis']}={a['size']} (stride {a['stride']})" for a in mesh["axes"]),
     ]
+    expert_axes = mesh.get("expert_axes") or []
+    if expert_axes:
+        # A folded plan: the expert layers' own mesh over the same ranks.
+        names = {"tp": "etp", "dp": "edp"}
+        lines.append(
+            "expert mesh " + "  ".join(
+                f"{names.get(a['axis'], a['axis'])}={a['size']} (stride {a['stride']})"
+                for a in expert_axes if a["axis"] != "cp"
+            )
+        )
     for g in mesh["groups"]:
         ranks = g["example_ranks"]
         shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")

@@ -3,8 +3,9 @@
 Formats:
 
 - ``megatron``: Megatron-LM / Megatron-Bridge command-line arguments. Megatron counts data
-  parallelism as ``dp·ep`` (the expert ranks are data parallel for the dense layers), so its
-  data-parallel size is implied by the world size and stated in a comment.
+  parallelism as ``dp·ep`` (the expert ranks are data parallel for the dense layers), or ``dp``
+  for a folded plan (``etp`` set: ``--expert-tensor-parallel-size``), so its data-parallel size
+  is implied by the world size and stated in a comment.
 - ``torchtitan``: a Python snippet building torchtitan's ``ParallelismConfig``, with the legacy
   job-config TOML (``[parallelism]`` and friends) in the string ``LEGACY_TOML``;
   ``torchtitan-toml`` is that TOML alone.
@@ -171,7 +172,8 @@ def export(
 
 def _plan(plan: Union[Plan, str, Mapping[str, Any]]) -> Plan:
     p = Plan.parse(plan) if isinstance(plan, str) else as_type(Plan, plan, "plan")
-    for name in ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch"):
+    names = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch") + (("etp",) if p.folded else ())
+    for name in names:
         value = getattr(p, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise InvalidInputError(f"invalid plan.{name}: {value!r} (allowed: an integer >= 1)")
@@ -186,6 +188,11 @@ def _plan(plan: Union[Plan, str, Mapping[str, Any]]) -> Plan:
         raise InvalidInputError(
             f"invalid plan: schedule {schedule} with vpp = {p.vpp} "
             "(interleaved-1f1b needs vpp >= 2, the other schedules vpp = 1)"
+        )
+    if p.etp is not None and (p.dp * p.tp * p.cp) % (p.etp * p.ep):
+        raise InvalidInputError(
+            f"invalid plan.etp: {p.etp} (allowed: a degree with etp·ep dividing the "
+            f"dp·tp·cp = {p.dp * p.tp * p.cp} ranks of a pipeline stage; ep = {p.ep})"
         )
     order = p.order.split("-")
     if sorted(order) != sorted(DEFAULT_ORDER.split("-")):
@@ -202,17 +209,26 @@ def schedule_of(plan: Plan) -> str:
 
 
 def micro_batches(plan: Plan, workload: Workload) -> int:
-    """Micro-batches per pipeline per step, ``B / (b·dp·ep)``; an error when not exact."""
-    per_step = plan.micro_batch * plan.dp * plan.ep
+    """Micro-batches per pipeline per step, ``B / (b·dp·ep)`` (``B / (b·dp)`` folded); an error
+    when not exact."""
+    per_step = plan.micro_batch * plan.dense_dp
     if workload.global_batch % per_step:
         raise InvalidInputError(
             f"invalid plan: global_batch = {workload.global_batch} is not a multiple of "
-            f"micro_batch·dp·ep = {per_step}"
+            f"micro_batch·{'dp' if plan.folded else 'dp·ep'} = {per_step}"
         )
     return workload.global_batch // per_step
 
 
 def _header(plan: Plan, comment: str, target: str) -> list[str]:
+    if plan.folded:
+        return [
+            f"{comment} {target} for the meshplan plan {plan}",
+            f"{comment} world size {plan.num_gpus} = dp·tp·pp·cp = "
+            f"{plan.dp}·{plan.tp}·{plan.pp}·{plan.cp}; rank order {plan.order} (innermost first)",
+            f"{comment} folded experts: etp·ep·edp·pp = {plan.etp}·{plan.ep}·{plan.expert_dp}·"
+            f"{plan.pp} over the same ranks (MoE parallel folding)",
+        ]
     return [
         f"{comment} {target} for the meshplan plan {plan}",
         f"{comment} world size {plan.num_gpus} = dp·tp·pp·ep·cp = "
@@ -250,9 +266,15 @@ def megatron_args(
         ("--context-parallel-size", str(plan.cp)),
         ("--expert-model-parallel-size", str(plan.ep)),
     ]
-    if plan.ep > 1:
-        # meshplan's experts are tensor-parallel over tp (no MoE parallel folding).
-        args.append(("--expert-tensor-parallel-size", str(plan.tp)))
+    if plan.ep > 1 or plan.folded:
+        # The experts' tensor parallelism: tp, or a folded plan's etp (MoE parallel folding).
+        args.append(("--expert-tensor-parallel-size", str(plan.expert_tp)))
+    if plan.folded and plan.tp > 1 and not plan.sequence_parallel:
+        raise InvalidInputError(
+            "cannot export to megatron: a folded MoE plan with tp > 1 needs sequence "
+            "parallelism (Megatron: 'When using MoE and tensor parallelism, sequence "
+            "parallelism must be used')"
+        )
     chunks = plan.pp * plan.vpp
     if model is not None and plan.pp > 1 and model.layers % chunks:
         # Not the standard (L/pp)/vpp layers per chunk: the exact split the cost model timed.
@@ -274,7 +296,7 @@ def megatron_args(
     if plan.sequence_parallel and plan.tp > 1:
         args.append(("--sequence-parallel", None))
     profile = stack_profile("megatron-core")
-    data_parallel = plan.dp * plan.ep * plan.cp > 1
+    data_parallel = plan.dense_dp * plan.cp > 1 or plan.expert_dp > 1
     # Megatron's own default bucket is the profile's max(40 M, 1 M · data-parallel ranks); only
     # a workload's bucket size needs the flag.
     bucket = None if workload is None else workload.bucket_params
@@ -322,15 +344,21 @@ def megatron(plan: Plan, model: Optional[Model] = None, workload: Optional[Workl
     """Megatron-LM / Megatron-Bridge arguments, one per line, continued with ``\\``."""
     args = megatron_args(plan, model, workload)
     lines = _header(plan, "#", "Megatron-LM arguments")
-    lines.append(
-        f"# data-parallel size (implied by the world size, not an argument): dp·ep = "
-        f"{plan.dp}·{plan.ep} = {plan.dp * plan.ep}"
-    )
+    if plan.folded:
+        lines.append(
+            f"# data-parallel size (implied by the world size, not an argument): dp = {plan.dp}; "
+            f"expert data-parallel size dp·tp·cp/(etp·ep) = {plan.expert_dp}"
+        )
+    else:
+        lines.append(
+            f"# data-parallel size (implied by the world size, not an argument): dp·ep = "
+            f"{plan.dp}·{plan.ep} = {plan.dp * plan.ep}"
+        )
     if workload is not None:
         m = micro_batches(plan, workload)
         lines.append(
             f"# {m} micro-batches per step = global batch {workload.global_batch} / "
-            f"(micro-batch {plan.micro_batch} · data-parallel size {plan.dp * plan.ep})"
+            f"(micro-batch {plan.micro_batch} · data-parallel size {plan.dense_dp})"
         )
         if workload.precision not in ("bf16", "fp16"):
             lines.append(
@@ -363,7 +391,12 @@ def torchtitan_fields(
             "selective is Megatron's); use selective-op (its op-level policy), full or none"
         )
     schedule = schedule_of(plan)
-    data_parallel = plan.dp * plan.ep
+    data_parallel = plan.dense_dp
+    if plan.folded and plan.etp not in (1, plan.tp):
+        raise InvalidInputError(
+            f"cannot export to torchtitan: etp = {plan.etp} with tp = {plan.tp} (its expert "
+            "tensor parallelism is 1 or tp: ParallelDims)"
+        )
     if plan.zero == 0 and plan.ep > 1:
         raise InvalidInputError(
             "cannot export to torchtitan: its expert parallelism borrows ranks from the FSDP "
@@ -437,6 +470,9 @@ def torchtitan_fields(
             fields["num_pp_microbatches"] = micro_batches(plan, workload)
     fields["context_parallel_degree"] = plan.cp
     fields["expert_parallel_degree"] = plan.ep
+    if plan.ep > 1 and (plan.tp > 1 or plan.folded):
+        # Experts split tp ways, or a folded plan's etp (1: EP borrows the TP ranks too).
+        fields["expert_tensor_parallel_degree"] = plan.expert_tp
     return fields
 
 
@@ -451,8 +487,6 @@ def torchtitan_toml(
     legacy.pop("enable_sequence_parallel", None)  # older releases always sequence-shard
     if plan.pp > 1:
         legacy["pipeline_parallel_microbatch_size"] = plan.micro_batch
-    if plan.ep > 1:
-        legacy["expert_tensor_parallel_degree"] = plan.tp
     lines = _header(plan, "#", "torchtitan job config")
     lines.append("[parallelism]")
     lines += [f"{k} = {_toml(v)}" for k, v in legacy.items()]
@@ -466,7 +500,7 @@ def torchtitan_toml(
             "[training]",
             # Without a pipeline the local batch is one micro-batch and torchtitan accumulates
             # gradients up to the global batch; with one, the pipeline splits it.
-            f"local_batch_size = {workload.global_batch // (plan.dp * plan.ep) if plan.pp > 1 else plan.micro_batch}",
+            f"local_batch_size = {workload.global_batch // plan.dense_dp if plan.pp > 1 else plan.micro_batch}",
             f"global_batch_size = {workload.global_batch}",
             f"seq_len = {workload.seq_len}",
         ]
@@ -480,10 +514,10 @@ def torchtitan(plan: Plan, model: Optional[Model] = None, workload: Optional[Wor
     lines = _header(plan, "#", "torchtitan parallelism")
     if plan.tp > 1 and not plan.sequence_parallel:
         lines.append("# (older torchtitan releases always use sequence parallelism with TP)")
-    if plan.ep > 1 and plan.tp > 1:
+    if plan.ep > 1 and (plan.tp > 1 or plan.folded):
         lines.append(
-            f"# experts are tensor-parallel over tp = {plan.tp} in this plan "
-            "(expert_tensor_parallel_degree in the legacy config)"
+            f"# experts are tensor-parallel over {plan.expert_tp} ranks in this plan "
+            "(expert_tensor_parallel_degree)"
         )
     lines += [
         "from torchtitan.config.parallelism import ParallelismConfig",
@@ -518,6 +552,8 @@ def deepspeed_config(plan: Plan, workload: Workload) -> dict[str, Any]:
         why.append(f"ep = {plan.ep} (expert parallelism is not part of a DeepSpeed config)")
     if plan.cp > 1:
         why.append(f"cp = {plan.cp} (no context parallelism)")
+    if plan.folded:
+        why.append(f"etp = {plan.etp} (no MoE parallel folding)")
     if plan.pp > 1 and plan.zero >= 2:
         why.append(f"pp = {plan.pp} with ZeRO-{plan.zero} (the pipeline engine allows ZeRO 0-1)")
     if plan.vpp > 1:
@@ -596,6 +632,8 @@ def maxtext_overrides(plan: Plan, workload: Workload) -> list[tuple[str, Any]]:
         why.append(f"recompute {plan.recompute}")
     if plan.order != DEFAULT_ORDER:
         why.append(f"rank order {plan.order}")
+    if plan.folded:
+        why.append(f"etp = {plan.etp} (its expert axis is carved out of the data axes, no folding)")
     if workload.precision not in ("bf16", "fp8"):
         why.append(f"precision {workload.precision}")
     if why:
@@ -660,7 +698,7 @@ def _maxtext_value(value: Any) -> str:
 
 # --- reading an export back -------------------------------------------------------------------
 
-_WORLD = re.compile(r"world size (\d+) = dp·tp·pp·ep·cp")
+_WORLD = re.compile(r"world size (\d+) = dp·tp·pp·(ep·)?cp")
 _ORDER = re.compile(r"rank order (\S+) \(innermost first\)")
 
 
@@ -671,8 +709,16 @@ def _world(text: str) -> tuple[int, str]:
     return int(world.group(1)), order.group(1)
 
 
+def _folded(text: str) -> bool:
+    """Whether the export's header is a folded plan's (world size ``dp·tp·pp·cp``)."""
+    world = _WORLD.search(text)
+    return world is not None and world.group(2) is None
+
+
 def _with_dp(world: int, **degrees: Any) -> Plan:
-    rest = degrees["tp"] * degrees["pp"] * degrees["cp"] * degrees["ep"]
+    rest = degrees["tp"] * degrees["pp"] * degrees["cp"]
+    if degrees.get("etp") is None:
+        rest *= degrees["ep"]
     return Plan(dp=world // rest, **degrees)
 
 
@@ -720,6 +766,7 @@ def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
     if strategy:
         zero = 2 if strategy == "optim_grads" else 3
     recompute = flags.get("--recompute-granularity") or "none"
+    etp = flags.get("--expert-tensor-parallel-size")
     return _with_dp(
         world,
         tp=int(flags["--tensor-model-parallel-size"] or 1), pp=pp,
@@ -729,6 +776,7 @@ def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
         sequence_parallel="--sequence-parallel" in flags,
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
         order=MEGATRON_TP_PP_DP if "--use-tp-pp-dp-mapping" in flags else DEFAULT_ORDER,
+        etp=int(etp) if etp is not None and _folded(text) else None,
     )
 
 
@@ -752,11 +800,13 @@ def _parse_torchtitan_toml(text: str, world: int, model: Optional[Model],
     else:
         micro_batch = 1
     tp = par["tensor_parallel_degree"]
+    etp = par.get("expert_tensor_parallel_degree")
     return _with_dp(
         world, tp=tp, pp=pp, cp=par["context_parallel_degree"],
         ep=par["expert_parallel_degree"], vpp=vpp, micro_batch=micro_batch, zero=zero,
         recompute=recompute, sequence_parallel=tp > 1,
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b", order=DEFAULT_ORDER,
+        etp=etp if etp is not None and _folded(text) else None,
     )
 
 
@@ -790,12 +840,25 @@ def _parse_maxtext(text: str, world: int, workload: Optional[Workload]) -> Plan:
 
 
 def mesh_dims(plan: Plan) -> list[tuple[str, int]]:
-    """``(name, size)`` of the mesh dimensions, outermost first (the reverse of the order)."""
-    return [(axis, getattr(plan, axis)) for axis in reversed(plan.order.split("-"))]
+    """``(name, size)`` of the mesh dimensions, outermost first (the reverse of the order); a
+    folded plan's dense mesh has ``ep`` of size 1."""
+    def size(axis: str) -> int:
+        return 1 if plan.folded and axis == "ep" else int(getattr(plan, axis))
+
+    return [(axis, size(axis)) for axis in reversed(plan.order.split("-"))]
+
+
+def expert_mesh_dims(plan: Plan) -> list[tuple[str, int]]:
+    """A folded plan's expert mesh, outermost first: the same order with the expert TP in TP's
+    place, EP in EP's, the expert DP in DP's and no CP (Megatron's expert rank generator)."""
+    sizes = {"tp": ("etp", plan.expert_tp), "ep": ("ep", plan.ep), "dp": ("edp", plan.expert_dp),
+             "pp": ("pp", plan.pp)}
+    return [sizes[axis] for axis in reversed(plan.order.split("-")) if axis != "cp"]
 
 
 def device_mesh(plan: Plan) -> str:
-    """A runnable snippet building the plan's named device mesh (under ``torchrun``)."""
+    """A runnable snippet building the plan's named device mesh (under ``torchrun``); a folded
+    plan's expert mesh beside it."""
     dims = mesh_dims(plan)
     names = tuple(name for name, _ in dims)
     sizes = tuple(size for _, size in dims)
@@ -814,6 +877,25 @@ def device_mesh(plan: Plan) -> str:
         ")",
     ]
     lines += [f'{name}_mesh = mesh["{name}"]' for name in reversed(names)]
+    if plan.folded:
+        edims = expert_mesh_dims(plan)
+        enames = tuple(name for name, _ in edims)
+        esizes = tuple(size for _, size in edims)
+        lines += [
+            "# Gradient reduction of the dense parameters (dp·cp ranks).",
+            "dense_dp_mesh = mesh[" + ", ".join(f'"{n}"' for n in names if n in ("dp", "cp")) + "]",
+            "# The expert layers' own mesh over the same ranks (MoE parallel folding).",
+            "expert_mesh = init_device_mesh(",
+            '    "cuda",',
+            f"    {esizes!r},",
+            f"    mesh_dim_names={enames!r},",
+            ")",
+            'ep_mesh = expert_mesh["ep"]',
+            'etp_mesh = expert_mesh["etp"]',
+            "# Gradient reduction of the experts (edp ranks).",
+            'expert_dp_mesh = expert_mesh["edp"]',
+        ]
+        return "\n".join(lines) + "\n"
     lines += [
         "# Gradient reduction of the dense parameters (dp·ep·cp ranks) and of the experts (dp·cp).",
         "dense_dp_mesh = mesh[" + ", ".join(f'"{n}"' for n in dense) + "]",

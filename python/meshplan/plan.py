@@ -1,4 +1,5 @@
-"""A parallel plan: the five degrees (``N = dp·tp·pp·ep·cp``) and their knobs (core ``plan.rs``)."""
+"""A parallel plan: the five degrees (``N = dp·tp·pp·ep·cp``, or ``dp·tp·pp·cp`` folded) and their
+knobs (core ``plan.rs``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Mapping, Optional
 from ._fields import check_fields, checked
 from .errors import InvalidInputError
 
-_INT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero")
+_INT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero", "etp")
 _ALIASES = {"mb": "micro_batch", "sp": "sequence_parallel"}
 _TRUE = ("true", "1", "on", "yes")
 _FALSE = ("false", "0", "off", "no")
@@ -27,6 +28,12 @@ class Plan:
     ``vpp > 1``, else ``1f1b``; ``zb-h1`` is the zero-bubble schedule. ``order`` is the rank
     order of the device mesh, innermost first (``"tp-cp-ep-dp-pp"``, Megatron's default: TP on
     consecutive ranks, PP outermost); it decides which groups share an NVLink domain.
+
+    ``etp`` (MoE parallel folding): given, the plan is *folded* — the dense layers run
+    ``tp × cp × dp × pp`` (``dp`` is then Megatron's data-parallel size, ``N = dp·tp·pp·cp``) and
+    the expert layers their own ``etp × ep × edp × pp`` over the same ranks, so EP may span
+    ranks the dense layers spend on TP, CP and DP (``etp·ep`` divides ``dp·tp·cp``). None: EP
+    is carved out of data parallelism and the experts split ``tp`` ways.
     """
 
     dp: int
@@ -44,14 +51,40 @@ class Plan:
     schedule: Optional[str] = None
     order: str = DEFAULT_ORDER
     """Rank order, innermost first: each of tp, cp, ep, dp, pp once, joined by ``-``."""
+    etp: Optional[int] = None
+    """Expert tensor parallelism of a folded MoE plan (None: not folded)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "plan", _KINDS)
 
     @property
     def num_gpus(self) -> int:
-        """GPUs the plan uses: ``dp·tp·pp·ep·cp``."""
+        """GPUs the plan uses: ``dp·tp·pp·ep·cp``, or ``dp·tp·pp·cp`` for a folded plan."""
+        if self.folded:
+            return self.dp * self.tp * self.pp * self.cp
         return self.dp * self.tp * self.pp * self.ep * self.cp
+
+    @property
+    def folded(self) -> bool:
+        """Whether the experts run a mesh of their own (``etp`` given)."""
+        return self.etp is not None
+
+    @property
+    def dense_dp(self) -> int:
+        """The dense layers' data parallelism (Megatron's DP): ``dp·ep``, or ``dp`` folded."""
+        return self.dp if self.folded else self.dp * self.ep
+
+    @property
+    def expert_tp(self) -> int:
+        """Ways each routed expert splits: ``etp``, else ``tp``."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert shard: ``dp·cp``, or ``dp·tp·cp / (etp·ep)`` folded."""
+        if self.etp is None:
+            return self.dp * self.cp
+        return self.dp * self.tp * self.cp // (self.etp * self.ep)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +100,7 @@ class Plan:
             "sequence_parallel": self.sequence_parallel,
             "schedule": self.schedule,
             "order": self.order,
+            "etp": self.etp,
         }
 
     @classmethod
@@ -117,7 +151,7 @@ class Plan:
 
 _KINDS = {
     **{name: "int" for name in _INT_FIELDS}, "recompute": "str", "sequence_parallel": "bool",
-    "schedule": "str?", "order": "str",
+    "schedule": "str?", "order": "str", "etp": "int?",
 }
 """What :class:`Plan` checks at construction (see :func:`meshplan._fields.check_fields`)."""
 

@@ -14,7 +14,7 @@ from . import _core
 from ._fields import check_bool, check_fields, check_int, check_list, check_number, checked
 from .errors import InvalidInputError
 
-DEGREES = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch")
+DEGREES = ("dp", "tp", "pp", "ep", "cp", "etp", "vpp", "micro_batch")
 _OTHER = (
     "zero",
     "recompute",
@@ -28,6 +28,7 @@ _OTHER = (
     "top_k",
     "max_candidates",
     "distinct",
+    "fold",
 )
 
 
@@ -75,6 +76,8 @@ class SearchSpace:
     pp: DegreeLike = None
     ep: DegreeLike = None
     cp: DegreeLike = None
+    etp: DegreeLike = None
+    """Expert tensor parallelism of MoE plans, folded or not (an unfolded plan's is its ``tp``)."""
     vpp: DegreeLike = None
     micro_batch: DegreeLike = None
     min_dp: Optional[int] = None
@@ -87,6 +90,8 @@ class SearchSpace:
     max_ep: Optional[int] = None
     min_cp: Optional[int] = None
     max_cp: Optional[int] = None
+    min_etp: Optional[int] = None
+    max_etp: Optional[int] = None
     min_vpp: Optional[int] = None
     max_vpp: Optional[int] = None
     min_micro_batch: Optional[int] = None
@@ -117,6 +122,9 @@ class SearchSpace:
     (within 0.1 %) and peak memory (within 0.5 GiB) are indistinguishable at the cost model's
     resolution, and each returned plan is the best of its group with ``group_size`` saying how
     many it stands for. False returns the ``top_k`` best plans one by one."""
+    fold: Optional[bool] = None
+    """Also try folded MoE plans (MoE parallel folding, :attr:`Plan.etp`; None: True): expert
+    meshes whose EP spans ranks the dense layers spend on TP, CP and DP."""
 
     def __post_init__(self) -> None:
         for name in DEGREES:
@@ -141,7 +149,8 @@ class SearchSpace:
                 setattr(self, name, check_list(f"space.{name}", value, item))
         if self.memory_headroom_gib is not None:
             check_number("space.memory_headroom_gib", self.memory_headroom_gib)
-        for name in ("tp_within_domain", "cp_within_domain", "ep_within_domain", "distinct"):
+        for name in ("tp_within_domain", "cp_within_domain", "ep_within_domain", "distinct",
+                     "fold"):
             value = getattr(self, name)
             if value is not None:
                 check_bool(f"space.{name}", value)

@@ -241,6 +241,7 @@ _SCALARS = (
     "top_k",
     "max_candidates",
     "distinct",
+    "fold",
 )
 
 
@@ -285,6 +286,7 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         sequence_parallel=p.sequence_parallel,
         schedule=p.schedule,
         order=p.order,
+        etp=p.etp,
     )
     return msg
 
@@ -451,7 +453,7 @@ def plan_from(msg: Any) -> Plan:
     defaults."""
     fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
     for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "order"):
+                 "schedule", "order", "etp"):
         if msg.HasField(name):
             fields[name] = getattr(msg, name)
     return Plan.from_dict(fields)
@@ -565,6 +567,7 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "sequence_parallel": msg.sequence_parallel,
         "schedule": _opt(msg, "schedule"),
         "order": msg.order,
+        "etp": _opt(msg, "etp"),
     }
     return Plan.from_dict(fields)
 

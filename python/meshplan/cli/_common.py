@@ -109,6 +109,11 @@ def space_flags(p: argparse.ArgumentParser) -> None:
         g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix {name}")
         g.add_argument(f"--min-{flag}", type=int, metavar="N", help=argparse.SUPPRESS)
         g.add_argument(f"--max-{flag}", type=int, metavar="N", help=argparse.SUPPRESS)
+    g.add_argument(
+        "--no-fold", action="store_true",
+        help="do not try folded MoE plans (MoE parallel folding: experts on their own "
+        "etp x ep x edp mesh; --etp N fixes the experts' tensor parallelism)",
+    )
     g.add_argument("--zero", type=list_of(int, "ZeRO stages"), metavar="0,1,2,3")
     g.add_argument("--recompute", type=list_of(str, "modes"), metavar="none,selective,full,selective-op")
     g.add_argument("--sequence-parallel", choices=("on", "off", "both"))
@@ -236,6 +241,7 @@ def space_from(args: argparse.Namespace) -> SearchSpace:
         top_k=args.top_k,
         max_candidates=args.max_candidates,
         distinct=False if getattr(args, "ungrouped", False) else None,
+        fold=False if getattr(args, "no_fold", False) else None,
         orders=_core.rank_orders() if getattr(args, "all_orders", False) else getattr(args, "orders", None),
     )
 

@@ -97,6 +97,10 @@ def plans_table(plans: Sequence[Evaluation]) -> str:
     orders = any(ev.plan.order != DEFAULT_ORDER for ev in plans)
     if orders:
         header.insert(12, "order")
+    # Folded MoE plans: the experts' own tensor parallelism ("-": not folded).
+    folded = any(ev.plan.etp is not None for ev in plans)
+    if folded:
+        header.insert(6, "etp")
     # Distinct plans: how many indistinguishable plans each row stands for.
     grouped = any(ev.group_size is not None for ev in plans)
     if grouped:
@@ -112,6 +116,8 @@ def plans_table(plans: Sequence[Evaluation]) -> str:
         ]
         if orders:
             row.insert(12, p.order)
+        if folded:
+            row.insert(6, p.etp if p.etp is not None else "-")
         if grouped:
             row.append(ev.group_size if ev.group_size is not None else "-")
         rows.append(row)

@@ -540,6 +540,8 @@ class SearchSpace(_message.Message):
     MAX_CANDIDATES_FIELD_NUMBER: _builtins.int
     ORDERS_FIELD_NUMBER: _builtins.int
     DISTINCT_FIELD_NUMBER: _builtins.int
+    ETP_FIELD_NUMBER: _builtins.int
+    FOLD_FIELD_NUMBER: _builtins.int
     memory_headroom_gib: _builtins.float
     """GiB kept free on every GPU."""
     tp_within_domain: _builtins.bool
@@ -556,6 +558,8 @@ class SearchSpace(_message.Message):
     of each other, and each returned plan is the best of its group (its group_size in
     extra_json). Default false: the top_k best plans one by one.
     """
+    fold: _builtins.bool
+    """Also try folded MoE plans (MoE parallel folding, Plan.etp); default true."""
     @_builtins.property
     def dp(self) -> Global___DegreeConstraint: ...
     @_builtins.property
@@ -594,6 +598,10 @@ class SearchSpace(_message.Message):
         order is only tried where it puts some group on another fabric than an order before it.
         """
 
+    @_builtins.property
+    def etp(self) -> Global___DegreeConstraint:
+        """Expert tensor parallelism of MoE plans, folded or not (an unfolded plan's is its tp)."""
+
     def __init__(
         self,
         *,
@@ -616,10 +624,12 @@ class SearchSpace(_message.Message):
         max_candidates: _builtins.int | None = ...,
         orders: _abc.Iterable[_builtins.str] | None = ...,
         distinct: _builtins.bool | None = ...,
+        etp: Global___DegreeConstraint | None = ...,
+        fold: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp_within_domain: _TypeAlias = _typing.Literal["cp_within_domain"]  # noqa: Y015
     _WhichOneofArgType__cp_within_domain: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain"]  # noqa: Y015
@@ -627,6 +637,8 @@ class SearchSpace(_message.Message):
     _WhichOneofArgType__distinct: _TypeAlias = _typing.Literal["_distinct", b"_distinct"]  # noqa: Y015
     _WhichOneofReturnType__ep_within_domain: _TypeAlias = _typing.Literal["ep_within_domain"]  # noqa: Y015
     _WhichOneofArgType__ep_within_domain: _TypeAlias = _typing.Literal["_ep_within_domain", b"_ep_within_domain"]  # noqa: Y015
+    _WhichOneofReturnType__fold: _TypeAlias = _typing.Literal["fold"]  # noqa: Y015
+    _WhichOneofArgType__fold: _TypeAlias = _typing.Literal["_fold", b"_fold"]  # noqa: Y015
     _WhichOneofReturnType__max_candidates: _TypeAlias = _typing.Literal["max_candidates"]  # noqa: Y015
     _WhichOneofArgType__max_candidates: _TypeAlias = _typing.Literal["_max_candidates", b"_max_candidates"]  # noqa: Y015
     _WhichOneofReturnType__memory_headroom_gib: _TypeAlias = _typing.Literal["memory_headroom_gib"]  # noqa: Y015
@@ -641,6 +653,8 @@ class SearchSpace(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__distinct) -> _WhichOneofReturnType__distinct | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep_within_domain) -> _WhichOneofReturnType__ep_within_domain | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__fold) -> _WhichOneofReturnType__fold | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_candidates) -> _WhichOneofReturnType__max_candidates | None: ...
     @_typing.overload
@@ -674,6 +688,7 @@ class Plan(_message.Message):
     SEQUENCE_PARALLEL_FIELD_NUMBER: _builtins.int
     SCHEDULE_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
+    ETP_FIELD_NUMBER: _builtins.int
     dp: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
@@ -688,6 +703,12 @@ class Plan(_message.Message):
     order: _builtins.str
     """Rank order, innermost axis first: each of tp, cp, ep, dp, pp once, joined by "-"
     (default "tp-cp-ep-dp-pp", Megatron's). It decides which groups share an NVLink domain.
+    """
+    etp: _builtins.int
+    """MoE parallel folding: the experts' tensor parallelism. Set, the plan is folded: dp is the
+    dense layers' data parallelism (dp·tp·pp·cp = GPUs) and the expert layers run their own
+    etp × ep × edp × pp mesh over the same ranks (etp·ep divides dp·tp·cp). Unset: EP is carved
+    out of data parallelism (dp·tp·pp·ep·cp = GPUs) and the experts split tp ways.
     """
     def __init__(
         self,
@@ -704,15 +725,18 @@ class Plan(_message.Message):
         sequence_parallel: _builtins.bool | None = ...,
         schedule: _builtins.str | None = ...,
         order: _builtins.str | None = ...,
+        etp: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_ep", b"_ep", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "ep", b"ep", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_ep", b"_ep", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "ep", b"ep", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_ep", b"_ep", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dp", b"dp", "ep", b"ep", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_ep", b"_ep", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dp", b"dp", "ep", b"ep", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp: _TypeAlias = _typing.Literal["cp"]  # noqa: Y015
     _WhichOneofArgType__cp: _TypeAlias = _typing.Literal["_cp", b"_cp"]  # noqa: Y015
     _WhichOneofReturnType__ep: _TypeAlias = _typing.Literal["ep"]  # noqa: Y015
     _WhichOneofArgType__ep: _TypeAlias = _typing.Literal["_ep", b"_ep"]  # noqa: Y015
+    _WhichOneofReturnType__etp: _TypeAlias = _typing.Literal["etp"]  # noqa: Y015
+    _WhichOneofArgType__etp: _TypeAlias = _typing.Literal["_etp", b"_etp"]  # noqa: Y015
     _WhichOneofReturnType__micro_batch: _TypeAlias = _typing.Literal["micro_batch"]  # noqa: Y015
     _WhichOneofArgType__micro_batch: _TypeAlias = _typing.Literal["_micro_batch", b"_micro_batch"]  # noqa: Y015
     _WhichOneofReturnType__order: _TypeAlias = _typing.Literal["order"]  # noqa: Y015
@@ -731,6 +755,8 @@ class Plan(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cp) -> _WhichOneofReturnType__cp | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep) -> _WhichOneofReturnType__ep | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__etp) -> _WhichOneofReturnType__etp | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__micro_batch) -> _WhichOneofReturnType__micro_batch | None: ...
     @_typing.overload
@@ -1150,6 +1176,7 @@ class Mesh(_message.Message):
     DOMAIN_SIZE_FIELD_NUMBER: _builtins.int
     AXES_FIELD_NUMBER: _builtins.int
     GROUPS_FIELD_NUMBER: _builtins.int
+    EXPERT_AXES_FIELD_NUMBER: _builtins.int
     order: _builtins.str
     """Rank order, innermost axis first, e.g. "tp-cp-ep-dp-pp"."""
     domain_size: _builtins.int
@@ -1158,6 +1185,12 @@ class Mesh(_message.Message):
     def axes(self) -> _containers.RepeatedCompositeFieldContainer[Global___MeshAxis]: ...
     @_builtins.property
     def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___MeshGroup]: ...
+    @_builtins.property
+    def expert_axes(self) -> _containers.RepeatedCompositeFieldContainer[Global___MeshAxis]:
+        """A folded plan's expert mesh over the same ranks, innermost first (its tp axis is the expert
+        TP, its dp axis the expert DP); empty unless Plan.etp is set.
+        """
+
     def __init__(
         self,
         *,
@@ -1165,10 +1198,11 @@ class Mesh(_message.Message):
         domain_size: _builtins.int = ...,
         axes: _abc.Iterable[Global___MeshAxis] | None = ...,
         groups: _abc.Iterable[Global___MeshGroup] | None = ...,
+        expert_axes: _abc.Iterable[Global___MeshAxis] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "domain_size", b"domain_size", "groups", b"groups", "order", b"order"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "domain_size", b"domain_size", "expert_axes", b"expert_axes", "groups", b"groups", "order", b"order"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

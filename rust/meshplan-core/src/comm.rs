@@ -304,9 +304,39 @@ impl Fabric {
         self.collective(kind, bytes, group).total_s
     }
 
-    /// Time of one MoE token dispatch (or combine), [`CollectiveModel::dispatch`]'s total.
-    pub fn dispatch_s(&self, tokens: f64, bytes_per_copy: f64, top_k: u32, group: Group) -> f64 {
-        self.dispatch(tokens, bytes_per_copy, top_k, group).total_s
+    /// One way (dispatch or combine) of an MoE layer's token exchange by `dispatcher` over the
+    /// expert-parallel `group`: `tokens` tokens each routed to `top_k` experts, `bytes_per_copy`
+    /// each (docs/costmodel.md §3.7).
+    ///
+    /// - `flex`: the node-deduplicated dispatch ([`CollectiveModel::dispatch`]);
+    /// - `alltoall`: NCCL's all-to-all of every routed copy — inside a domain the same as
+    ///   `flex`, across domains `k·(P − P1)/P` network copies per token instead of one per
+    ///   remote domain;
+    /// - `allgather`: the group's tokens all-gathered (each rank receives all `P·tokens`
+    ///   hidden vectors and keeps its experts'); the combine is the matching reduce-scatter,
+    ///   priced the same.
+    pub fn token_exchange(
+        &self,
+        dispatcher: crate::plan::Dispatcher,
+        tokens: f64,
+        bytes_per_copy: f64,
+        top_k: u32,
+        group: Group,
+    ) -> CollectiveCost {
+        use crate::plan::Dispatcher;
+        match dispatcher {
+            Dispatcher::Flex => self.dispatch(tokens, bytes_per_copy, top_k, group),
+            Dispatcher::AllToAll => self.collective(
+                Collective::AllToAll,
+                tokens * top_k as f64 * bytes_per_copy,
+                group,
+            ),
+            Dispatcher::AllGather => self.collective(
+                Collective::AllGather,
+                tokens * bytes_per_copy * group.size as f64,
+                group,
+            ),
+        }
     }
 
     /// Time of one point-to-point transfer of `bytes`, on NVLink when `same_domain`.

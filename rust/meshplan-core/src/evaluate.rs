@@ -76,10 +76,11 @@ pub fn structural_rules(
     );
     if let Some(moe) = &model.moe {
         rule!(
-            moe.expert_ffn_hidden % plan.tp != 0,
+            moe.expert_ffn_hidden % plan.expert_tp() != 0,
             Rule::TpFfn,
-            "tp = {} does not divide expert_ffn_hidden = {}",
-            plan.tp,
+            "{} = {} does not divide expert_ffn_hidden = {}",
+            if plan.folded() { "etp" } else { "tp" },
+            plan.expert_tp(),
             moe.expert_ffn_hidden
         );
         rule!(
@@ -150,8 +151,9 @@ pub fn structural_rules(
     rule!(
         w.global_batch as u64 % per_step != 0,
         Rule::Batch,
-        "global_batch = {} is not a multiple of micro_batch·dp·ep = {}",
+        "global_batch = {} is not a multiple of micro_batch·{} = {}",
         w.global_batch,
+        if plan.folded() { "dp" } else { "dp·ep" },
         per_step
     );
     // The embedding and the loss may each fill a pipeline chunk of their own (Megatron's

@@ -1,11 +1,11 @@
 //! The whole feasible space of a search as columns: one vector per degree, knob and metric, every
 //! feasible plan a row, ranked best first (what [`crate::feasible_space`] returns). Categorical
-//! knobs (recompute, schedule, rank order) are small integer codes with their labels alongside,
+//! knobs (recompute, schedule, rank order, MoE dispatcher) are small integer codes with their labels alongside,
 //! so a front end can hand the columns to NumPy without a per-plan object.
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::report::{MemoryBreakdown, SearchStats, TimeBreakdown};
 
 /// Default cap on the rows of a feasible space (about 200 bytes each).
@@ -159,12 +159,25 @@ impl Codes {
                 "order".into(),
                 self.orders.iter().map(|o| o.to_string()).collect(),
             ),
+            (
+                "dispatcher".into(),
+                std::iter::once("none".to_string())
+                    .chain(Dispatcher::ALL.iter().map(|d| d.name().to_string()))
+                    .collect(),
+            ),
         ]
     }
 }
 
 fn recompute_code(r: Recompute) -> u8 {
     Recompute::ALL.iter().position(|x| *x == r).unwrap_or(0) as u8
+}
+
+/// 0 for a plan without a dispatcher (`ep = 1`), else 1 + its index in [`Dispatcher::ALL`].
+fn dispatcher_code(d: Option<Dispatcher>) -> u8 {
+    d.map_or(0, |d| {
+        1 + Dispatcher::ALL.iter().position(|x| *x == d).unwrap_or(0) as u8
+    })
 }
 
 fn schedule_code(s: Schedule) -> u8 {
@@ -186,6 +199,9 @@ columns! {
     sequence_parallel: bool = "sequence_parallel", Bool, r.plan.sequence_parallel;
     schedule: u8 = "schedule", U8, schedule_code(r.plan.schedule());
     order: u8 = "order", U8, c.order(r.plan.order);
+    etp: u32 = "etp", U32, r.plan.etp.unwrap_or(0);
+    dispatcher: u8 = "dispatcher", U8, dispatcher_code(r.plan.dispatcher);
+    ep_overlap: bool = "ep_overlap", Bool, r.plan.ep_overlap;
     step_time_s: f64 = "step_time_s", F64, r.time.total();
     tokens_per_s_per_gpu: f64 = "tokens_per_s_per_gpu", F64, r.tokens_per_s_per_gpu;
     mfu: f64 = "mfu", F64, r.mfu;
@@ -216,7 +232,14 @@ impl Rows {
     pub fn finish(mut self, codes: &Codes, stats: SearchStats) -> FeasibleSpace {
         let key = |i: usize| {
             (
-                self.tp[i],
+                // etp 0: unfolded, ordered before every folded etp as `None` in a search;
+                // dispatcher 0: none, then in `Dispatcher::ALL` order, as the enum orders.
+                (
+                    self.tp[i],
+                    self.etp[i],
+                    self.dispatcher[i],
+                    self.ep_overlap[i],
+                ),
                 self.pp[i],
                 self.cp[i],
                 self.ep[i],

@@ -410,12 +410,15 @@ impl LayerCounts {
     }
 }
 
-/// How a layer is split: tensor parallel (with or without sequence parallelism) and expert
-/// parallel degrees.
+/// How a layer is split: tensor parallel (with or without sequence parallelism), expert
+/// parallel and, in a folded plan, expert tensor parallel degrees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shard {
     pub tp: u32,
     pub ep: u32,
+    /// A folded plan's expert TP ([`crate::plan::Plan::etp`]); `None`: the experts split `tp`
+    /// ways and their TP collectives ride the TP group.
+    pub etp: Option<u32>,
     pub sequence_parallel: bool,
 }
 
@@ -425,6 +428,7 @@ impl Shard {
         Shard {
             tp: plan.tp,
             ep: plan.ep,
+            etp: plan.etp,
             sequence_parallel: plan.sequence_parallel,
         }
     }
@@ -436,6 +440,18 @@ impl Shard {
         } else {
             1.0
         }
+    }
+
+    /// Ways each routed expert's weights split: `etp`, else `tp`.
+    pub fn expert_tp(&self) -> u32 {
+        self.etp.unwrap_or(self.tp)
+    }
+
+    /// Routed copies one rank computes over those of an unfolded plan, `etp/tp`: a TP rank
+    /// dispatches its `1/tp` of the tokens and its expert-TP group gathers `etp` such shares
+    /// (1 unfolded, where the TP group gathers them all).
+    pub fn routed_share(&self) -> f64 {
+        self.expert_tp() as f64 / self.tp as f64
     }
 }
 
@@ -495,7 +511,8 @@ pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerP
             let experts_per_rank = m.num_experts as f64 / shard.ep as f64;
             LayerParams {
                 dense: attn + moe_dense_part_params(model, m) as f64 / t,
-                expert: experts_per_rank * expert_params(model, m) as f64 / t,
+                expert: experts_per_rank * expert_params(model, m) as f64
+                    / shard.expert_tp() as f64,
             }
         }
         Mlp::None => LayerParams {
@@ -582,8 +599,11 @@ pub fn activation_bytes_per_token(
         Mlp::Moe(m) => {
             let router = FP32_BYTES * m.num_experts as f64 / sp_div;
             // Each routed copy keeps its expert input and intermediates on the expert rank.
-            let routed =
-                m.top_k as f64 * imbalance * (li * h + per_f * m.expert_ffn_hidden as f64 / t);
+            let et = shard.expert_tp() as f64;
+            let routed = m.top_k as f64
+                * imbalance
+                * shard.routed_share()
+                * (li * h + per_f * m.expert_ffn_hidden as f64 / et);
             let shared = per_f * m.shared_ffn_hidden() as f64 / t;
             router + routed + shared
         }
@@ -636,7 +656,10 @@ pub fn selective_op_bytes_per_token(
     let in_proj = gate_up_matrices(model);
     let (ffn_linears, router) = match &spec.mlp {
         Mlp::Moe(m) => (
-            m.top_k as f64 * imbalance * (in_proj * m.expert_ffn_hidden as f64 / t + h)
+            m.top_k as f64
+                * imbalance
+                * shard.routed_share()
+                * (in_proj * m.expert_ffn_hidden as f64 / shard.expert_tp() as f64 + h)
                 + in_proj * m.shared_ffn_hidden() as f64 / t
                 + h / sp_div,
             FP32_BYTES * m.num_experts as f64 / sp_div,
@@ -773,6 +796,12 @@ pub struct LayerComm {
     pub tp_points: u32,
     /// Bytes of one TP point: the micro-batch's hidden states.
     pub tp_bytes: f64,
+    /// A folded plan's expert-TP points per pass (one per routed copy gathered over the
+    /// expert-TP group; 0 unfolded, where they are among `tp_points`, or with `etp = 1`), each
+    /// on [`LayerComm::etp_bytes`].
+    pub etp_points: u32,
+    /// Bytes of one expert-TP point: the routed tokens the expert-TP group gathers.
+    pub etp_bytes: f64,
     /// The routed tokens' dispatch (and, the same again, combine), MoE layers only.
     pub dispatch: Option<Dispatch>,
     /// Bytes of K and V one rank passes around the CP ring per local token.
@@ -853,6 +882,8 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
         comm: LayerComm {
             tp_points: 0,
             tp_bytes: tok * h * WIRE_BYTES,
+            etp_points: 0,
+            etp_bytes: 0.0,
             dispatch: None,
             cp_kv_bytes_per_token: cp_kv_bytes_per_token(model, &spec.mixer, shard.tp),
             cp_all_to_all_bytes_per_token: cp_all_to_all,
@@ -927,13 +958,14 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
     match &spec.mlp {
         Mlp::Moe(m) => {
             let e = shard.ep as f64;
+            let et = shard.expert_tp() as f64;
             let local_experts = m.num_experts as f64 / e;
-            let copies = tok * m.top_k as f64 * ctx.moe_imbalance;
+            let copies = tok * m.top_k as f64 * ctx.moe_imbalance * shard.routed_share();
             let per_expert = copies / local_experts;
             let fe = m.expert_ffn_hidden as f64;
             ops.push(tok / shard.sp_div(), m.num_experts as f64, h, 1.0);
-            ops.push(per_expert, gate_up * fe / t, h, local_experts);
-            ops.push(per_expert, h, fe / t, local_experts);
+            ops.push(per_expert, gate_up * fe / et, h, local_experts);
+            ops.push(per_expert, h, fe / et, local_experts);
             let fsh = m.shared_ffn_hidden() as f64;
             if fsh > 0.0 {
                 ops.push(tok, gate_up * fsh / t, h, 1.0);
@@ -941,12 +973,23 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             }
             // Routed copies: permute and unpermute move each copy's hidden vector, the expert
             // activation its intermediates (§5.3, values in data/stacks.toml).
-            let copies = tok * m.top_k as f64 * ctx.moe_imbalance;
             let per_copy = ctx.routed_copy_bytes_per_hidden * h
-                + ctx.expert_activation_bytes_per_width * m.expert_ffn_hidden as f64 / t;
+                + ctx.expert_activation_bytes_per_width * m.expert_ffn_hidden as f64 / et;
             ops.routed_elementwise_bytes = copies * per_copy;
-            // One point after attention and one per routed copy gathered over TP (§3.4).
-            ops.comm.tp_points = spec.mixer.present() as u32 + m.top_k;
+            // The mixer's point (none in a Nemotron-H MoE-only layer) comes first.
+            let mixer_points = spec.mixer.present() as u32;
+            match shard.etp {
+                // One point after attention and one per routed copy gathered over TP (§3.4).
+                None => ops.comm.tp_points = mixer_points + m.top_k,
+                // Folded: the copies gather over the expert-TP group instead (§3.7).
+                Some(etp) => {
+                    ops.comm.tp_points = mixer_points;
+                    if etp > 1 {
+                        ops.comm.etp_points = m.top_k;
+                        ops.comm.etp_bytes = tok * shard.routed_share() * h * WIRE_BYTES;
+                    }
+                }
+            }
             ops.comm.dispatch = Some(Dispatch {
                 tokens: tok / shard.sp_div(),
                 bytes_per_copy: h * WIRE_BYTES,
@@ -1020,12 +1063,54 @@ mod tests {
     }
 
     #[test]
+    fn a_folded_moe_layer_gathers_copies_over_the_expert_tp_group() {
+        let m = crate::presets::model("mixtral-8x7b").unwrap();
+        let spec = m.layer_kinds().specs()[1];
+        let ctx = OpsContext {
+            tokens: 4096.0,
+            moe_imbalance: 1.0,
+            elementwise_bytes_per_hidden: 40.0,
+            replicated_elementwise_bytes_per_hidden: 20.0,
+            routed_copy_bytes_per_hidden: 8.0,
+            expert_activation_bytes_per_width: 6.0,
+        };
+        let shard = |etp| Shard {
+            tp: 4,
+            ep: 8,
+            etp,
+            sequence_parallel: true,
+        };
+        let unfolded = layer_ops(&m, &spec, &shard(None), &ctx);
+        let whole = layer_ops(&m, &spec, &shard(Some(1)), &ctx);
+        let two = layer_ops(&m, &spec, &shard(Some(2)), &ctx);
+        // Unfolded: the copies gather over TP; etp = 1: no TP collective around the experts.
+        assert_eq!((unfolded.comm.tp_points, unfolded.comm.etp_points), (3, 0));
+        assert_eq!((whole.comm.tp_points, whole.comm.etp_points), (1, 0));
+        assert_eq!((two.comm.tp_points, two.comm.etp_points), (1, 2));
+        assert_eq!(two.comm.etp_bytes, unfolded.comm.tp_bytes * 2.0 / 4.0);
+        // The same routed FLOPs per GPU whatever the expert TP: rows × width is constant.
+        let routed = |ops: &LayerOps| {
+            ops.gemms()[1..3]
+                .iter()
+                .map(|g| g.m * g.n * g.k * g.repeat)
+                .sum::<f64>()
+        };
+        assert_eq!(routed(&whole), routed(&unfolded));
+        assert_eq!(routed(&two), routed(&unfolded));
+        // Each expert whole on one rank (etp = 1) holds tp times the unfolded expert weights.
+        assert_eq!(whole.params.expert, 4.0 * unfolded.params.expert);
+        // The dispatch is each TP rank's own share of the tokens either way.
+        assert_eq!(whole.comm.dispatch, unfolded.comm.dispatch);
+    }
+
+    #[test]
     fn an_moe_layer_has_a_point_per_routed_copy_and_a_dispatch() {
         let m = crate::presets::model("mixtral-8x7b").unwrap();
         let kinds = m.layer_kinds();
         let shard = Shard {
             tp: 2,
             ep: 4,
+            etp: None,
             sequence_parallel: true,
         };
         let ctx = OpsContext {
@@ -1097,6 +1182,7 @@ mod tests {
         let shard = Shard {
             tp: 2,
             ep: 1,
+            etp: None,
             sequence_parallel: true,
         };
         let ops = layer_ops(&m, &mamba, &shard, &ctx(8192.0));
@@ -1125,6 +1211,7 @@ mod tests {
         let shard = Shard {
             tp: 1,
             ep: 1,
+            etp: None,
             sequence_parallel: false,
         };
         let h = 4096.0;
@@ -1198,6 +1285,7 @@ mod tests {
             &Shard {
                 tp: 2,
                 ep: 8,
+                etp: None,
                 sequence_parallel: true,
             },
             &ctx(4096.0),

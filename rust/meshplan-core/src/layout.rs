@@ -151,10 +151,13 @@ pub fn group(mesh: &Mesh, axes: &[Axis], domain: u32) -> Group {
 pub struct Groups {
     pub tp: Group,
     pub cp: Group,
+    /// Expert parallel all-to-all: the expert mesh's `ep`.
     pub ep: Group,
-    /// Gradient reduction of dense parameters: dp·ep·cp ranks (§2.3).
+    /// Expert tensor parallelism: the expert mesh's `etp` (the TP group unless folded).
+    pub etp: Group,
+    /// Gradient reduction of dense parameters: dp·ep·cp ranks (dp·cp folded), §2.3.
     pub dense_dp: Group,
-    /// Gradient reduction of expert parameters: dp·cp ranks (§2.3).
+    /// Gradient reduction of expert parameters: the expert mesh's `edp` (dp·cp unfolded), §2.3.
     pub expert_dp: Group,
     /// Neighbouring pipeline stages (a pair: `per_domain == 2` means NVLink).
     pub pp: Group,
@@ -184,18 +187,18 @@ pub fn domain_block(num_gpus: u64, domain: u32) -> u32 {
 }
 
 impl Groups {
-    /// Places every group of `plan` on a cluster with NVLink domains of `domain` GPUs.
+    /// Places every group of `plan` on a cluster with NVLink domains of `domain` GPUs: the
+    /// dense groups on its [`Plan::mesh`], the expert groups on its [`Plan::expert_mesh`].
     pub fn of(plan: &Plan, domain: u32) -> Self {
-        Groups::on(&plan.mesh(), domain_block(plan.num_gpus(), domain))
+        let domain = domain_block(plan.num_gpus(), domain);
+        Groups::on(&plan.mesh(), &plan.expert_mesh(), domain)
     }
 
-    /// Places every group of [`crate::mesh::GROUP_AXES`] on `mesh`, `domain` of its ranks per
-    /// NVLink domain (already the job's [`domain_block`]).
-    pub fn on(mesh: &Mesh, domain: u32) -> Self {
+    /// Places every group of [`crate::mesh::GROUP_AXES`] on `mesh` and the expert groups on
+    /// `expert`, `domain` of their ranks per NVLink domain (already the job's [`domain_block`]).
+    pub fn on(mesh: &Mesh, expert: &ExpertMesh, domain: u32) -> Self {
         let of = |role| group(mesh, group_axes(role), domain);
-        // The expert DP group is the expert mesh's `edp` over the same ranks.
-        let expert = ExpertMesh::over(*mesh);
-        let expert_dp = group(expert.dense(), ExpertMesh::spans(ExpertDim::Edp), domain);
+        let on_expert = |dim| group(expert.mesh(), ExpertMesh::spans(dim), domain);
         let pp_all = of(GroupRole::Pp);
         // Two consecutive stages share a domain iff the pipeline axis has more than one member per domain.
         let pp = if mesh.size(Axis::Pp) > 1 {
@@ -209,9 +212,10 @@ impl Groups {
         Groups {
             tp: of(GroupRole::Tp),
             cp: of(GroupRole::Cp),
-            ep: of(GroupRole::Ep),
+            ep: on_expert(ExpertDim::Ep),
+            etp: on_expert(ExpertDim::Etp),
             dense_dp: of(GroupRole::DenseDp),
-            expert_dp,
+            expert_dp: on_expert(ExpertDim::Edp),
             pp,
         }
     }
@@ -235,6 +239,9 @@ mod tests {
             sequence_parallel: false,
             schedule: None,
             order: RankOrder::DEFAULT,
+            etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         }
     }
 

@@ -385,6 +385,9 @@ mod tests {
             sequence_parallel: sp,
             schedule: None,
             order: Default::default(),
+            etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         }
     }
 

@@ -62,14 +62,35 @@ impl Mesh {
 }
 
 impl Plan {
-    /// The plan's device mesh: its degrees along its rank order.
+    /// The plan's device mesh: its degrees along its rank order. A folded plan's has no EP
+    /// axis (size 1): its dense layers see `tp × cp × dp × pp`.
     pub fn mesh(&self) -> Mesh {
-        Mesh::new(self.order, |axis| axis.size(self))
+        if self.folded() {
+            Mesh::new(self.order, |axis| match axis {
+                Axis::Ep => 1,
+                _ => axis.size(self),
+            })
+        } else {
+            Mesh::new(self.order, |axis| axis.size(self))
+        }
     }
 
-    /// The plan's expert mesh over the same ranks (today `etp = tp`, `edp = dp·cp`).
+    /// The plan's expert mesh over the same ranks: the dense mesh itself (`etp = tp`,
+    /// `edp = dp·cp`), or a folded plan's own `etp × ep × edp × pp` laid out along the same rank
+    /// order (Megatron builds the expert rank groups with the dense order, expert TP in TP's
+    /// place, EP in EP's, expert DP in DP's and no CP: `RankGenerator` in
+    /// megatron/core/parallel_state.py).
     pub fn expert_mesh(&self) -> ExpertMesh {
-        ExpertMesh::over(self.mesh())
+        match self.etp {
+            None => ExpertMesh::over(self.mesh()),
+            Some(etp) => ExpertMesh::over(Mesh::new(self.order, |axis| match axis {
+                Axis::Tp => etp,
+                Axis::Cp => 1,
+                Axis::Ep => self.ep,
+                Axis::Dp => self.expert_dp(),
+                Axis::Pp => self.pp,
+            })),
+        }
     }
 }
 
@@ -86,28 +107,30 @@ pub enum ExpertDim {
     Pp,
 }
 
-/// The expert mesh: the ranks of a plan's [`Mesh`] as the MoE layers' experts see them,
-/// `etp × ep × edp × pp`. Without parallel folding each expert dimension spans axes of the one
-/// rank order ([`ExpertMesh::spans`]: `etp = tp`, `edp = dp·cp`, EP carved out of the dense
-/// data parallelism), so its groups land where the dense mesh's do; a folded expert mesh (its
-/// own `etp`, `edp`) changes `spans` into a factoring of its own, and the callers do not change.
+/// The expert mesh: the ranks of a plan as the MoE layers' experts see them,
+/// `etp × ep × edp × pp`, a [`Mesh`] whose dimensions span its axes ([`ExpertMesh::spans`]:
+/// `etp` the TP axis, `ep` the EP axis, `edp` the CP and DP axes). Without parallel folding it
+/// is the dense mesh itself (`etp = tp`, `edp = dp·cp`, EP carved out of the dense data
+/// parallelism), so its groups land where the dense mesh's do; a folded plan's is a mesh of its
+/// own over the same ranks (CP size 1), and the callers do not change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ExpertMesh {
-    dense: Mesh,
+    mesh: Mesh,
 }
 
 impl ExpertMesh {
     /// The dimensions, innermost (in the default rank order) first.
     pub const DIMS: [ExpertDim; 4] = [ExpertDim::Etp, ExpertDim::Ep, ExpertDim::Edp, ExpertDim::Pp];
 
-    /// The expert mesh over the ranks of `dense`.
-    pub fn over(dense: Mesh) -> Self {
-        ExpertMesh { dense }
+    /// The expert mesh whose dimensions span the axes of `mesh`.
+    pub fn over(mesh: Mesh) -> Self {
+        ExpertMesh { mesh }
     }
 
-    /// The dense mesh whose ranks this one factors (its rank order and strides).
-    pub fn dense(&self) -> &Mesh {
-        &self.dense
+    /// The mesh whose axes the dimensions span (its rank order and strides): the dense mesh,
+    /// or a folded plan's expert mesh.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
     }
 
     /// The dense axes `dim` spans over the same ranks.
@@ -124,7 +147,7 @@ impl ExpertMesh {
     pub fn size(&self, dim: ExpertDim) -> u32 {
         ExpertMesh::spans(dim)
             .iter()
-            .fold(1u32, |n, &a| n.saturating_mul(self.dense.size(a)))
+            .fold(1u32, |n, &a| n.saturating_mul(self.mesh.size(a)))
     }
 
     /// Ranks of the mesh (saturating): the dense mesh's.
@@ -138,7 +161,7 @@ impl ExpertMesh {
 /// A communication group of a plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GroupRole {
-    /// Tensor parallel (also the experts' TP: expert TP = TP today).
+    /// Tensor parallel (also the experts' TP unless the plan is folded).
     Tp,
     /// Context parallel ring.
     Cp,
@@ -193,6 +216,9 @@ mod tests {
             sequence_parallel: false,
             schedule: None,
             order: RankOrder::parse(order).unwrap(),
+            etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         }
     }
 
@@ -233,6 +259,54 @@ mod tests {
                 .count();
             assert_eq!(n, 1, "{a:?}");
         }
+    }
+
+    #[test]
+    fn a_folded_plan_has_its_own_expert_mesh_over_the_same_ranks() {
+        // Qwen3-235B as Megatron-Bridge runs it on 256 H100: TP 2, PP 8, DP 16, EP 32, ETP 1.
+        let qwen = Plan {
+            etp: Some(1),
+            ..plan([16, 2, 8, 32, 1], "tp-cp-ep-dp-pp")
+        };
+        assert_eq!(qwen.num_gpus(), 256);
+        assert_eq!(qwen.dense_dp(), 16);
+        assert_eq!(qwen.expert_dp(), 1);
+        let dense = qwen.mesh();
+        assert_eq!(dense.size(Axis::Ep), 1);
+        assert_eq!(dense.num_ranks(), 256);
+        let e = qwen.expert_mesh();
+        let sizes: Vec<u32> = ExpertMesh::DIMS.iter().map(|&d| e.size(d)).collect();
+        assert_eq!(sizes, vec![1, 32, 1, 8]);
+        assert_eq!(e.num_ranks(), 256);
+        // EP spans the 32 consecutive ranks of a stage: the dense TP pairs and 16 DP ranks.
+        let ep = crate::layout::group_ranks(e.mesh(), ExpertMesh::spans(ExpertDim::Ep), 0, 64);
+        assert_eq!(ep, (0..32).collect::<Vec<u64>>());
+        let g = crate::layout::Groups::of(&qwen, 8);
+        assert_eq!((g.ep.size, g.ep.per_domain), (32, 8));
+        assert_eq!((g.etp.size, g.expert_dp.size, g.tp.size), (1, 1, 2));
+        assert_eq!(g.dense_dp.size, 16);
+        // Folding over CP too: tp 2, cp 2, dp 2 (8 ranks a stage), etp 2, ep 4.
+        let cp = Plan {
+            etp: Some(2),
+            ..plan([2, 2, 1, 4, 2], "tp-cp-ep-dp-pp")
+        };
+        assert_eq!(cp.num_gpus(), 8);
+        assert_eq!(cp.expert_dp(), 1);
+        let g = crate::layout::Groups::of(&cp, 8);
+        assert_eq!(
+            (g.ep.size, g.etp.size, g.cp.size, g.dense_dp.size),
+            (4, 2, 2, 4)
+        );
+    }
+
+    #[test]
+    fn an_unfolded_plans_expert_groups_are_the_dense_meshs() {
+        let plan = plan([4, 2, 1, 2, 1], "tp-cp-ep-dp-pp");
+        let g = crate::layout::Groups::of(&plan, 8);
+        assert_eq!(g.etp, g.tp);
+        assert_eq!(plan.expert_mesh().mesh(), &plan.mesh());
+        assert_eq!(plan.expert_dp(), 4);
+        assert_eq!(plan.expert_tp(), 2);
     }
 
     #[test]

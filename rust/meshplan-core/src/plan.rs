@@ -80,6 +80,40 @@ impl Schedule {
     }
 }
 
+/// How an MoE layer's tokens reach their experts and come back (docs/costmodel.md §3.7):
+/// Megatron-Core's `--moe-token-dispatcher-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Dispatcher {
+    /// NCCL all-to-all of every routed copy (Megatron `alltoall`, torchtitan's EP).
+    #[serde(rename = "alltoall")]
+    AllToAll,
+    /// All-gather of the EP group's tokens, each rank keeping its experts' (Megatron
+    /// `allgather`); the combine is a reduce-scatter.
+    #[serde(rename = "allgather")]
+    AllGather,
+    /// DeepEP / HybridEP kernels with node-deduplicated routing: a token crosses the network
+    /// once per remote domain and fans out over NVLink there (Megatron `flex`).
+    #[serde(rename = "flex")]
+    Flex,
+}
+
+impl Dispatcher {
+    /// Every dispatcher, in the order of their codes (`feasible_space` columns).
+    pub const ALL: [Dispatcher; 3] = [
+        Dispatcher::AllToAll,
+        Dispatcher::AllGather,
+        Dispatcher::Flex,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatcher::AllToAll => "alltoall",
+            Dispatcher::AllGather => "allgather",
+            Dispatcher::Flex => "flex",
+        }
+    }
+}
+
 /// An axis of the device mesh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Axis {
@@ -218,9 +252,10 @@ impl<'de> Deserialize<'de> for RankOrder {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Plan {
-    /// Data-parallel degree (dense layers see `dp·ep`).
+    /// Data-parallel degree: dense layers see `dp·ep`, or, in a folded plan (`etp` given), `dp`
+    /// itself (Megatron's DP).
     pub dp: u32,
-    /// Tensor-parallel degree (also the expert tensor-parallel degree).
+    /// Tensor-parallel degree (also the expert tensor-parallel degree unless `etp` is given).
     pub tp: u32,
     /// Pipeline stages.
     pub pp: u32,
@@ -250,6 +285,20 @@ pub struct Plan {
     /// Rank order of the device mesh (which groups share an NVLink domain).
     #[serde(default)]
     pub order: RankOrder,
+    /// Expert tensor-parallel degree of a folded plan (MoE parallel folding, docs/costmodel.md
+    /// §0.1): given, the expert layers run their own `etp × ep × edp × pp` mesh over the ranks
+    /// the dense layers run as `tp × cp × dp × pp`, so `N = dp·tp·pp·cp` and
+    /// `etp·ep·edp = dp·tp·cp`; absent, EP is carved out of data parallelism and the experts
+    /// split `tp` ways (`N = dp·tp·pp·ep·cp`).
+    #[serde(default)]
+    pub etp: Option<u32>,
+    /// MoE token dispatcher (`None`: the workload's stack's default; the search names it).
+    #[serde(default)]
+    pub dispatcher: Option<Dispatcher>,
+    /// EP communication overlap: one micro-batch's dispatch and combine hidden behind another's
+    /// computation (Megatron `--overlap-moe-expert-parallel-comm`, DualPipe-style).
+    #[serde(default)]
+    pub ep_overlap: bool,
 }
 
 fn one() -> u32 {
@@ -257,12 +306,37 @@ fn one() -> u32 {
 }
 
 impl Plan {
-    /// Total GPUs the plan uses.
+    /// Total GPUs the plan uses: `dp·tp·pp·ep·cp`, or `dp·tp·pp·cp` for a folded plan.
     /// (Saturates at `u64::MAX`, so absurd degrees never wrap around to a valid GPU count.)
     pub fn num_gpus(&self) -> u64 {
-        [self.dp, self.tp, self.pp, self.ep, self.cp]
+        let ep = if self.folded() { 1 } else { self.ep };
+        [self.dp, self.tp, self.pp, ep, self.cp]
             .into_iter()
             .fold(1u64, |acc, d| acc.saturating_mul(d as u64))
+    }
+
+    /// Whether the experts fold over the dense ranks on a mesh of their own (`etp` given).
+    pub fn folded(&self) -> bool {
+        self.etp.is_some()
+    }
+
+    /// Expert tensor-parallel degree: `etp`, else `tp`.
+    pub fn expert_tp(&self) -> u32 {
+        self.etp.unwrap_or(self.tp)
+    }
+
+    /// Expert data-parallel degree `edp`: replicas of each expert shard, the ranks of a
+    /// pipeline stage over `etp·ep` (`dp·cp` when EP is carved out of data parallelism).
+    /// Saturating; 0 when a folded plan's `etp·ep` exceeds a stage (rejected by `validate`).
+    pub fn expert_dp(&self) -> u32 {
+        match self.etp {
+            None => self.dp.saturating_mul(self.cp),
+            Some(etp) => {
+                let stage = self.dp as u64 * self.tp as u64 * self.cp as u64;
+                let expert = (etp as u64 * self.ep as u64).max(1);
+                (stage / expert).min(u32::MAX as u64) as u32
+            }
+        }
     }
 
     /// The schedule in effect.
@@ -274,8 +348,12 @@ impl Plan {
         })
     }
 
-    /// Dense-layer data-parallel degree `d_p = dp·ep` (docs/costmodel.md §0).
+    /// Dense-layer data-parallel degree `d_p = dp·ep` (docs/costmodel.md §0); `dp` in a folded
+    /// plan.
     pub fn dense_dp(&self) -> u32 {
+        if self.folded() {
+            return self.dp;
+        }
         // Saturating: at most the GPU count once validated, but never a wrap before that.
         self.dp.saturating_mul(self.ep)
     }
@@ -294,12 +372,35 @@ impl Plan {
             limits::check(field, v)?;
         }
         limits::check("plan.zero", self.zero)?;
+        if let Some(etp) = self.etp {
+            limits::check("plan.etp", etp)?;
+        }
         if self.num_gpus() != num_gpus as u64 {
+            let product = if self.folded() {
+                "dp·tp·pp·cp (a folded plan: dp is the dense layers' data parallelism)"
+            } else {
+                "dp·tp·pp·ep·cp"
+            };
             return Err(Error::invalid(
                 "plan",
-                format!("dp·tp·pp·ep·cp = {}", self.num_gpus()),
+                format!("{product} = {}", self.num_gpus()),
                 format!("a product equal to the cluster's {num_gpus} GPUs"),
             ));
+        }
+        if let Some(etp) = self.etp {
+            let stage = self.dp as u64 * self.tp as u64 * self.cp as u64;
+            let expert = etp as u64 * self.ep as u64;
+            if stage % expert != 0 {
+                return Err(Error::invalid(
+                    "plan.etp",
+                    etp,
+                    format!(
+                        "a degree with etp·ep dividing the {stage} ranks of a pipeline stage \
+                         (dp·tp·cp; ep = {})",
+                        self.ep
+                    ),
+                ));
+            }
         }
         match (self.schedule(), self.vpp) {
             (Schedule::Interleaved, 1) => {
@@ -343,6 +444,15 @@ impl fmt::Display for Plan {
         if self.order != RankOrder::DEFAULT {
             write!(f, ",order={}", self.order)?;
         }
+        if let Some(etp) = self.etp {
+            write!(f, ",etp={etp}")?;
+        }
+        if let Some(d) = self.dispatcher {
+            write!(f, ",dispatcher={}", d.name())?;
+        }
+        if self.ep_overlap {
+            f.write_str(",ep_overlap=true")?;
+        }
         Ok(())
     }
 }
@@ -367,9 +477,39 @@ mod tests {
             sequence_parallel: false,
             schedule: None,
             order: RankOrder::DEFAULT,
+            etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         };
         let e = plan.validate(8).unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");
+    }
+
+    #[test]
+    fn a_folded_plan_multiplies_without_ep_and_needs_etp_ep_to_divide_a_stage() {
+        let mut plan: Plan =
+            serde_json::from_str(r#"{"dp": 16, "tp": 2, "pp": 8, "ep": 32, "etp": 1}"#).unwrap();
+        assert!(plan.folded());
+        plan.validate(256).unwrap();
+        assert!(plan.to_string().ends_with(",etp=1"));
+        // ep·etp = 64 does not divide the 32 ranks of a stage.
+        plan.etp = Some(2);
+        let e = plan.validate(256).unwrap_err().to_string();
+        assert!(e.contains("plan.etp") && e.contains("32 ranks"), "{e}");
+        // The unfolded reading of the same numbers needs 8192 GPUs.
+        plan.etp = None;
+        let e = plan.validate(256).unwrap_err().to_string();
+        assert!(e.contains("dp·tp·pp·ep·cp = 8192"), "{e}");
+        for bad in [0u64, 1 << 31, 1 << 32, u64::MAX] {
+            let text = format!(r#"{{"dp": 16, "tp": 2, "pp": 8, "ep": 32, "etp": {bad}}}"#);
+            match serde_json::from_str::<Plan>(&text) {
+                Ok(p) => {
+                    let e = p.validate(256).unwrap_err().to_string();
+                    assert!(e.contains("plan.etp"), "{bad}: {e}");
+                }
+                Err(e) => assert!(bad > u32::MAX as u64, "{bad}: {e}"),
+            }
+        }
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
 use crate::levels::{DegreeLevel, KnobLevel, KnobTimes, Pipeline};
 use crate::memory::layer_activations;
-use crate::plan::{Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::report::{Evaluation, SearchResult, SearchStats};
 use crate::rules::{PruneCounts, Rule, Scope};
 use crate::space::{Degree, SearchSpace};
@@ -146,10 +146,16 @@ struct Degrees {
     pp: u32,
     ep: u32,
     cp: u32,
+    /// A folded plan's expert TP (`dp` is then the dense data parallelism, [`Plan::etp`]).
+    etp: Option<u32>,
+    /// The MoE dispatcher of a plan with `ep > 1` ([`Plan::dispatcher`]).
+    dispatcher: Option<Dispatcher>,
+    /// EP communication overlap ([`Plan::ep_overlap`]).
+    ep_overlap: bool,
 }
 
 fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
-    let Degrees { dp, tp, pp, ep, cp } = degrees;
+    let Degrees { tp, pp, .. } = degrees;
     let mb_upper = space
         .micro_batch
         .fixed
@@ -180,7 +186,8 @@ fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
     let mut zero = space.zero.clone();
     zero.sort();
     zero.dedup();
-    if dp * ep * cp == 1 {
+    let base = base_plan(degrees);
+    if base.dense_dp() as u64 * base.cp as u64 == 1 && base.expert_dp() == 1 {
         // Nothing to shard over: every ZeRO stage is the same plan; keep the lowest allowed.
         zero.truncate(1);
     }
@@ -203,7 +210,9 @@ fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
     }
 }
 
-/// Outer tuples `(dp, tp, pp, ep, cp)` with product `N` allowed by the space, in a fixed order.
+/// Outer tuples `(dp, tp, pp, ep, cp)` with product `N` allowed by the space, in a fixed order;
+/// for an MoE model with `space.fold`, after each `(tp, pp, cp)` its folded tuples
+/// ([`folded_tuples`]).
 fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
     let n = problem.cluster.num_gpus;
     let divs = divisors(n);
@@ -228,14 +237,108 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
                         continue; // ep = 1 for dense models: not part of their space
                     }
                     let dp = rest / ep;
-                    if space.dp.allows(dp) {
-                        out.push(Degrees { dp, tp, pp, ep, cp });
+                    if space.dp.allows(dp) && (!is_moe || space.etp.allows(tp)) {
+                        out.push(Degrees {
+                            dp,
+                            tp,
+                            pp,
+                            ep,
+                            cp,
+                            etp: None,
+                            dispatcher: None,
+                            ep_overlap: false,
+                        });
                     }
+                }
+                if let (Some(moe), true) = (&problem.model.moe, space.fold) {
+                    folded_tuples(space, moe.num_experts, &divs, [tp, pp, cp, rest], &mut out);
                 }
             }
         }
     }
     out
+}
+
+/// `tuples` with every MoE token-exchange variant the space allows for a plan with `ep > 1`:
+/// each of `space.dispatchers` (empty: the stack's default) with each of `space.ep_overlap`
+/// (empty: the stack's default), those the stack offers; `ep = 1` tuples exchange nothing.
+fn with_ep_comm(problem: &Problem, space: &SearchSpace, tuples: Vec<Degrees>) -> Vec<Degrees> {
+    let stack = problem.workload.stack_profile();
+    let dispatchers = if space.dispatchers.is_empty() {
+        vec![stack.default_dispatcher]
+    } else {
+        space.dispatchers.clone()
+    };
+    let overlaps = if space.ep_overlap.is_empty() {
+        vec![stack.default_ep_overlap]
+    } else {
+        space.ep_overlap.clone()
+    };
+    let mut out = Vec::with_capacity(tuples.len());
+    for t in tuples {
+        if t.ep <= 1 {
+            out.push(t);
+            continue;
+        }
+        for &dispatcher in &dispatchers {
+            for &ep_overlap in &overlaps {
+                out.push(Degrees {
+                    dispatcher: Some(dispatcher),
+                    ep_overlap,
+                    ..t
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The folded tuples of dense degrees `tp`, `pp`, `cp` and dense data parallelism `dp`: expert
+/// TP `etp` and EP degree `ep > 1` dividing the model's `experts`, with `etp·ep` dividing the
+/// stage's `dp·tp·cp` ranks, except those an unfolded tuple already is (`etp = tp` and `ep`
+/// dividing `dp`: EP carved out of data parallelism). By default `etp = 1` (the folding
+/// Megatron-Bridge and torchtitan recipes run: whole experts, EP over the TP and DP ranks) and
+/// EP spans CP ranks only where TP and DP cannot hold it (`ep ∤ dp·tp`); a space that bounds
+/// `etp` gets every divisor of `tp` it allows and every EP placement.
+fn folded_tuples(
+    space: &SearchSpace,
+    experts: u32,
+    divs: &[u32],
+    [tp, pp, cp, dp]: [u32; 4],
+    out: &mut Vec<Degrees>,
+) {
+    if !space.dp.allows(dp) {
+        return;
+    }
+    let stage = dp as u64 * tp as u64 * cp as u64;
+    let bounded = space.etp != crate::space::Degree::default();
+    let without_cp = dp as u64 * tp as u64;
+    for &etp in divs
+        .iter()
+        .filter(|&&v| tp % v == 0 && (bounded || v == 1) && space.etp.allows(v))
+    {
+        for &ep in divs
+            .iter()
+            .filter(|&&v| v > 1 && experts % v == 0 && space.ep.allows(v))
+        {
+            let expert = etp as u64 * ep as u64;
+            let over_cp_by_choice = cp > 1 && without_cp % expert == 0;
+            if stage % expert != 0 || (etp == tp && dp % ep == 0) || (!bounded && over_cp_by_choice)
+            {
+                continue;
+            }
+            out.push(Degrees {
+                dp,
+                tp,
+                pp,
+                ep,
+                cp,
+                etp: Some(etp),
+                dispatcher: None,
+                ep_overlap: false,
+            });
+        }
+    }
 }
 
 /// A feasible plan before its full evaluation: what the ranking needs.
@@ -253,7 +356,7 @@ fn rank_order(a: &Ranked, b: &Ranked) -> Ordering {
 }
 
 type PlanKey = (
-    u32,
+    (u32, Option<u32>, Option<Dispatcher>, bool),
     u32,
     u32,
     u32,
@@ -269,7 +372,7 @@ type PlanKey = (
 
 fn plan_key(p: &Plan) -> PlanKey {
     (
-        p.tp,
+        (p.tp, p.etp, p.dispatcher, p.ep_overlap),
         p.pp,
         p.cp,
         p.ep,
@@ -310,7 +413,18 @@ fn distinct_orders(
 }
 
 /// The plan with `degrees` and every knob at its first value.
-fn base_plan(Degrees { dp, tp, pp, ep, cp }: Degrees) -> Plan {
+fn base_plan(
+    Degrees {
+        dp,
+        tp,
+        pp,
+        ep,
+        cp,
+        etp,
+        dispatcher,
+        ep_overlap,
+    }: Degrees,
+) -> Plan {
     Plan {
         dp,
         tp,
@@ -324,6 +438,9 @@ fn base_plan(Degrees { dp, tp, pp, ep, cp }: Degrees) -> Plan {
         sequence_parallel: false,
         schedule: Some(Schedule::OneFOneB),
         order: RankOrder::DEFAULT,
+        etp,
+        dispatcher,
+        ep_overlap,
     }
 }
 
@@ -598,7 +715,7 @@ impl<'a> Searcher<'a> {
             .recompute
             .iter()
             .copied()
-            .filter(|r| stack.recompute.contains(r))
+            .filter(|&r| stack.recompute.contains(&r) && stack.recompute_allowed(base, r))
             .collect();
         part.prune(
             Rule::StackRecompute,
@@ -609,7 +726,10 @@ impl<'a> Searcher<'a> {
             .sequence_parallel
             .iter()
             .copied()
-            .filter(|s| base.tp == 1 || stack.sequence_parallel.contains(s))
+            .filter(|&s| {
+                // Folded MoE layers with TP need sequence parallelism (the stack rule).
+                base.tp == 1 || (stack.sequence_parallel.contains(&s) && (s || !base.folded()))
+            })
             .collect();
         part.prune(Rule::StackSequenceParallel, cells * (sp - sps.len() as u64));
         let left = Knobs {
@@ -1127,7 +1247,7 @@ fn collect(
     keep: Keep,
     started: Instant,
 ) -> Result<Partial> {
-    let tuples = outer_tuples(problem, space);
+    let tuples = with_ep_comm(problem, space, outer_tuples(problem, space));
     if let Some(limit) = space.max_candidates {
         let candidates: u64 = tuples
             .iter()

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::plan::{RankOrder, Recompute, Schedule};
+use crate::plan::{Dispatcher, RankOrder, Recompute, Schedule};
 
 /// Constraint on one parallel degree: fixed, or bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -74,8 +74,21 @@ pub struct SearchSpace {
     pub pp: Degree,
     pub ep: Degree,
     pub cp: Degree,
+    /// Expert tensor parallelism of an MoE plan, folded or not (an unfolded plan's is its `tp`).
+    pub etp: Degree,
     pub vpp: Degree,
     pub micro_batch: Degree,
+    /// Also try folded MoE plans (MoE parallel folding, `Plan::etp`): expert meshes whose EP
+    /// (dividing the experts) spans ranks the dense layers spend on TP and DP — and CP where
+    /// those cannot hold it — with whole experts (`etp = 1`); when `etp` is bounded, every
+    /// divisor of `tp` it allows and every EP placement. A folded plan that equals an unfolded
+    /// one (`etp = tp`, `ep` dividing the dense DP) is not tried twice.
+    pub fold: bool,
+    /// MoE token dispatchers to try for plans with `ep > 1` (empty: the stack's default).
+    pub dispatchers: Vec<Dispatcher>,
+    /// EP communication overlap settings to try for plans with `ep > 1` (empty: the stack's
+    /// default).
+    pub ep_overlap: Vec<bool>,
     /// Allowed ZeRO stages.
     pub zero: Vec<u8>,
     /// Allowed recompute modes.
@@ -114,6 +127,7 @@ impl Default for SearchSpace {
             pp: Degree::default(),
             ep: Degree::default(),
             cp: Degree::default(),
+            etp: Degree::default(),
             vpp: Degree {
                 fixed: None,
                 min: None,
@@ -124,6 +138,9 @@ impl Default for SearchSpace {
                 min: None,
                 max: Some(DEFAULT_MAX_MICRO_BATCH),
             },
+            fold: true,
+            dispatchers: Vec::new(),
+            ep_overlap: Vec::new(),
             zero: vec![0, 1, 2, 3],
             recompute: Recompute::DEFAULT.to_vec(),
             sequence_parallel: vec![false, true],
@@ -149,6 +166,7 @@ impl SearchSpace {
             ("pp", &self.pp),
             ("ep", &self.ep),
             ("cp", &self.cp),
+            ("etp", &self.etp),
             ("vpp", &self.vpp),
             ("micro_batch", &self.micro_batch),
         ] {

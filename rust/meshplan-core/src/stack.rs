@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::hardware::{check_fraction, check_positive, Precision};
 use crate::model::Model;
-use crate::plan::{Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::rules::Rule;
 
 /// The default stack's name.
@@ -48,6 +48,37 @@ pub enum PipelineSplit {
 }
 
 /// A parallel axis beside data parallelism.
+/// Which folded MoE plans ([`Plan::etp`]) a stack can build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExpertFolding {
+    /// None: EP is carved out of data parallelism and the experts split `tp` ways.
+    None,
+    /// Expert TP 1 or `tp` (torchtitan).
+    EtpOneOrTp,
+    /// Any expert TP with `etp·ep` dividing a stage's ranks (Megatron-Core).
+    Any,
+}
+
+impl ExpertFolding {
+    /// Whether a folded plan of expert TP `etp` and TP `tp` is one the stack builds.
+    pub fn allows(self, etp: u32, tp: u32) -> bool {
+        match self {
+            ExpertFolding::None => false,
+            ExpertFolding::EtpOneOrTp => etp == 1 || etp == tp,
+            ExpertFolding::Any => true,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertFolding::None => "none",
+            ExpertFolding::EtpOneOrTp => "etp 1 or tp",
+            ExpertFolding::Any => "any etp",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum StackAxis {
@@ -118,6 +149,14 @@ pub struct Stack {
     pub precisions: Vec<Precision>,
     /// Parallel axes beside data parallelism the stack can run (degree > 1).
     pub parallelism: Vec<StackAxis>,
+    /// Which folded MoE plans ([`Plan::etp`]) the stack builds.
+    pub expert_folding: ExpertFolding,
+    /// MoE token dispatchers the stack has, and the one it uses unless told otherwise.
+    pub dispatchers: Vec<Dispatcher>,
+    pub default_dispatcher: Dispatcher,
+    /// EP communication overlap settings the stack offers, and its default.
+    pub ep_overlap: Vec<bool>,
+    pub default_ep_overlap: bool,
     /// Rank orders the stack can build.
     pub orders: Vec<RankOrder>,
     /// Pipeline schedules the stack has.
@@ -268,6 +307,42 @@ impl Stack {
                 "{name} cannot run {label} = {degree} (it runs {label} = 1 only)"
             );
         }
+        if let Some(etp) = plan.etp {
+            rule!(
+                !self.expert_folding.allows(etp, plan.tp),
+                Rule::StackParallelism,
+                "{name} cannot fold the experts as etp = {etp} with tp = {} (it folds: {})",
+                plan.tp,
+                self.expert_folding.name()
+            );
+        }
+        if plan.ep > 1 {
+            let dispatcher = self.dispatcher(plan);
+            rule!(
+                !self.dispatchers.contains(&dispatcher),
+                Rule::StackParallelism,
+                "{name} has no {} token dispatcher (it has {})",
+                dispatcher.name(),
+                list(self.dispatchers.iter().map(|d| d.name()))
+            );
+        }
+        if plan.ep_overlap {
+            rule!(
+                !self.ep_overlap.contains(&true),
+                Rule::StackParallelism,
+                "{name} has no EP communication overlap"
+            );
+            rule!(
+                plan.ep <= 1,
+                Rule::StackParallelism,
+                "{name} overlaps EP communication only with expert parallelism (ep = 1)"
+            );
+            rule!(
+                self.dispatcher(plan) == Dispatcher::AllGather,
+                Rule::StackParallelism,
+                "{name} overlaps EP communication with the alltoall or flex dispatcher only"
+            );
+        }
         rule!(
             !self.orders.contains(&plan.order),
             Rule::StackOrder,
@@ -281,6 +356,11 @@ impl Stack {
             "{name} has no {} schedule (it has {})",
             plan.schedule().name(),
             list(self.schedules.iter().map(|s| s.name()))
+        );
+        rule!(
+            plan.ep_overlap && plan.pp > 1 && plan.schedule() != Schedule::Interleaved,
+            Rule::StackSchedule,
+            "{name} overlaps EP communication under pipelining with interleaved-1f1b only"
         );
         if let Some(why) = self.split_problem(model, plan) {
             rule!(
@@ -305,11 +385,33 @@ impl Stack {
             list(self.recompute.iter().map(|r| r.name()))
         );
         rule!(
+            !self.recompute_allowed(plan, plan.recompute),
+            Rule::StackRecompute,
+            "{name} cannot overlap EP communication under full recompute"
+        );
+        rule!(
             plan.tp > 1 && !self.sequence_parallel.contains(&plan.sequence_parallel),
             Rule::StackSequenceParallel,
             "{name} runs tp > 1 with sequence parallelism {} only",
             if plan.sequence_parallel { "off" } else { "on" }
         );
+        rule!(
+            plan.folded() && plan.tp > 1 && !plan.sequence_parallel,
+            Rule::StackSequenceParallel,
+            "{name} runs folded MoE layers with tp > 1 under sequence parallelism only \
+             (each TP rank dispatches its own share of the tokens)"
+        );
+    }
+
+    /// The token dispatcher of `plan` under this stack: its own, else the stack's default.
+    pub fn dispatcher(&self, plan: &Plan) -> Dispatcher {
+        plan.dispatcher.unwrap_or(self.default_dispatcher)
+    }
+
+    /// Whether recompute mode `r` goes with the EP overlap setting of `plan` (Megatron's A2A
+    /// overlap drives the layers' backward itself: no whole-layer recompute).
+    pub fn recompute_allowed(&self, plan: &Plan, r: Recompute) -> bool {
+        !(plan.ep_overlap && r == Recompute::Full)
     }
 
     /// The ZeRO stages this stack allows for the degrees of `plan`.
@@ -496,6 +598,9 @@ mod tests {
             sequence_parallel: tp > 1,
             schedule: None,
             order: RankOrder::DEFAULT,
+            etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         }
     }
 
@@ -538,6 +643,53 @@ mod tests {
         for stack in ["megatron-core", "torchtitan", "deepspeed", "maxtext"] {
             assert_eq!(split(stack, 79, plan([8, 1, 1, 1], 1)), None);
         }
+    }
+
+    /// The rules `stack` breaks for `plan` of Qwen3-30B-A3B in bf16.
+    fn broken(stack: &str, plan: &Plan) -> Vec<(Rule, String)> {
+        let model = crate::presets::model("qwen3-30b-a3b").unwrap();
+        let mut out = Vec::new();
+        Stack::named(stack)
+            .unwrap()
+            .rules(&model, Precision::Bf16, plan, &mut |rule, msg| {
+                out.push((rule, msg.to_string()));
+                true
+            });
+        out
+    }
+
+    #[test]
+    fn each_stack_folds_the_experts_as_its_data_says() {
+        let folded = |etp, sp| Plan {
+            etp: Some(etp),
+            sequence_parallel: sp,
+            ..plan([8, 4, 1, 16], 1)
+        };
+        assert!(broken("megatron-core", &folded(2, true)).is_empty());
+        assert!(broken("megatron-core", &folded(1, true)).is_empty());
+        // Megatron needs sequence parallelism for MoE layers with TP.
+        let r = broken("megatron-core", &folded(1, false));
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, Rule::StackSequenceParallel);
+        assert!(r[0].1.contains("folded"), "{}", r[0].1);
+        // torchtitan: expert TP 1 or tp only.
+        assert!(broken("torchtitan", &folded(1, true))
+            .iter()
+            .all(|(rule, _)| *rule != Rule::StackParallelism));
+        let r = broken("torchtitan", &folded(2, true));
+        assert!(
+            r.iter().any(|(rule, m)| *rule == Rule::StackParallelism
+                && m.contains("etp = 2")
+                && m.contains("etp 1 or tp")),
+            "{r:?}"
+        );
+        // MaxText does not fold.
+        let r = broken("maxtext", &folded(1, true));
+        assert!(
+            r.iter()
+                .any(|(rule, m)| *rule == Rule::StackParallelism && m.contains("none")),
+            "{r:?}"
+        );
     }
 
     #[test]

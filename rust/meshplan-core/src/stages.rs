@@ -518,6 +518,9 @@ mod tests {
             sequence_parallel: false,
             schedule: None,
             order: Default::default(),
+            etp: None,
+            dispatcher: None,
+            ep_overlap: false,
         };
         let got = in_flight(&plan, 64, 0);
         let want = 8.0 * (1.0 + 7.0 / 32.0);

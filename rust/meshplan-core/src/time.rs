@@ -227,7 +227,11 @@ impl<'a> TimeContext<'a> {
     /// One tensor-parallel "all-reduce point" on `bytes`: an all-reduce, or with sequence
     /// parallelism the reduce-scatter + all-gather pair that replaces it (§3.4).
     fn tp_point(&self, bytes: f64) -> f64 {
-        let g = self.groups.tp;
+        self.tp_point_on(bytes, self.groups.tp)
+    }
+
+    /// A TP point on group `g` (the TP group, or a folded plan's expert-TP group).
+    fn tp_point_on(&self, bytes: f64, g: Group) -> f64 {
         if self.plan.sequence_parallel {
             self.fabric.collective_s(Collective::AllGather, bytes, g)
                 + self
@@ -313,12 +317,19 @@ impl<'a> TimeContext<'a> {
         let bwd_compute = g.dgrad + wgrad + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead;
 
         // Tensor parallel (§3.4).
-        let tp_fwd = if plan.tp > 1 {
+        let mut tp_fwd = if plan.tp > 1 {
             let tp_points = ops.comm.tp_points as f64;
             (1.0 - self.tp_overlap()) * tp_points * self.tp_point(ops.comm.tp_bytes)
         } else {
             0.0
         };
+        // A folded plan's routed copies gather over the expert-TP group (§3.7).
+        if ops.comm.etp_points > 0 {
+            let points = ops.comm.etp_points as f64;
+            tp_fwd += (1.0 - self.tp_overlap())
+                * points
+                * self.tp_point_on(ops.comm.etp_bytes, self.groups.etp);
+        }
 
         // Context parallel ring (§3.8): c−1 K/V blocks, each hidden behind one attention block.
         let (cp_fwd, cp_bwd) = if plan.cp > 1 && ops.comm.cp_kv_bytes_per_token > 0.0 {
@@ -340,15 +351,32 @@ impl<'a> TimeContext<'a> {
             (0.0, 0.0)
         };
 
-        // Expert parallel all-to-all (§3.7): dispatch + combine each way.
-        let ep_fwd = match ops.comm.dispatch {
+        // Expert parallel token exchange (§3.7): dispatch + combine each way, by the plan's
+        // dispatcher. With EP overlap one micro-batch's exchange hides behind another's
+        // computation in the other direction (Megatron's combined 1F1B schedule): what the
+        // backward pass's compute cannot cover of a forward exchange is exposed, and the other
+        // way round.
+        let (ep_fwd, ep_bwd) = match ops.comm.dispatch {
             Some(d) if plan.ep > 1 => {
-                let one_way =
-                    self.fabric
-                        .dispatch_s(d.tokens, d.bytes_per_copy, d.top_k, self.groups.ep);
-                (1.0 - cal.ep_overlap) * 2.0 * one_way * cal.moe_imbalance
+                let one_way = self
+                    .fabric
+                    .token_exchange(
+                        self.stack.dispatcher(plan),
+                        d.tokens,
+                        d.bytes_per_copy,
+                        d.top_k,
+                        self.groups.ep,
+                    )
+                    .total_s;
+                if plan.ep_overlap {
+                    let raw = 2.0 * one_way * cal.moe_imbalance;
+                    ((raw - bwd_compute).max(0.0), (raw - fwd_compute).max(0.0))
+                } else {
+                    let exposed = (1.0 - cal.ep_overlap) * 2.0 * one_way * cal.moe_imbalance;
+                    (exposed, exposed)
+                }
             }
-            _ => 0.0,
+            _ => (0.0, 0.0),
         };
 
         let fwd = Pass {
@@ -361,7 +389,7 @@ impl<'a> TimeContext<'a> {
             compute: bwd_compute,
             tp: tp_fwd,
             cp: cp_bwd,
-            ep: ep_fwd,
+            ep: ep_bwd,
         };
         LayerParts {
             time: LayerTime { fwd, bwd, wgrad },

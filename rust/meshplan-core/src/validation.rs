@@ -168,6 +168,21 @@ pub struct CasePlan {
     pub recompute: Option<Recompute>,
     #[serde(default)]
     pub sequence_parallel: Option<bool>,
+    /// Expert TP of a folded run (MoE parallel folding): `dp` is then the dense layers' data
+    /// parallelism, GPUs/(tp·pp·cp) ([`Plan::etp`]).
+    #[serde(default)]
+    pub etp: Option<u32>,
+}
+
+impl CasePlan {
+    /// The dense layers' data parallelism: `dp·ep`, or `dp` of a folded run.
+    fn dense_dp(&self) -> u32 {
+        if self.etp.is_some() {
+            self.dp
+        } else {
+            self.dp * self.ep.unwrap_or(1)
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -571,7 +586,7 @@ fn problem_of(
         Precision::Bf16
     });
     let p = &case.plan;
-    let per_step = p.dp * p.ep.unwrap_or(1) * p.micro_batch.unwrap_or(1);
+    let per_step = p.dense_dp() * p.micro_batch.unwrap_or(1);
     let global_batch = case.training.global_batch.unwrap_or_else(|| {
         defaults.push("training.global_batch".into());
         per_step * 4 * p.pp
@@ -593,7 +608,7 @@ fn problem_of(
 /// else uses 1.
 fn default_micro_batch(problem: &Problem, case: &Case) -> u32 {
     let p = &case.plan;
-    let replicas = p.dp * p.ep.unwrap_or(1);
+    let replicas = p.dense_dp();
     if SourceFacts::of_case(case).micro_batches_per_stage && p.pp > 1 {
         (problem.workload.global_batch / replicas.max(1) / p.pp).max(1)
     } else {
@@ -648,6 +663,9 @@ fn published_plan(
         sequence_parallel: p.sequence_parallel.unwrap_or(p.tp > 1),
         schedule: None,
         order: Default::default(),
+        etp: p.etp,
+        dispatcher: None,
+        ep_overlap: false,
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),

@@ -62,6 +62,9 @@ fn base_plan(n: u32) -> Plan {
         sequence_parallel: false,
         schedule: None,
         order: RankOrder::DEFAULT,
+        etp: None,
+        dispatcher: None,
+        ep_overlap: false,
     }
 }
 

@@ -80,6 +80,13 @@ fn plan_of(fs: &FeasibleSpace, i: usize) -> Plan {
         sequence_parallel: bools(fs, "sequence_parallel")[i],
         schedule: Some(serde_json::from_value(serde_json::json!(sched)).unwrap()),
         order: RankOrder::parse(order).unwrap(),
+        // 0: unfolded.
+        etp: Some(u32s(fs, "etp")[i]).filter(|&e| e > 0),
+        dispatcher: match labels(fs, "dispatcher")[u8s(fs, "dispatcher")[i] as usize].as_str() {
+            "none" => None,
+            d => Some(serde_json::from_value(serde_json::json!(d)).unwrap()),
+        },
+        ep_overlap: bools(fs, "ep_overlap")[i],
     }
 }
 
@@ -146,7 +153,7 @@ fn every_row_is_the_evaluation_of_a_feasible_plan_of_the_brute_force() {
                     let key = |e: &Evaluation| {
                         let q = &e.plan;
                         (
-                            q.tp,
+                            (q.tp, q.etp, q.dispatcher, q.ep_overlap),
                             q.pp,
                             q.cp,
                             q.ep,

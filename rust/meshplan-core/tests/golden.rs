@@ -49,6 +49,9 @@ fn plan(dp: u32, tp: u32, zero: u8, sp: bool) -> Plan {
         sequence_parallel: sp,
         schedule: None,
         order: RankOrder::DEFAULT,
+        etp: None,
+        dispatcher: None,
+        ep_overlap: false,
     }
 }
 

@@ -16,10 +16,13 @@ impl Ctx<'_> {
             2 => "weights are replicated (gradients and optimizer states are sharded: see zero)",
             _ => "nothing is replicated for long: ZeRO-3 shards weights, gradients and optimizer states (see zero)",
         };
+        let (replicas_of, group_of) = if plan.folded() {
+            (format!("dp = {}, folded", plan.dp), "dp·cp")
+        } else {
+            (format!("dp·ep = {}·{}", plan.dp, plan.ep), "dp·ep·cp")
+        };
         let state = format!(
-            "The batch: each of the {replicas} data-parallel replicas (dp·ep = {}·{}) takes {} of the {} sequences per step ({} micro-batches of {}); {replicated} over the {} ranks of the data-parallel group (dp·ep·cp).",
-            plan.dp,
-            plan.ep,
+            "The batch: each of the {replicas} data-parallel replicas ({replicas_of}) takes {} of the {} sequences per step ({} micro-batches of {}); {replicated} over the {} ranks of the data-parallel group ({group_of}).",
             w.global_batch / replicas.max(1),
             w.global_batch,
             self.m,
@@ -27,7 +30,7 @@ impl Ctx<'_> {
             g.size,
         );
         let mut a = self.axis("dp", plan.dp, state, g);
-        if plan.dp == 1 {
+        if plan.dp == 1 && g.size > 1 {
             a.notes.push(format!(
                 "dp = 1, but the {} ranks of ep·cp hold replicas of the dense weights, so their gradients are still reduced",
                 g.size
@@ -133,7 +136,12 @@ impl Ctx<'_> {
         if self.model().is_moe() && self.plan.ep > 1 {
             let e = self.groups.expert_dp;
             a.notes.push(format!(
-                "expert parameters are reduced over dp·cp = {} ranks ({}, {} per domain)",
+                "expert parameters are reduced over {} = {} ranks ({}, {} per domain)",
+                if self.plan.folded() {
+                    "the expert mesh's edp"
+                } else {
+                    "dp·cp"
+                },
                 e.size,
                 fabric_name(e),
                 e.per_domain

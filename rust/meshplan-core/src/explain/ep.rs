@@ -16,19 +16,55 @@ impl Ctx<'_> {
             return self.axis("ep", e, state, g);
         };
         let expert = plan.expert_mesh();
-        let state = format!(
-            "Routed experts: {} of the {} experts per GPU (each also split {} ways by expert TP = TP); every token is sent to its top-{} experts' GPUs and back. Attention and dense layers are not split by EP: for them the EP ranks are extra data parallelism.",
-            moe.num_experts / e,
-            moe.num_experts,
-            expert.size(ExpertDim::Etp),
-            moe.top_k
-        );
+        let state = if plan.folded() {
+            format!(
+                "Routed experts: {} of the {} experts per GPU, each split {} ways by expert TP; every token is sent to its top-{} experts' GPUs and back. Folded (MoE parallel folding): the expert layers run their own etp × ep × edp × pp = {} × {e} × {} × {} mesh over the ranks the dense layers run as tp × cp × dp × pp = {} × {} × {} × {}, so EP spans ranks the dense layers spend on TP, CP and DP.",
+                moe.num_experts / e,
+                moe.num_experts,
+                expert.size(ExpertDim::Etp),
+                moe.top_k,
+                expert.size(ExpertDim::Etp),
+                expert.size(ExpertDim::Edp),
+                plan.pp,
+                plan.tp,
+                plan.cp,
+                plan.dp,
+                plan.pp,
+            )
+        } else {
+            format!(
+                "Routed experts: {} of the {} experts per GPU (each also split {} ways by expert TP = TP); every token is sent to its top-{} experts' GPUs and back. Attention and dense layers are not split by EP: for them the EP ranks are extra data parallelism.",
+                moe.num_experts / e,
+                moe.num_experts,
+                expert.size(ExpertDim::Etp),
+                moe.top_k
+            )
+        };
         let mut a = self.axis("ep", e, state, g);
         let h_bytes = model.hidden as f64 * WIRE_BYTES;
         let routed = self.tokens / self.sp_div();
-        let message = routed * moe.top_k as f64 * h_bytes;
-        let wire = wire_bytes(Collective::AllToAll, message, e);
-        let terms = self.fabric.dispatch(routed, h_bytes, moe.top_k, g);
+        let dispatcher = self.stack.dispatcher(plan);
+        let (op, message, wire) = match dispatcher {
+            Dispatcher::AllGather => {
+                let gathered = routed * h_bytes * e as f64;
+                (
+                    "all-gather + reduce-scatter",
+                    gathered,
+                    wire_bytes(Collective::AllGather, gathered, e),
+                )
+            }
+            Dispatcher::AllToAll | Dispatcher::Flex => {
+                let message = routed * moe.top_k as f64 * h_bytes;
+                (
+                    "all-to-all",
+                    message,
+                    wire_bytes(Collective::AllToAll, message, e),
+                )
+            }
+        };
+        let terms = self
+            .fabric
+            .token_exchange(dispatcher, routed, h_bytes, moe.top_k, g);
         let imbalance = self.problem.cluster.gpu.calibration.moe_imbalance;
         let layers = self.worst_moe_layers();
         if layers > 0 {
@@ -39,8 +75,11 @@ impl Ctx<'_> {
                     "tokens"
                 };
                 a.collectives.push(self.info(
-                    "all-to-all",
-                    format!("per MoE layer per micro-batch, {pass} (dispatch + combine of {what})"),
+                    op,
+                    format!(
+                        "per MoE layer per micro-batch, {pass} (dispatch + combine of {what}, {} dispatcher)",
+                        dispatcher.name()
+                    ),
                     2 * self.m * layers,
                     message,
                     wire,
@@ -64,8 +103,40 @@ impl Ctx<'_> {
                 plan.tp
             ));
         }
+        if plan.folded() {
+            let (etp, edp) = (self.groups.etp, self.groups.expert_dp);
+            a.notes.push(format!(
+                "expert mesh: EP group of {} ranks on {}, expert-TP group of {} on {}, expert-DP group of {} on {} (the expert gradient reduction); the dense layers' TP group of {} is on {}",
+                g.size,
+                fabric_name(g),
+                etp.size,
+                fabric_name(etp),
+                edp.size,
+                fabric_name(edp),
+                self.groups.tp.size,
+                fabric_name(self.groups.tp)
+            ));
+        }
         if g.domains() > 1 {
             a.notes.push("across domains each token crosses the network once per remote domain it is routed to and fans out over NVLink there (node-deduplicated dispatch)".into());
+        }
+        a.notes.push(match dispatcher {
+            Dispatcher::Flex => "flex dispatcher (DeepEP / HybridEP): node-deduplicated routing".to_string(),
+            Dispatcher::AllToAll => "alltoall dispatcher: NCCL all-to-all, every routed copy sent on its own (no node deduplication)".to_string(),
+            Dispatcher::AllGather => format!("allgather dispatcher: every rank gathers the {e} ranks' tokens and keeps its experts' copies; the combine is a reduce-scatter"),
+        });
+        let raw: f64 = a.collectives.iter().map(|c| c.seconds_per_step).sum();
+        if plan.ep_overlap {
+            a.notes.push(format!(
+                "EP communication overlap (combined 1F1B): each micro-batch's dispatch and combine run behind another micro-batch's computation in the other direction; {} of the {} hidden, what the layers' compute cannot cover exposed",
+                seconds(raw - self.evaluation.time_s.ep),
+                seconds(raw)
+            ));
+        } else if self.stack.ep_overlap.contains(&true) {
+            a.notes.push(format!(
+                "no EP communication overlap: all of it exposed ({} can hide it behind the other direction's compute: ep_overlap)",
+                self.stack.name
+            ));
         }
         a.notes.push(format!(
             "seconds include the routing imbalance λ = {imbalance} of the busiest rank (calibration moe_imbalance)"

@@ -37,7 +37,7 @@ use crate::limits::{MAX_LISTED_RANKS, MAX_LISTED_STAGES};
 use crate::memory::stage_params;
 use crate::mesh::{group_axes, ExpertDim, ExpertMesh, GroupRole};
 use crate::model::Model;
-use crate::plan::{Axis, Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{Axis, Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::space::SearchSpace;
 use crate::stack::Stack;
@@ -135,6 +135,10 @@ pub struct Mesh {
     pub domain_size: u32,
     /// Innermost first.
     pub axes: Vec<MeshAxis>,
+    /// A folded plan's expert mesh over the same ranks, innermost first: the TP axis is the
+    /// expert TP, the DP axis the expert DP (empty unless folded).
+    #[serde(default)]
+    pub expert_axes: Vec<MeshAxis>,
     pub groups: Vec<MeshGroup>,
 }
 
@@ -193,7 +197,7 @@ pub fn explain_with(problem: &Problem, plan: &Plan, control: &Control) -> Result
     type AxisFn<'c> = fn(&Ctx<'c>) -> AxisExplanation;
     let present: [(bool, AxisFn); 6] = [
         (ctx.groups.dense_dp.size > 1, Ctx::dp),
-        (plan.tp > 1, Ctx::tp),
+        (plan.tp > 1 || ctx.groups.etp.size > 1, Ctx::tp),
         (plan.pp > 1, Ctx::pp),
         (plan.ep > 1, Ctx::ep),
         (plan.cp > 1, Ctx::cp),
@@ -215,49 +219,73 @@ pub fn explain_with(problem: &Problem, plan: &Plan, control: &Control) -> Result
     })
 }
 
-/// The device mesh of `plan` on `problem`'s cluster.
+/// The device mesh of `plan` on `problem`'s cluster; a folded plan's expert mesh beside it,
+/// with the expert groups placed on it.
 pub fn mesh(problem: &Problem, plan: &Plan) -> Mesh {
     let block = domain_block(plan.num_gpus(), problem.cluster.nvlink_domain());
     let device_mesh = plan.mesh();
-    let mut sets: Vec<(String, Vec<Axis>)> = plan
+    let expert = plan.expert_mesh();
+    let mut sets: Vec<(String, &crate::mesh::Mesh, Vec<Axis>)> = plan
         .order
         .axes()
         .into_iter()
-        .filter(|a| a.size(plan) > 1)
-        .map(|a| (a.name().to_string(), vec![a]))
+        .filter(|&a| device_mesh.size(a) > 1)
+        .map(|a| (a.name().to_string(), &device_mesh, vec![a]))
         .collect();
-    if plan.ep * plan.cp > 1 && plan.dense_dp() * plan.cp > 1 {
-        sets.push(("dense_dp".into(), group_axes(GroupRole::DenseDp).to_vec()));
+    if plan.ep * plan.cp > 1 && plan.dense_dp() * plan.cp > 1 && !plan.folded() {
+        sets.push((
+            "dense_dp".into(),
+            &device_mesh,
+            group_axes(GroupRole::DenseDp).to_vec(),
+        ));
     }
-    let expert = plan.expert_mesh();
-    if expert.size(ExpertDim::Ep) > 1 && expert.size(ExpertDim::Edp) > 1 {
+    if plan.folded() {
+        for (name, dim) in [
+            ("ep", ExpertDim::Ep),
+            ("etp", ExpertDim::Etp),
+            ("expert_dp", ExpertDim::Edp),
+        ] {
+            if expert.size(dim) > 1 {
+                sets.push((name.into(), expert.mesh(), ExpertMesh::spans(dim).to_vec()));
+            }
+        }
+    } else if expert.size(ExpertDim::Ep) > 1 && expert.size(ExpertDim::Edp) > 1 {
         sets.push((
             "expert_dp".into(),
+            expert.mesh(),
             ExpertMesh::spans(ExpertDim::Edp).to_vec(),
         ));
     }
-    Mesh {
-        order: plan.order,
-        domain_size: block,
-        axes: strides(&device_mesh)
+    let axes_of = |m: &crate::mesh::Mesh| -> Vec<MeshAxis> {
+        strides(m)
             .into_iter()
             .map(|s| MeshAxis {
                 axis: s.axis.name().into(),
                 size: s.size,
                 stride: s.stride,
             })
-            .collect(),
+            .collect()
+    };
+    Mesh {
+        order: plan.order,
+        domain_size: block,
+        axes: axes_of(&device_mesh),
+        expert_axes: if plan.folded() {
+            axes_of(expert.mesh())
+        } else {
+            Vec::new()
+        },
         groups: sets
             .into_iter()
-            .map(|(name, axes)| {
-                let g = group(&device_mesh, &axes, block);
+            .map(|(name, on, axes)| {
+                let g = group(on, &axes, block);
                 MeshGroup {
                     axis: name,
                     size: g.size,
                     members_per_domain: g.per_domain,
                     domains: g.domains(),
                     crosses_domain: !g.within_domain(),
-                    example_ranks: group_ranks(&device_mesh, &axes, 0, MAX_LISTED_RANKS)
+                    example_ranks: group_ranks(on, &axes, 0, MAX_LISTED_RANKS)
                         .into_iter()
                         .map(|r| r as u32)
                         .collect(),
@@ -508,6 +536,15 @@ fn layer_counts_text(runs: &[StageRun], pp: u32) -> String {
 }
 
 /// `x` rounded to an integer with thousands separators (`57,344`).
+/// Seconds as a note writes them: `12.3 ms` below a second, `1.234 s` above.
+fn seconds(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.3} s")
+    }
+}
+
 fn commas(x: f64) -> String {
     let digits = format!("{:.0}", x.abs());
     let mut out = String::new();
@@ -592,6 +629,9 @@ pub fn decode_traffic(
         sequence_parallel: false,
         schedule: None,
         order: RankOrder::DEFAULT,
+        etp: None,
+        dispatcher: None,
+        ep_overlap: false,
     };
     let g = Groups::of(&plan, cluster.nvlink_domain()).tp;
     let fabric = Fabric::of(cluster);

@@ -22,7 +22,14 @@ impl Ctx<'_> {
             "Every weight matrix split {t} ways: {} of the {} attention heads{mlp} per GPU{}; activations inside attention and the MLP split too; {}.",
             model.heads / t,
             model.heads,
-            model.moe.as_ref().map_or(String::new(), |m| format!(", each routed expert's {} columns split the same way", m.expert_ffn_hidden)),
+            model.moe.as_ref().map_or(String::new(), |m| if plan.folded() {
+                match plan.expert_tp() {
+                    1 => format!(", the routed experts whole (etp = 1 on the folded expert mesh: their {} columns not split)", m.expert_ffn_hidden),
+                    etp => format!(", each routed expert's {} columns split {etp} ways by the expert TP of the folded expert mesh", m.expert_ffn_hidden),
+                }
+            } else {
+                format!(", each routed expert's {} columns split the same way", m.expert_ffn_hidden)
+            }),
             if plan.sequence_parallel {
                 "with sequence parallelism the rest (norms, residuals) is split along the sequence"
             } else {
@@ -92,12 +99,52 @@ impl Ctx<'_> {
                 }
             }
         }
+        // A folded plan's routed copies gather over the expert-TP group (§3.7).
+        let etp_per_pass: u64 = self
+            .worst
+            .kinds
+            .iter()
+            .zip(&self.ops)
+            .map(|((_, n), ops)| n as u64 * ops.comm.etp_points as u64)
+            .sum();
+        if etp_per_pass > 0 {
+            let etp_bytes = self
+                .ops
+                .iter()
+                .map(|o| o.comm.etp_bytes)
+                .fold(0.0, f64::max);
+            for pass in self.passes() {
+                for &kind in kinds {
+                    a.collectives.push(self.collective(
+                        kind,
+                        format!(
+                            "per layer per micro-batch, {pass}, expert TP group (etp = {})",
+                            plan.expert_tp()
+                        ),
+                        self.m * etp_per_pass,
+                        etp_bytes,
+                        self.groups.etp,
+                    ));
+                }
+            }
+        }
         let point = if plan.sequence_parallel {
             "reduce-scatter + all-gather pair"
         } else {
             "all-reduce"
         };
         a.notes.push(match &model.moe {
+            Some(m) if self.worst_moe_layers() > 0 && plan.folded() => format!(
+                "one {point} after attention per MoE layer, {} per dense layer, of the micro-batch's hidden states ({} B); the routed experts are folded (etp = {}): {}",
+                dense_points,
+                commas(bytes),
+                plan.expert_tp(),
+                if plan.expert_tp() > 1 {
+                    format!("their top-{} copies gather over the expert-TP group of {} ranks ({}), not the TP group", m.top_k, self.groups.etp.size, fabric_name(self.groups.etp))
+                } else {
+                    "each rank runs whole experts, no TP collective around them".to_string()
+                }
+            ),
             Some(m) if self.worst_moe_layers() > 0 => format!(
                 "one {point} after attention and {} around the experts (top-{} copies of each token gathered over TP) per MoE layer, {} per dense layer, of the micro-batch's hidden states ({} B)",
                 m.top_k,

@@ -47,6 +47,7 @@ impl Worker {
         crate::layer::Shard {
             tp: self.tp,
             ep: self.ep,
+            etp: None,
             sequence_parallel: false,
         }
     }
@@ -56,6 +57,7 @@ impl Worker {
         crate::layer::Shard {
             tp: self.expert_tp,
             ep: self.ep,
+            etp: None,
             sequence_parallel: false,
         }
     }

@@ -171,6 +171,7 @@ impl<'a> TimeModel<'a> {
         let shard = Shard {
             tp: 1,
             ep: 1,
+            etp: None,
             sequence_parallel: false,
         };
         let attention_gemms = layer_ops(model, &dense, &shard, &ops).gemms().len() - 2;
@@ -552,6 +553,7 @@ mod tests {
         let shard = Shard {
             tp: 2,
             ep: 8,
+            etp: None,
             sequence_parallel: false,
         };
         let ops = layer_ops(

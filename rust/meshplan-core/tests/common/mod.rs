@@ -41,10 +41,52 @@ pub fn factorisations(n: u32, moe: bool) -> Vec<[u32; 5]> {
     out
 }
 
+/// Every folded MoE degree tuple of `n` GPUs for a model of `experts` experts as the default
+/// space defines them: `([dp, tp, pp, ep, cp], etp)` with `dp·tp·pp·cp = n`, `etp = 1`,
+/// `ep > 1` dividing `experts`, `etp·ep` dividing `dp·tp·cp` (and not `dp·tp` when `cp > 1`: EP
+/// over CP ranks only where it must), and not an unfolded plan in disguise (`tp = 1` with `ep`
+/// dividing `dp`).
+pub fn folded_factorisations(n: u32, experts: u32) -> Vec<([u32; 5], u32)> {
+    let mut out = Vec::new();
+    for tp in divisors(n) {
+        for pp in divisors(n / tp) {
+            for cp in divisors(n / tp / pp) {
+                let dp = n / tp / pp / cp;
+                let stage = dp * tp * cp;
+                let etp = 1;
+                {
+                    for ep in divisors(stage / etp) {
+                        // EP over CP ranks only where TP and DP cannot hold it.
+                        let by_choice = cp > 1 && (dp * tp) % (etp * ep) == 0;
+                        if ep == 1 || experts % ep != 0 || (etp == tp && dp % ep == 0) || by_choice
+                        {
+                            continue;
+                        }
+                        out.push(([dp, tp, pp, ep, cp], etp));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Every plan of `space` as the search defines it, by brute force.
 pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
     let mut out = Vec::new();
-    for [dp, tp, pp, ep, cp] in factorisations(p.cluster.num_gpus, p.model.is_moe()) {
+    let mut tuples: Vec<([u32; 5], Option<u32>)> =
+        factorisations(p.cluster.num_gpus, p.model.is_moe())
+            .into_iter()
+            .map(|d| (d, None))
+            .collect();
+    if let (Some(moe), true) = (&p.model.moe, space.fold) {
+        tuples.extend(
+            folded_factorisations(p.cluster.num_gpus, moe.num_experts)
+                .into_iter()
+                .map(|(d, etp)| (d, Some(etp))),
+        );
+    }
+    for ([dp, tp, pp, ep, cp], etp) in tuples {
         let mut schedules = vec![(Schedule::OneFOneB, 1)];
         if pp > 1 {
             schedules.push((Schedule::ZeroBubbleH1, 1));
@@ -52,7 +94,11 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                 schedules.push((Schedule::Interleaved, v));
             }
         }
-        let zeros: Vec<u8> = if dp * ep * cp == 1 {
+        let replicas = match etp {
+            None => dp * ep * cp,
+            Some(e) => dp * cp * (dp * tp * cp / (e * ep)),
+        };
+        let zeros: Vec<u8> = if replicas == 1 {
             vec![0]
         } else {
             vec![0, 1, 2, 3]
@@ -80,6 +126,11 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                                 sequence_parallel,
                                 schedule: Some(schedule),
                                 order: RankOrder::DEFAULT,
+                                etp,
+                                // The stack's default exchange for plans with experts spread.
+                                dispatcher: (ep > 1)
+                                    .then_some(p.workload.stack_profile().default_dispatcher),
+                                ep_overlap: false,
                             });
                         }
                     }
