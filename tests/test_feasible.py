@@ -23,8 +23,9 @@ SPACE = mp.SearchSpace(max_micro_batch=4, max_vpp=4)
 DTYPES = {
     **{k: np.uint32 for k in ("rank", "dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch",
                               "micro_batches", "worst_stage", "etp")},
-    **{k: np.uint8 for k in ("zero", "recompute", "schedule", "order")},
+    **{k: np.uint8 for k in ("zero", "recompute", "schedule", "order", "dispatcher")},
     "sequence_parallel": np.bool_,
+    "ep_overlap": np.bool_,
     **{k: np.float64 for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "model_tflops_per_gpu",
                                "hardware_tflops_per_gpu", "peak_memory_gib")},
     **{f"memory_gib.{k}": np.float64 for k in ("weights", "gradients", "optimizer", "activations",

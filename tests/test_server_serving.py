@@ -1,5 +1,6 @@
-"""``SearchServing`` and ``EvaluateServing`` against a real server on 127.0.0.1, port 0: the
-answers equal the Python API's, bad fields are INVALID_ARGUMENT naming the field, deadlines
+"""``SearchServing``, ``EvaluateServing`` and ``ExplainServing`` against a real server on
+127.0.0.1, port 0, directly and through :class:`~meshplan.client.PlannerClient`: the answers
+equal the Python API's, bad fields are INVALID_ARGUMENT naming the field, deadlines
 are DEADLINE_EXCEEDED."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import pytest
 
 import meshplan as mp
 from meshplan import serving_wire
+from meshplan.client import PlannerClient
+from meshplan.errors import InvalidInputError
 from meshplan.server import PlannerServer, ServerConfig
 from meshplan.v1 import planner_pb2 as pb
 from meshplan.v1 import planner_pb2_grpc as pb_grpc
@@ -130,3 +133,59 @@ def test_every_integer_field_at_every_edge_gets_a_clean_answer(stub: pb_grpc.Pla
                         assert e.details().startswith("invalid ") or e.details().startswith("unknown "), \
                             (where, e.details())
     assert calls > 100
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[PlannerClient]:
+    server = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
+    c = PlannerClient(f"127.0.0.1:{server.port}")
+    try:
+        yield c
+    finally:
+        c.close()
+        server.stop(0)
+
+
+def test_explain_serving_over_grpc_equals_the_python_api(client: PlannerClient) -> None:
+    kw: dict[str, Any] = {"input_len": 2048, "output_len": 512}
+    local = mp.explain_serving("mixtral-8x7b", mp.Cluster("h100-sxm", 8), "tp=2,adp=2,ep=4,batch=64",
+                               **kw)
+    remote = client.explain_serving("mixtral-8x7b", mp.Cluster("h100-sxm", 8),
+                                    "tp=2,adp=2,ep=4,batch=64", **kw)
+    assert remote["axes"] == local["axes"]
+    assert remote["ridge_flops_per_byte"] == local["ridge_flops_per_byte"]
+    ev, want = remote["evaluation"], local["evaluation"]
+    assert ev["time"] == want["time"] and ev["memory"] == want["memory"]
+    assert ev["label"] == want["label"] and ev["tpot_s"] == want["time"]["tpot_s"]
+    assert {a["axis"] for a in remote["axes"]} >= {"tp", "ep"}
+
+
+def test_the_client_searches_and_evaluates_serving_as_the_python_api(client: PlannerClient) -> None:
+    kw: dict[str, Any] = {"input_len": 1024, "output_len": 256, "tpot_s": 0.05}
+    local = mp.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top_k": 3}, **kw)
+    remote = client.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top_k": 3}, **kw)
+    assert [e["label"] for e in remote.plans] == [e["label"] for e in local.plans]
+    assert remote.plans[0]["time"] == local.plans[0]["time"]
+    assert remote.stats["candidates"] == local.stats["candidates"]
+    one = client.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=16,replicas=2",
+                                  prefill="tp=2,batch=4", **kw)
+    want = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=16,replicas=2",
+                               prefill="tp=2,batch=4", **kw)
+    assert one["time"] == want["time"] and one["plan"] == want["plan"]
+
+
+@pytest.mark.parametrize("bad", [0, 2**31, 2**32, 2**64 - 1])
+def test_explain_serving_refuses_bad_integers_naming_the_field(
+    stub: pb_grpc.PlannerStub, bad: int
+) -> None:
+    plan = pb.ServingPlan(worker=pb.ServingWorker(tp=1, max_sequences=bad % 2**63))
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ExplainServing(pb.ExplainServingRequest(problem=problem(), plan=plan), timeout=60)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_sequences" in (e.value.details() or "")
+
+
+def test_the_client_refuses_an_unknown_serving_space_key(client: PlannerClient) -> None:
+    with pytest.raises(InvalidInputError, match="serving_space.top"):
+        client.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top": 3},
+                              input_len=1024, output_len=256)

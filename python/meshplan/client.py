@@ -15,20 +15,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Callable, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Optional, Sequence, TypeVar, Union
 
 import grpc
 from google.rpc import error_details_pb2  # type: ignore[import-untyped]
 from grpc_health.v1 import health_pb2
 from grpc_status import rpc_status
 
-from . import wire
+from . import serving_wire, wire
 from .errors import MeshplanError
 from .explain import Explanation
 from .hardware import Cluster
 from .model import Model
 from .plan import Plan
 from .report import Evaluation, SearchResult
+from .serving import PlanLike, ServingResult, parse_serving_plan, serving_problem
 from .space import SearchSpace
 from .v1 import planner_pb2 as pb
 from .v1 import planner_pb2_grpc as pb_grpc
@@ -177,6 +178,68 @@ class PlannerClient:
         )
         response = self._call(self._stub.Explain, request, timeout_s)
         return wire.explanation_from(response)
+
+    def search_serving(
+        self,
+        model: Union[Model, str],
+        cluster: Cluster,
+        *,
+        space: Optional[dict[str, Any]] = None,
+        timeout_s: Optional[float] = None,
+        **problem: Any,
+    ) -> ServingResult:
+        """:func:`meshplan.search_serving` on the server: the same deployments, each a dict with
+        the local one's keys (``plan``, ``label``, ``time``, ``memory``, ...) and the message's
+        flat figures (``ttft_s``, ``tpot_s``, ``memory_gib``, ...) beside them."""
+        request = pb.SearchServingRequest(
+            problem=serving_wire.problem_message(serving_problem(model, cluster, **problem)),
+            space=serving_wire.space_message(space),
+        )
+        response = self._call(self._stub.SearchServing, request, timeout_s)
+        st = response.stats
+        return ServingResult(
+            plans=[serving_wire.evaluation_from(e) for e in response.plans],
+            pareto=[serving_wire.evaluation_from(e) for e in response.pareto],
+            stats={"candidates": st.candidates, "feasible": st.feasible,
+                   "pruned": dict(st.pruned), "elapsed_s": st.elapsed_s},
+        )
+
+    def evaluate_serving(
+        self,
+        model: Union[Model, str],
+        cluster: Cluster,
+        plan: PlanLike,
+        *,
+        prefill: Optional[PlanLike] = None,
+        timeout_s: Optional[float] = None,
+        **problem: Any,
+    ) -> dict[str, Any]:
+        """:func:`meshplan.evaluate_serving` on the server."""
+        request = pb.EvaluateServingRequest(
+            problem=serving_wire.problem_message(serving_problem(model, cluster, **problem)),
+            plan=serving_wire.plan_message(parse_serving_plan(plan, prefill)),
+        )
+        response = self._call(self._stub.EvaluateServing, request, timeout_s)
+        return serving_wire.evaluation_from(response.evaluation)
+
+    def explain_serving(
+        self,
+        model: Union[Model, str],
+        cluster: Cluster,
+        plan: PlanLike,
+        *,
+        prefill: Optional[PlanLike] = None,
+        timeout_s: Optional[float] = None,
+        **problem: Any,
+    ) -> dict[str, Any]:
+        """:func:`meshplan.explain_serving` on the server: ``evaluation``, ``axes`` (equal to the
+        local ones) and ``ridge_flops_per_byte``."""
+        request = pb.ExplainServingRequest(
+            problem=serving_wire.problem_message(serving_problem(model, cluster, **problem)),
+            plan=serving_wire.plan_message(parse_serving_plan(plan, prefill)),
+        )
+        response = self._call(self._stub.ExplainServing, request, timeout_s)
+        return serving_wire.explanation_from(response)
 
     def list_presets(self, *, timeout_s: Optional[float] = None) -> Presets:
         """The server's model and GPU presets."""

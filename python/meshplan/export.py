@@ -269,6 +269,15 @@ def megatron_args(
     if plan.ep > 1 or plan.folded:
         # The experts' tensor parallelism: tp, or a folded plan's etp (MoE parallel folding).
         args.append(("--expert-tensor-parallel-size", str(plan.expert_tp)))
+    if plan.ep > 1:
+        # The token exchange the estimate assumed: the plan's, else the stack's default.
+        dispatcher = plan.dispatcher or stack_profile("megatron-core")["default_dispatcher"]
+        args.append(("--moe-token-dispatcher-type", dispatcher))
+        if dispatcher == "flex":
+            # DeepEP kernels (use hybridep on NVL72 racks); Megatron-Core >= 0.14.
+            args.append(("--moe-flex-dispatcher-backend", "deepep"))
+    if plan.ep_overlap:
+        args.append(("--overlap-moe-expert-parallel-comm", None))
     if plan.folded and plan.tp > 1 and not plan.sequence_parallel:
         raise InvalidInputError(
             "cannot export to megatron: a folded MoE plan with tp > 1 needs sequence "
@@ -392,6 +401,11 @@ def torchtitan_fields(
         )
     schedule = schedule_of(plan)
     data_parallel = plan.dense_dp
+    if plan.dispatcher not in (None, "alltoall") or plan.ep_overlap:
+        raise InvalidInputError(
+            "cannot export to torchtitan: its expert parallelism exchanges tokens with "
+            f"all-to-all only (dispatcher {plan.dispatcher}, ep_overlap {plan.ep_overlap})"
+        )
     if plan.folded and plan.etp not in (1, plan.tp):
         raise InvalidInputError(
             f"cannot export to torchtitan: etp = {plan.etp} with tp = {plan.tp} (its expert "
@@ -634,6 +648,10 @@ def maxtext_overrides(plan: Plan, workload: Workload) -> list[tuple[str, Any]]:
         why.append(f"rank order {plan.order}")
     if plan.folded:
         why.append(f"etp = {plan.etp} (its expert axis is carved out of the data axes, no folding)")
+    if plan.dispatcher not in (None, "alltoall"):
+        why.append(f"the {plan.dispatcher} dispatcher (its experts exchange tokens by all-to-all)")
+    if plan.ep_overlap:
+        why.append("EP communication overlap")
     if workload.precision not in ("bf16", "fp8"):
         why.append(f"precision {workload.precision}")
     if why:
@@ -777,6 +795,8 @@ def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b",
         order=MEGATRON_TP_PP_DP if "--use-tp-pp-dp-mapping" in flags else DEFAULT_ORDER,
         etp=int(etp) if etp is not None and _folded(text) else None,
+        dispatcher=flags.get("--moe-token-dispatcher-type"),
+        ep_overlap="--overlap-moe-expert-parallel-comm" in flags,
     )
 
 
@@ -807,6 +827,8 @@ def _parse_torchtitan_toml(text: str, world: int, model: Optional[Model],
         recompute=recompute, sequence_parallel=tp > 1,
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b", order=DEFAULT_ORDER,
         etp=etp if etp is not None and _folded(text) else None,
+        # torchtitan's expert parallelism exchanges tokens by all-to-all.
+        dispatcher="alltoall" if par["expert_parallel_degree"] > 1 else None,
     )
 
 
@@ -833,6 +855,8 @@ def _parse_maxtext(text: str, world: int, workload: Optional[Workload]) -> Plan:
         zero=3 if kv["ici_fsdp_parallelism"] == "-1" else 0,
         recompute={v: k for k, v in MAXTEXT_REMAT.items()}[kv["remat_policy"]],
         sequence_parallel=False, schedule="1f1b", order=DEFAULT_ORDER,
+        # MaxText's experts exchange tokens by all-to-all.
+        dispatcher="alltoall" if ep > 1 else None,
     )
 
 

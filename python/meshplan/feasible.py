@@ -12,7 +12,8 @@ Study it with NumPy or pandas::
 
 Columns (dtype): ``rank`` (uint32, 1 = best), ``dp tp pp ep cp vpp micro_batch`` (uint32),
 ``zero`` (uint8), ``recompute schedule order`` (uint8 codes; labels in :attr:`categories`),
-``etp`` (uint32: a folded plan's expert TP, 0 for an unfolded plan), ``sequence_parallel`` (bool), ``step_time_s tokens_per_s_per_gpu mfu model_tflops_per_gpu
+``etp`` (uint32: a folded plan's expert TP, 0 for an unfolded plan), ``dispatcher`` (uint8 code,
+``none`` for ``ep = 1``), ``sequence_parallel ep_overlap`` (bool), ``step_time_s tokens_per_s_per_gpu mfu model_tflops_per_gpu
 hardware_tflops_per_gpu peak_memory_gib`` (float64), ``micro_batches worst_stage`` (uint32), and
 the breakdowns ``memory_gib.{weights,gradients,optimizer,activations,transient,fixed}`` and
 ``time_s.{compute,tp,cp,ep,pp_p2p,bubble,dp,optimizer}`` (float64): the columns of
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_PLANS = 5_000_000
 """Default cap on the feasible plans :func:`feasible_space` returns (the core's)."""
 
-CATEGORICAL = ("recompute", "schedule", "order")
+CATEGORICAL = ("recompute", "schedule", "order", "dispatcher")
 """Columns holding small integer codes; their labels are in :attr:`FeasibleSpace.categories`."""
 
 
@@ -106,10 +107,13 @@ class FeasibleSpace(Mapping[str, "npt.NDArray[Any]"]):
         for name in ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero"):
             fields[name] = int(self._columns[name][row])
         fields["sequence_parallel"] = bool(self._columns["sequence_parallel"][row])
-        # etp 0: an unfolded plan (Plan.etp None).
-        fields["etp"] = int(self._columns["etp"][row]) or None
         for name in CATEGORICAL:
             fields[name] = self.categories[name][int(self._columns[name][row])]
+        # etp 0: an unfolded plan (Plan.etp None); dispatcher "none": a plan with ep = 1.
+        fields["etp"] = int(self._columns["etp"][row]) or None
+        if fields["dispatcher"] == "none":
+            fields["dispatcher"] = None
+        fields["ep_overlap"] = bool(self._columns["ep_overlap"][row])
         return Plan.from_dict(fields)
 
     def write_csv(self, out: TextIO) -> None:

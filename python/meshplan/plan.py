@@ -53,6 +53,12 @@ class Plan:
     """Rank order, innermost first: each of tp, cp, ep, dp, pp once, joined by ``-``."""
     etp: Optional[int] = None
     """Expert tensor parallelism of a folded MoE plan (None: not folded)."""
+    dispatcher: Optional[str] = None
+    """MoE token dispatcher: ``"alltoall"`` (NCCL all-to-all), ``"allgather"`` or ``"flex"``
+    (DeepEP/HybridEP, node-deduplicated); None: the workload's stack's default."""
+    ep_overlap: bool = False
+    """EP communication overlap: dispatch and combine hidden behind another micro-batch's
+    computation (Megatron ``--overlap-moe-expert-parallel-comm``)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "plan", _KINDS)
@@ -101,6 +107,8 @@ class Plan:
             "schedule": self.schedule,
             "order": self.order,
             "etp": self.etp,
+            "dispatcher": self.dispatcher,
+            "ep_overlap": self.ep_overlap,
         }
 
     @classmethod
@@ -145,13 +153,15 @@ class Plan:
         fields = self.to_dict()
         if fields["order"] == DEFAULT_ORDER:
             del fields["order"]
+        if not fields["ep_overlap"]:
+            del fields["ep_overlap"]
         parts = [f"{k}={v}" for k, v in fields.items() if v is not None]
         return ",".join(parts).replace("=True", "=true").replace("=False", "=false")
 
 
 _KINDS = {
     **{name: "int" for name in _INT_FIELDS}, "recompute": "str", "sequence_parallel": "bool",
-    "schedule": "str?", "order": "str", "etp": "int?",
+    "schedule": "str?", "order": "str", "etp": "int?", "dispatcher": "str?", "ep_overlap": "bool",
 }
 """What :class:`Plan` checks at construction (see :func:`meshplan._fields.check_fields`)."""
 
@@ -164,14 +174,14 @@ def _value(key: str, text: str) -> Any:
             raise InvalidInputError(
                 f"invalid plan.{key}: {text!r} (allowed: an integer)"
             ) from None
-    if key == "sequence_parallel":
+    if key in ("sequence_parallel", "ep_overlap"):
         low = text.lower()
         if low in _TRUE:
             return True
         if low in _FALSE:
             return False
         raise InvalidInputError(
-            f"invalid plan.sequence_parallel: {text!r} (allowed: true/false, on/off, yes/no, 1/0)"
+            f"invalid plan.{key}: {text!r} (allowed: true/false, on/off, yes/no, 1/0)"
         )
     return text
 

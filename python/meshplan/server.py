@@ -451,6 +451,20 @@ class PlannerServicer(pb_grpc.PlannerServicer):
         key = request_key("EvaluateServing", problem=problem, plan=plan)
         return self.cached(key, compute, context)
 
+    def ExplainServing(
+        self, request: pb.ExplainServingRequest, context: grpc.ServicerContext
+    ) -> pb.ExplainServingResponse:
+        problem = serving_wire.problem_from(request.problem, self.cluster_of(request.problem.cluster))
+        plan = serving_wire.plan_from(request.plan)
+
+        def compute() -> pb.ExplainServingResponse:
+            with self.planning(context) as (cancel, timeout_s):
+                raw = _core.explain_serving(problem, plan, timeout_s, cancel)
+                return serving_wire.explain_response(raw)
+
+        key = request_key("ExplainServing", problem=problem, plan=plan)
+        return self.cached(key, compute, context)
+
     def response_cap(self, context: grpc.ServicerContext) -> tuple[int, str]:
         """The largest response this call may get, and whose limit it is: the server's
         :attr:`max_response_bytes`, or the client's own receive limit when it sent a smaller
@@ -580,6 +594,7 @@ def _handlers(servicer: PlannerServicer) -> grpc.GenericRpcHandler:
         "ListPresets": (servicer.ListPresets, pb.ListPresetsRequest),
         "SearchServing": (servicer.SearchServing, pb.SearchServingRequest),
         "EvaluateServing": (servicer.EvaluateServing, pb.EvaluateServingRequest),
+        "ExplainServing": (servicer.ExplainServing, pb.ExplainServingRequest),
     }
     # A method the proto declares but this table lacks is a bug caught here, at start-up.
     assert set(methods) == {m.name for m in service.methods}, "Planner methods out of date"

@@ -1,5 +1,6 @@
-"""The serving messages of the gRPC contract (``SearchServing``, ``EvaluateServing``) to and
-from the core's serving dicts (docs/serving.md). Integer fields go to the core as sent, so a bad
+"""The serving messages of the gRPC contract (``SearchServing``, ``EvaluateServing``,
+``ExplainServing``) to and from the core's serving dicts (docs/serving.md), both ways: the server
+reads requests and writes responses, :class:`~meshplan.client.PlannerClient` the reverse. Integer fields go to the core as sent, so a bad
 one is the core's one-line ``invalid {field}: {value} (allowed: lo..=hi)`` error, mapped by the
 server's error table like every other."""
 
@@ -11,6 +12,7 @@ from typing import Any, Optional
 from . import wire
 from ._fields import invalid
 from .hardware import Cluster
+from .model import Model
 from .v1 import planner_pb2 as pb
 
 SERVER_MAX_SERVING_TOP_K = 1000
@@ -124,6 +126,76 @@ def evaluation_message(ev: dict[str, Any]) -> pb.ServingEvaluation:
         kv_transfer_s=t["kv_transfer_s"],
         extra_json=json.dumps(extra, sort_keys=True),
     )
+
+
+def explain_response(raw: dict[str, Any]) -> pb.ExplainServingResponse:
+    """A core serving explanation as a message (the axes field for field)."""
+    return pb.ExplainServingResponse(
+        evaluation=evaluation_message(raw["evaluation"]),
+        axes=[pb.ServingAxis(**a) for a in raw["axes"]],
+        ridge_flops_per_byte=raw["ridge_flops_per_byte"],
+    )
+
+
+def explanation_from(msg: pb.ExplainServingResponse) -> dict[str, Any]:
+    """A serving explanation message back as :func:`meshplan.explain_serving`'s dict."""
+    return {
+        "evaluation": evaluation_from(msg.evaluation),
+        "axes": [wire.plain(a) for a in msg.axes],
+        "ridge_flops_per_byte": msg.ridge_flops_per_byte,
+    }
+
+
+# --- Python → messages (the client) ---------------------------------------------------------
+
+
+def problem_message(problem: dict[str, Any]) -> pb.ServingProblem:
+    """A core serving-problem dict (:func:`meshplan.serving.serving_problem`) as a message."""
+    t, s = problem["traffic"], problem["slo"]
+    return pb.ServingProblem(
+        model=wire.model_message(Model.from_dict(problem["model"])),
+        cluster=wire.cluster_message(Cluster.from_dict(problem["cluster"])),
+        weight_precision=problem["weight_precision"],
+        kv_precision=problem["kv_precision"],
+        traffic=pb.ServingTraffic(
+            input_len=t["input_len"], output_len=t["output_len"],
+            prefix_fraction=t["prefix_fraction"], concurrency=t["concurrency"],
+            request_rate=t["request_rate"],
+        ),
+        slo=pb.ServingSlo(ttft_s=s["ttft_s"], tpot_s=s["tpot_s"], e2e_s=s["e2e_s"]),
+        objective=problem["objective"],
+    )
+
+
+def plan_message(plan: dict[str, Any]) -> pb.ServingPlan:
+    """A core deployment dict (:func:`meshplan.serving.parse_serving_plan`) as a message."""
+    msg = pb.ServingPlan(worker=_request_worker(plan["worker"]), replicas=plan.get("replicas", 1))
+    if plan.get("prefill") is not None:
+        msg.prefill.CopyFrom(_request_worker(plan["prefill"]))
+        msg.prefill_replicas = plan.get("prefill_replicas", 1)
+    return msg
+
+
+def _request_worker(w: dict[str, Any]) -> pb.ServingWorker:
+    msg = pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"])
+    for name in ("pp", "attention_dp", "ep", "expert_tp"):
+        if w.get(name) is not None:
+            setattr(msg, name, w[name])
+    return msg
+
+
+def space_message(space: Optional[dict[str, Any]]) -> pb.ServingSpace:
+    """A serving-space dict as a message (unknown keys are the server's to refuse: they are
+    refused here, naming the key, since the message has no place for them)."""
+    msg = pb.ServingSpace()
+    allowed = ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
+               "max_sequences", "allow_tp_cross_domain")
+    for key, value in (space or {}).items():
+        if key not in allowed:
+            raise invalid(f"serving_space.{key}", repr(key), "one of " + ", ".join(allowed))
+        if value is not None:
+            setattr(msg, key, value)
+    return msg
 
 
 def search_response(raw: dict[str, Any]) -> pb.SearchServingResponse:

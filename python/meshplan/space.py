@@ -29,12 +29,14 @@ _OTHER = (
     "max_candidates",
     "distinct",
     "fold",
+    "dispatchers",
+    "ep_overlap",
 )
 
 
 _LIST_ITEMS = {
     "zero": "int", "recompute": "str", "sequence_parallel": "bool", "schedules": "str",
-    "orders": "str",
+    "orders": "str", "dispatchers": "str", "ep_overlap": "bool",
 }
 """The item type of each list of a :class:`SearchSpace`."""
 
@@ -122,6 +124,12 @@ class SearchSpace:
     (within 0.1 %) and peak memory (within 0.5 GiB) are indistinguishable at the cost model's
     resolution, and each returned plan is the best of its group with ``group_size`` saying how
     many it stands for. False returns the ``top_k`` best plans one by one."""
+    dispatchers: Optional[Sequence[str]] = None
+    """MoE token dispatchers to try for plans with ``ep > 1``: ``alltoall``, ``allgather``,
+    ``flex`` (None or empty: the stack's default)."""
+    ep_overlap: Optional[Sequence[bool]] = None
+    """EP communication overlap settings to try for plans with ``ep > 1`` (None or empty: the
+    stack's default, off)."""
     fold: Optional[bool] = None
     """Also try folded MoE plans (MoE parallel folding, :attr:`Plan.etp`; None: True): expert
     meshes whose EP spans ranks the dense layers spend on TP, CP and DP."""

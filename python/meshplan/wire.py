@@ -233,6 +233,8 @@ def workload_message(workload: object) -> pb.Workload:
 
 
 _LISTS = ("zero", "recompute", "sequence_parallel", "schedules", "orders")
+_OPTIONAL_LISTS = ("dispatchers", "ep_overlap")
+"""Lists whose empty value means the stack's default (sent only when set)."""
 _SCALARS = (
     "memory_headroom_gib",
     "tp_within_domain",
@@ -264,6 +266,8 @@ def space_message(space: object) -> pb.SearchSpace:
             # A repeated field cannot say "empty"; the core would refuse it, so refuse it here.
             raise InvalidInputError(f"invalid space.{name}: [] (allowed: a non-empty list)")
         getattr(msg, name).extend(values)
+    for name in _OPTIONAL_LISTS:
+        getattr(msg, name).extend(full[name] or [])
     for name in _SCALARS:
         if full[name] is not None:
             setattr(msg, name, full[name])
@@ -287,6 +291,8 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         schedule=p.schedule,
         order=p.order,
         etp=p.etp,
+        dispatcher=p.dispatcher,
+        ep_overlap=p.ep_overlap,
     )
     return msg
 
@@ -433,7 +439,7 @@ def space_from(msg: Any, max_candidates: Optional[int] = None) -> SearchSpace:
     if msg.HasField("top_k") and msg.top_k > SERVER_MAX_TOP_K:
         raise invalid("space.top_k", str(msg.top_k),
                       f"at most {SERVER_MAX_TOP_K} on a meshplan server")
-    for name in _LISTS:
+    for name in _LISTS + _OPTIONAL_LISTS:
         values = list(getattr(msg, name))
         if values:
             full[name] = values
@@ -453,7 +459,7 @@ def plan_from(msg: Any) -> Plan:
     defaults."""
     fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
     for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "order", "etp"):
+                 "schedule", "order", "etp", "dispatcher", "ep_overlap"):
         if msg.HasField(name):
             fields[name] = getattr(msg, name)
     return Plan.from_dict(fields)
@@ -568,6 +574,8 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "schedule": _opt(msg, "schedule"),
         "order": msg.order,
         "etp": _opt(msg, "etp"),
+        "dispatcher": _opt(msg, "dispatcher"),
+        "ep_overlap": msg.ep_overlap,
     }
     return Plan.from_dict(fields)
 

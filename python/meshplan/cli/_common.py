@@ -114,6 +114,15 @@ def space_flags(p: argparse.ArgumentParser) -> None:
         help="do not try folded MoE plans (MoE parallel folding: experts on their own "
         "etp x ep x edp mesh; --etp N fixes the experts' tensor parallelism)",
     )
+    g.add_argument(
+        "--dispatchers", type=list_of(str, "dispatchers"), metavar="alltoall,allgather,flex",
+        help="MoE token dispatchers to try (default: the stack's, flex for megatron-core)",
+    )
+    g.add_argument(
+        "--ep-overlap", choices=("on", "off", "both"),
+        help="EP communication overlap to try (Megatron --overlap-moe-expert-parallel-comm; "
+        "default: the stack's, off)",
+    )
     g.add_argument("--zero", type=list_of(int, "ZeRO stages"), metavar="0,1,2,3")
     g.add_argument("--recompute", type=list_of(str, "modes"), metavar="none,selective,full,selective-op")
     g.add_argument("--sequence-parallel", choices=("on", "off", "both"))
@@ -242,6 +251,10 @@ def space_from(args: argparse.Namespace) -> SearchSpace:
         max_candidates=args.max_candidates,
         distinct=False if getattr(args, "ungrouped", False) else None,
         fold=False if getattr(args, "no_fold", False) else None,
+        dispatchers=getattr(args, "dispatchers", None),
+        ep_overlap={"on": [True], "off": [False], "both": [False, True], None: None}[
+            getattr(args, "ep_overlap", None)
+        ],
         orders=_core.rank_orders() if getattr(args, "all_orders", False) else getattr(args, "orders", None),
     )
 

@@ -542,6 +542,8 @@ class SearchSpace(_message.Message):
     DISTINCT_FIELD_NUMBER: _builtins.int
     ETP_FIELD_NUMBER: _builtins.int
     FOLD_FIELD_NUMBER: _builtins.int
+    DISPATCHERS_FIELD_NUMBER: _builtins.int
+    EP_OVERLAP_FIELD_NUMBER: _builtins.int
     memory_headroom_gib: _builtins.float
     """GiB kept free on every GPU."""
     tp_within_domain: _builtins.bool
@@ -602,6 +604,16 @@ class SearchSpace(_message.Message):
     def etp(self) -> Global___DegreeConstraint:
         """Expert tensor parallelism of MoE plans, folded or not (an unfolded plan's is its tp)."""
 
+    @_builtins.property
+    def dispatchers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """MoE token dispatchers to try for plans with ep > 1 ("alltoall", "allgather", "flex");
+        empty: the stack's default.
+        """
+
+    @_builtins.property
+    def ep_overlap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
+        """EP communication overlap settings to try for plans with ep > 1; empty: the stack's default."""
+
     def __init__(
         self,
         *,
@@ -626,10 +638,12 @@ class SearchSpace(_message.Message):
         distinct: _builtins.bool | None = ...,
         etp: Global___DegreeConstraint | None = ...,
         fold: _builtins.bool | None = ...,
+        dispatchers: _abc.Iterable[_builtins.str] | None = ...,
+        ep_overlap: _abc.Iterable[_builtins.bool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dispatchers", b"dispatchers", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp_within_domain: _TypeAlias = _typing.Literal["cp_within_domain"]  # noqa: Y015
     _WhichOneofArgType__cp_within_domain: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain"]  # noqa: Y015
@@ -689,6 +703,8 @@ class Plan(_message.Message):
     SCHEDULE_FIELD_NUMBER: _builtins.int
     ORDER_FIELD_NUMBER: _builtins.int
     ETP_FIELD_NUMBER: _builtins.int
+    DISPATCHER_FIELD_NUMBER: _builtins.int
+    EP_OVERLAP_FIELD_NUMBER: _builtins.int
     dp: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
@@ -710,6 +726,10 @@ class Plan(_message.Message):
     etp × ep × edp × pp mesh over the same ranks (etp·ep divides dp·tp·cp). Unset: EP is carved
     out of data parallelism (dp·tp·pp·ep·cp = GPUs) and the experts split tp ways.
     """
+    dispatcher: _builtins.str
+    """MoE token dispatcher: "alltoall", "allgather" or "flex" (unset: the stack's default)."""
+    ep_overlap: _builtins.bool
+    """EP communication overlap (Megatron --overlap-moe-expert-parallel-comm); default false."""
     def __init__(
         self,
         *,
@@ -726,15 +746,21 @@ class Plan(_message.Message):
         schedule: _builtins.str | None = ...,
         order: _builtins.str | None = ...,
         etp: _builtins.int | None = ...,
+        dispatcher: _builtins.str | None = ...,
+        ep_overlap: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_ep", b"_ep", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "ep", b"ep", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_ep", b"_ep", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dp", b"dp", "ep", b"ep", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp: _TypeAlias = _typing.Literal["cp"]  # noqa: Y015
     _WhichOneofArgType__cp: _TypeAlias = _typing.Literal["_cp", b"_cp"]  # noqa: Y015
+    _WhichOneofReturnType__dispatcher: _TypeAlias = _typing.Literal["dispatcher"]  # noqa: Y015
+    _WhichOneofArgType__dispatcher: _TypeAlias = _typing.Literal["_dispatcher", b"_dispatcher"]  # noqa: Y015
     _WhichOneofReturnType__ep: _TypeAlias = _typing.Literal["ep"]  # noqa: Y015
     _WhichOneofArgType__ep: _TypeAlias = _typing.Literal["_ep", b"_ep"]  # noqa: Y015
+    _WhichOneofReturnType__ep_overlap: _TypeAlias = _typing.Literal["ep_overlap"]  # noqa: Y015
+    _WhichOneofArgType__ep_overlap: _TypeAlias = _typing.Literal["_ep_overlap", b"_ep_overlap"]  # noqa: Y015
     _WhichOneofReturnType__etp: _TypeAlias = _typing.Literal["etp"]  # noqa: Y015
     _WhichOneofArgType__etp: _TypeAlias = _typing.Literal["_etp", b"_etp"]  # noqa: Y015
     _WhichOneofReturnType__micro_batch: _TypeAlias = _typing.Literal["micro_batch"]  # noqa: Y015
@@ -754,7 +780,11 @@ class Plan(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cp) -> _WhichOneofReturnType__cp | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__dispatcher) -> _WhichOneofReturnType__dispatcher | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep) -> _WhichOneofReturnType__ep | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ep_overlap) -> _WhichOneofReturnType__ep_overlap | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__etp) -> _WhichOneofReturnType__etp | None: ...
     @_typing.overload
@@ -2197,3 +2227,118 @@ class EvaluateServingResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EvaluateServingResponse: _TypeAlias = EvaluateServingResponse  # noqa: Y015
+
+@_typing.final
+class ExplainServingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROBLEM_FIELD_NUMBER: _builtins.int
+    PLAN_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def problem(self) -> Global___ServingProblem: ...
+    @_builtins.property
+    def plan(self) -> Global___ServingPlan: ...
+    def __init__(
+        self,
+        *,
+        problem: Global___ServingProblem | None = ...,
+        plan: Global___ServingPlan | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "problem", b"problem"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["plan", b"plan", "problem", b"problem"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainServingRequest: _TypeAlias = ExplainServingRequest  # noqa: Y015
+
+@_typing.final
+class ServingAxis(_message.Message):
+    """One axis of a serving deployment (Python `explain_serving(...)["axes"]`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AXIS_FIELD_NUMBER: _builtins.int
+    DEGREE_FIELD_NUMBER: _builtins.int
+    STATE_SHARDED_FIELD_NUMBER: _builtins.int
+    COLLECTIVE_FIELD_NUMBER: _builtins.int
+    CALLS_PER_STEP_FIELD_NUMBER: _builtins.int
+    MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
+    BYTES_PER_TOKEN_PER_GPU_FIELD_NUMBER: _builtins.int
+    SECONDS_PER_STEP_FIELD_NUMBER: _builtins.int
+    LATENCY_BOUND_FIELD_NUMBER: _builtins.int
+    FABRIC_FIELD_NUMBER: _builtins.int
+    GROUP_SIZE_FIELD_NUMBER: _builtins.int
+    MEMBERS_PER_DOMAIN_FIELD_NUMBER: _builtins.int
+    axis: _builtins.str
+    """"tp", "attention_dp", "ep", "expert_tp", "pp", "replicas" or "kv_transfer"."""
+    degree: _builtins.int
+    state_sharded: _builtins.str
+    """What is split and what is replicated."""
+    collective: _builtins.str
+    """"all-reduce", "dispatch+combine", "send-recv" or "none"."""
+    calls_per_step: _builtins.float
+    """Calls per decode step on the busiest stage (per request for kv_transfer)."""
+    message_bytes: _builtins.float
+    """Buffer of one call, bytes."""
+    bytes_per_token_per_gpu: _builtins.float
+    """Wire bytes each GPU sends per token it decodes (per prompt token for kv_transfer)."""
+    seconds_per_step: _builtins.float
+    """Seconds of these calls per decode step (per request for kv_transfer)."""
+    latency_bound: _builtins.bool
+    """One call's latency term is at least its bandwidth term."""
+    fabric: _builtins.str
+    """"nvlink", "network", "nvlink+network" or "none"."""
+    group_size: _builtins.int
+    members_per_domain: _builtins.int
+    def __init__(
+        self,
+        *,
+        axis: _builtins.str = ...,
+        degree: _builtins.int = ...,
+        state_sharded: _builtins.str = ...,
+        collective: _builtins.str = ...,
+        calls_per_step: _builtins.float = ...,
+        message_bytes: _builtins.float = ...,
+        bytes_per_token_per_gpu: _builtins.float = ...,
+        seconds_per_step: _builtins.float = ...,
+        latency_bound: _builtins.bool = ...,
+        fabric: _builtins.str = ...,
+        group_size: _builtins.int = ...,
+        members_per_domain: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axis", b"axis", "bytes_per_token_per_gpu", b"bytes_per_token_per_gpu", "calls_per_step", b"calls_per_step", "collective", b"collective", "degree", b"degree", "fabric", b"fabric", "group_size", b"group_size", "latency_bound", b"latency_bound", "members_per_domain", b"members_per_domain", "message_bytes", b"message_bytes", "seconds_per_step", b"seconds_per_step", "state_sharded", b"state_sharded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ServingAxis: _TypeAlias = ServingAxis  # noqa: Y015
+
+@_typing.final
+class ExplainServingResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVALUATION_FIELD_NUMBER: _builtins.int
+    AXES_FIELD_NUMBER: _builtins.int
+    RIDGE_FLOPS_PER_BYTE_FIELD_NUMBER: _builtins.int
+    ridge_flops_per_byte: _builtins.float
+    """FLOPs per byte at which the GPU's GEMMs turn compute-bound."""
+    @_builtins.property
+    def evaluation(self) -> Global___ServingEvaluation: ...
+    @_builtins.property
+    def axes(self) -> _containers.RepeatedCompositeFieldContainer[Global___ServingAxis]: ...
+    def __init__(
+        self,
+        *,
+        evaluation: Global___ServingEvaluation | None = ...,
+        axes: _abc.Iterable[Global___ServingAxis] | None = ...,
+        ridge_flops_per_byte: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["evaluation", b"evaluation"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["axes", b"axes", "evaluation", b"evaluation", "ridge_flops_per_byte", b"ridge_flops_per_byte"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainServingResponse: _TypeAlias = ExplainServingResponse  # noqa: Y015

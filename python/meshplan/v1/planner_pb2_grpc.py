@@ -65,6 +65,11 @@ class PlannerStub(object):
                 request_serializer=meshplan_dot_v1_dot_planner__pb2.EvaluateServingRequest.SerializeToString,
                 response_deserializer=meshplan_dot_v1_dot_planner__pb2.EvaluateServingResponse.FromString,
                 _registered_method=True)
+        self.ExplainServing = channel.unary_unary(
+                '/meshplan.v1.Planner/ExplainServing',
+                request_serializer=meshplan_dot_v1_dot_planner__pb2.ExplainServingRequest.SerializeToString,
+                response_deserializer=meshplan_dot_v1_dot_planner__pb2.ExplainServingResponse.FromString,
+                _registered_method=True)
 
 
 class PlannerServicer(object):
@@ -115,6 +120,14 @@ class PlannerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainServing(self, request, context):
+        """One serving deployment per axis: what is sharded, which collective, bytes per token, which
+        fabric, seconds per decode step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PlannerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -147,6 +160,11 @@ def add_PlannerServicer_to_server(servicer, server):
                     servicer.EvaluateServing,
                     request_deserializer=meshplan_dot_v1_dot_planner__pb2.EvaluateServingRequest.FromString,
                     response_serializer=meshplan_dot_v1_dot_planner__pb2.EvaluateServingResponse.SerializeToString,
+            ),
+            'ExplainServing': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainServing,
+                    request_deserializer=meshplan_dot_v1_dot_planner__pb2.ExplainServingRequest.FromString,
+                    response_serializer=meshplan_dot_v1_dot_planner__pb2.ExplainServingResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -312,6 +330,33 @@ class Planner(object):
             '/meshplan.v1.Planner/EvaluateServing',
             meshplan_dot_v1_dot_planner__pb2.EvaluateServingRequest.SerializeToString,
             meshplan_dot_v1_dot_planner__pb2.EvaluateServingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainServing(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/meshplan.v1.Planner/ExplainServing',
+            meshplan_dot_v1_dot_planner__pb2.ExplainServingRequest.SerializeToString,
+            meshplan_dot_v1_dot_planner__pb2.ExplainServingResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,10 @@ class PlannerStub:
     """
     EvaluateServing: _grpc.UnaryUnaryMultiCallable[_planner_pb2.EvaluateServingRequest, _planner_pb2.EvaluateServingResponse]
     """Scores one serving deployment, feasible or not."""
+    ExplainServing: _grpc.UnaryUnaryMultiCallable[_planner_pb2.ExplainServingRequest, _planner_pb2.ExplainServingResponse]
+    """One serving deployment per axis: what is sharded, which collective, bytes per token, which
+    fabric, seconds per decode step.
+    """
 
 @_typing.type_check_only
 class PlannerAsyncStub(PlannerStub):
@@ -86,6 +90,10 @@ class PlannerAsyncStub(PlannerStub):
     """
     EvaluateServing: _aio.UnaryUnaryMultiCallable[_planner_pb2.EvaluateServingRequest, _planner_pb2.EvaluateServingResponse]  # type: ignore[assignment]
     """Scores one serving deployment, feasible or not."""
+    ExplainServing: _aio.UnaryUnaryMultiCallable[_planner_pb2.ExplainServingRequest, _planner_pb2.ExplainServingResponse]  # type: ignore[assignment]
+    """One serving deployment per axis: what is sharded, which collective, bytes per token, which
+    fabric, seconds per decode step.
+    """
 
 class PlannerServicer(metaclass=_abc_1.ABCMeta):
     """Ranked parallel plans for large-model training, scored by meshplan's cost model."""
@@ -141,5 +149,15 @@ class PlannerServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_planner_pb2.EvaluateServingResponse, _abc.Awaitable[_planner_pb2.EvaluateServingResponse]]:
         """Scores one serving deployment, feasible or not."""
+
+    @_abc_1.abstractmethod
+    def ExplainServing(
+        self,
+        request: _planner_pb2.ExplainServingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_planner_pb2.ExplainServingResponse, _abc.Awaitable[_planner_pb2.ExplainServingResponse]]:
+        """One serving deployment per axis: what is sharded, which collective, bytes per token, which
+        fabric, seconds per decode step.
+        """
 
 def add_PlannerServicer_to_server(servicer: PlannerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -579,10 +579,7 @@ impl CollectiveModel for Fabric {
         }
         let p1 = group.per_domain.clamp(1, p);
         let d = (p / p1).max(1) as f64;
-        let k = top_k as f64;
-        let pf = p as f64;
-        let nvlink_copies = k * (pf - 1.0) / pf;
-        let network_copies = (d - 1.0) * (1.0 - (1.0 - 1.0 / d).powf(k));
+        let (nvlink_copies, network_copies) = deduplicated_copies(top_k, group);
         let intra = tokens * nvlink_copies * bytes_per_copy / self.domain_bytes_per_s(p1.max(2));
         let inter = tokens * network_copies * bytes_per_copy / self.network_bytes_per_s;
         let algorithm = if d > 1.0 {
@@ -611,6 +608,30 @@ impl CollectiveModel for Fabric {
             Protocol::Simple,
         )
     }
+}
+
+/// Copies of one token a node-deduplicated dispatch over `group` moves, `(NVLink, network)`:
+/// `k·(P − 1)/P` over NVLink (local experts' and the fan-out of arriving ones) and
+/// `(D − 1)·(1 − (1 − 1/D)^k)` over the network, one per distinct remote domain (§3.7).
+pub fn deduplicated_copies(top_k: u32, group: Group) -> (f64, f64) {
+    let p = group.size.max(1);
+    let p1 = group.per_domain.clamp(1, p);
+    let d = (p / p1).max(1) as f64;
+    let (k, pf) = (top_k as f64, p as f64);
+    (
+        k * (pf - 1.0) / pf,
+        (d - 1.0) * (1.0 - (1.0 - 1.0 / d).powf(k)),
+    )
+}
+
+/// Copies of one token an all-to-all over `group` moves, `(NVLink, network)`: every copy to
+/// another rank of the domain over NVLink, `k·(P1 − 1)/P`, every other one over the network,
+/// `k·(P − P1)/P` (§3.2).
+pub fn all_to_all_copies(top_k: u32, group: Group) -> (f64, f64) {
+    let p = group.size.max(1);
+    let p1 = group.per_domain.clamp(1, p);
+    let (k, pf) = (top_k as f64, p as f64);
+    (k * (p1 as f64 - 1.0) / pf, k * (pf - p1 as f64) / pf)
 }
 
 /// One collective call priced on its own, outside any plan: what `meshplan calibrate` fits
@@ -858,6 +879,37 @@ mod tests {
         let a2a = f.collective(Collective::AllToAll, 8192.0 * 2.0 * 8192.0 * 2.0, g);
         let dispatch = f.dispatch(8192.0, 8192.0 * 2.0, 2, g);
         assert_eq!(a2a, dispatch);
+    }
+
+    #[test]
+    fn each_dispatcher_prices_its_own_exchange() {
+        use crate::plan::Dispatcher;
+        let f = fabric();
+        let (tokens, bytes, k) = (4096.0, 8192.0 * 2.0, 8);
+        // Inside one domain the all-to-all and the node-deduplicated dispatch are one exchange.
+        let one = group(8, 8);
+        assert_eq!(
+            f.token_exchange(Dispatcher::AllToAll, tokens, bytes, k, one),
+            f.token_exchange(Dispatcher::Flex, tokens, bytes, k, one)
+        );
+        // Across domains every copy of the all-to-all crosses the network on its own: 7 of the 8
+        // copies of a token for 64 ranks in 8 domains, against 4.59 deduplicated.
+        let wide = group(64, 8);
+        let a2a = f.token_exchange(Dispatcher::AllToAll, tokens, bytes, k, wide);
+        let flex = f.token_exchange(Dispatcher::Flex, tokens, bytes, k, wide);
+        let ratio = a2a.bandwidth_s / flex.bandwidth_s;
+        let want = 7.0 / (7.0 * (1.0 - (7.0f64 / 8.0).powi(8)));
+        assert!((ratio - want).abs() < 1e-9, "{ratio} vs {want}");
+        // The all-gather moves every rank's tokens whatever top-k is: the group's 64 × tokens.
+        let ag = f.token_exchange(Dispatcher::AllGather, tokens, bytes, k, wide);
+        assert_eq!(
+            ag,
+            f.collective(Collective::AllGather, tokens * bytes * 64.0, wide)
+        );
+        assert_eq!(
+            f.token_exchange(Dispatcher::AllGather, tokens, bytes, 1, wide),
+            ag
+        );
     }
 
     #[test]

@@ -117,6 +117,25 @@ impl Ctx<'_> {
                 fabric_name(self.groups.tp)
             ));
         }
+        let per_fabric = match dispatcher {
+            Dispatcher::Flex => Some(crate::comm::deduplicated_copies(moe.top_k, g)),
+            Dispatcher::AllToAll => Some(crate::comm::all_to_all_copies(moe.top_k, g)),
+            Dispatcher::AllGather => None,
+        };
+        match per_fabric {
+            Some((nvlink, network)) => a.notes.push(format!(
+                "per routed token per MoE layer, each way: {} B over NVLink ({nvlink:.2} copies) and {} B over the network ({network:.2} copies) on this group of {} ranks, {} per domain",
+                commas(nvlink * h_bytes),
+                commas(network * h_bytes),
+                g.size,
+                g.per_domain
+            )),
+            None => a.notes.push(format!(
+                "per token per MoE layer, each way: every rank receives the hidden states of the other {} ranks' tokens ({} B per own token) and keeps its experts' copies",
+                e - 1,
+                commas((e - 1) as f64 * h_bytes)
+            )),
+        }
         if g.domains() > 1 {
             a.notes.push("across domains each token crosses the network once per remote domain it is routed to and fans out over NVLink there (node-deduplicated dispatch)".into());
         }

@@ -536,3 +536,84 @@ fn only_present_axes_are_explained_and_infeasible_plans_still_are() {
     assert_eq!(names, vec!["pp"]);
     assert!(explain(&p, &plan("dp=4,tp=1,pp=1")).is_err());
 }
+
+#[test]
+fn ep_overlap_hides_the_exchange_behind_the_other_directions_compute() {
+    let p = problem(
+        presets::model("deepseek-v3").unwrap(),
+        "h100-sxm",
+        256,
+        1024,
+        4096,
+    );
+    let base = plan("dp=1,tp=1,pp=8,ep=32,vpp=2,zero=1");
+    let off = explain(&p, &base).unwrap();
+    let on = explain(
+        &p,
+        &Plan {
+            ep_overlap: true,
+            ..base.clone()
+        },
+    )
+    .unwrap();
+    let (a_off, a_on) = (axis(&off, "ep"), axis(&on, "ep"));
+    // Without the overlap all of the exchange is exposed (calibration ep_overlap 0); with it,
+    // less, and what is hidden is the difference.
+    let raw = |a: &AxisExplanation| {
+        a.collectives
+            .iter()
+            .map(|c| c.seconds_per_step)
+            .sum::<f64>()
+    };
+    assert!(close(raw(a_off), off.evaluation.time_s.ep));
+    assert!(on.evaluation.time_s.ep < raw(a_on));
+    assert!(on.evaluation.time_s.ep < off.evaluation.time_s.ep);
+    assert!(close(
+        a_on.overlapped_s,
+        raw(a_on) - on.evaluation.time_s.ep
+    ));
+    assert!(a_on
+        .notes
+        .iter()
+        .any(|n| n.contains("EP communication overlap")));
+    assert!(a_off
+        .notes
+        .iter()
+        .any(|n| n.contains("no EP communication overlap")));
+    assert!(on.evaluation.step_time_s < off.evaluation.step_time_s);
+    // Each dispatcher names itself in the collectives.
+    for (d, op) in [
+        (Dispatcher::AllToAll, "all-to-all"),
+        (Dispatcher::AllGather, "all-gather + reduce-scatter"),
+        (Dispatcher::Flex, "all-to-all"),
+    ] {
+        let x = explain(
+            &p,
+            &Plan {
+                dispatcher: Some(d),
+                ..base.clone()
+            },
+        )
+        .unwrap();
+        let a = axis(&x, "ep");
+        assert!(a
+            .collectives
+            .iter()
+            .all(|c| c.op == op && c.when.contains(&format!("{} dispatcher", d.name()))));
+    }
+    // Megatron's overlap refuses full recompute.
+    let full = explain(
+        &p,
+        &Plan {
+            ep_overlap: true,
+            recompute: Recompute::Full,
+            ..base
+        },
+    )
+    .unwrap();
+    assert!(full
+        .evaluation
+        .reasons
+        .iter()
+        .any(|r| r.rule == "stack_recompute"));
+}
