@@ -25,7 +25,7 @@ from .explain import Explanation, decode_traffic, explain
 from .export import export
 from .feasible import FeasibleSpace, feasible_space
 from .hardware import Cluster, Gpu
-from .model import Mla, Model, Moe
+from .model import LinearAttention, Mamba, Mla, Model, Moe
 from .plan import Plan
 from .report import Evaluation, SearchResult, SearchStats, Violation
 from .serving import ServingResult, evaluate_serving, explain_serving, search_serving
@@ -59,6 +59,8 @@ __all__ = [
     "Model",
     "Moe",
     "Mla",
+    "Mamba",
+    "LinearAttention",
     "Gpu",
     "Cluster",
     "Workload",

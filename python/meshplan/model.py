@@ -1,4 +1,6 @@
-"""The model descriptor: a decoder-only transformer, dense or MoE, with GQA and optional MLA.
+"""The model descriptor: a decoder-only transformer, dense or MoE, with GQA and optional MLA, and
+optionally a hybrid layer stack (``layer_pattern``: Mamba-2, gated DeltaNet, sliding-window
+attention, FFN-only layers).
 
 Mirrors the core's ``Model`` (``rust/meshplan-core/src/model.rs``). Build one from a preset
 (:meth:`Model.preset`), from a Hugging Face ``config.json`` (:meth:`Model.from_hf_config`) or
@@ -89,6 +91,84 @@ class Mla:
 
 
 @dataclass
+class Mamba:
+    """Mamba-2 (SSD) mixer dimensions (Nemotron-H); ``d_inner = heads · head_dim``."""
+
+    heads: int
+    """SSM heads (HF ``mamba_num_heads``)."""
+    head_dim: int
+    """Channels per head (HF ``mamba_head_dim``)."""
+    state: int
+    """State size (HF ``ssm_state_size``)."""
+    groups: int
+    """Groups sharing one B and C (HF ``n_groups``)."""
+    conv_kernel: int = 4
+    """Width of the causal depthwise convolution (HF ``conv_kernel``)."""
+    chunk: int = 128
+    """Chunk length of the chunked scan (HF ``chunk_size``)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "model.mamba", {
+            "heads": "int", "head_dim": "int", "state": "int", "groups": "int",
+            "conv_kernel": "int", "chunk": "int",
+        })
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "heads": self.heads,
+            "head_dim": self.head_dim,
+            "state": self.state,
+            "groups": self.groups,
+            "conv_kernel": self.conv_kernel,
+            "chunk": self.chunk,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "model.mamba") -> Mamba:
+        return cls(**checked(cls, data, where))
+
+
+@dataclass
+class LinearAttention:
+    """Gated DeltaNet linear-attention dimensions (Qwen3-Next's ``linear_attention`` layers)."""
+
+    key_heads: int
+    """Query/key heads (HF ``linear_num_key_heads``)."""
+    key_head_dim: int
+    """Query/key head dimension (HF ``linear_key_head_dim``)."""
+    value_heads: int
+    """Value heads (HF ``linear_num_value_heads``)."""
+    value_head_dim: int
+    """Value head dimension (HF ``linear_value_head_dim``)."""
+    conv_kernel: int = 4
+    """Width of the causal convolution on q, k, v (HF ``linear_conv_kernel_dim``)."""
+    chunk: int = 64
+    """Chunk length of the chunked delta rule (flash-linear-attention: 64)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self, "model.linear_attention", {
+            "key_heads": "int", "key_head_dim": "int", "value_heads": "int",
+            "value_head_dim": "int", "conv_kernel": "int", "chunk": "int",
+        })
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key_heads": self.key_heads,
+            "key_head_dim": self.key_head_dim,
+            "value_heads": self.value_heads,
+            "value_head_dim": self.value_head_dim,
+            "conv_kernel": self.conv_kernel,
+            "chunk": self.chunk,
+        }
+
+    @classmethod
+    def from_dict(
+        cls, data: Mapping[str, Any], where: str = "model.linear_attention"
+    ) -> LinearAttention:
+        return cls(**checked(cls, data, where))
+
+
+@dataclass
 class Model:
     """A decoder-only transformer."""
 
@@ -114,15 +194,30 @@ class Model:
     dropout: bool = False
     """Dropout on the attention probabilities and residual branches (GPT-3-era recipes): its
     1-byte masks are stored for the backward."""
+    layer_pattern: Optional[str] = None
+    """The layers in order, one character each: ``M`` Mamba-2, ``*`` attention, ``-`` dense
+    FFN, ``E`` MoE FFN (each alone in its layer, Nemotron-H's ``hybrid_override_pattern``);
+    ``A``/``a`` attention, ``S``/``s`` sliding-window attention, ``G``/``g`` gated DeltaNet, each
+    with the MoE (upper case) or dense (lower case) FFN. None: every layer attention + FFN."""
+    mamba: Optional[Mamba] = None
+    """The Mamba-2 mixer of the ``M`` layers."""
+    linear_attention: Optional[LinearAttention] = None
+    """The gated DeltaNet mixer of the ``G``/``g`` layers."""
+    sliding_window: Optional[int] = None
+    """Tokens each query of an ``S``/``s`` layer attends."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model", {
             "name": "str", "layers": "int", "hidden": "int", "heads": "int", "kv_heads": "int",
             "ffn_hidden": "int", "vocab": "int", "activation": "str", "head_dim": "int?",
             "norm": "str", "tied_embeddings": "bool", "dropout": "bool",
+            "layer_pattern": "str?", "sliding_window": "int?",
         })
         # The parts may come as dicts (the core's shape); anything else is an error here.
-        for part, cls in (("moe", Moe), ("mla", Mla)):
+        parts: tuple[tuple[str, Any], ...] = (
+            ("moe", Moe), ("mla", Mla), ("mamba", Mamba), ("linear_attention", LinearAttention),
+        )
+        for part, cls in parts:
             value = getattr(self, part)
             if isinstance(value, Mapping):
                 setattr(self, part, cls.from_dict(value))
@@ -145,6 +240,12 @@ class Model:
             **({"dropout": True} if self.dropout else {}),
             "moe": None if self.moe is None else self.moe.to_dict(),
             "mla": None if self.mla is None else self.mla.to_dict(),
+            # The hybrid-stack fields only when set: a uniform model's shape is unchanged.
+            **({} if self.layer_pattern is None else {"layer_pattern": self.layer_pattern}),
+            **({} if self.mamba is None else {"mamba": self.mamba.to_dict()}),
+            **({} if self.linear_attention is None
+               else {"linear_attention": self.linear_attention.to_dict()}),
+            **({} if self.sliding_window is None else {"sliding_window": self.sliding_window}),
         }
 
     @classmethod

@@ -30,7 +30,7 @@ from .errors import (
 )
 from .explain import Explanation
 from .hardware import Cluster, Gpu
-from .model import Mla, Model, Moe
+from .model import LinearAttention, Mamba, Mla, Model, Moe
 from .plan import Plan
 from .report import Evaluation, SearchResult, SearchStats, Violation
 from .space import DEGREES, SearchSpace
@@ -163,6 +163,12 @@ def dims_message(model: Model) -> pb.ModelDims:
             v_head_dim=model.mla.v_head_dim,
             q_lora_rank=model.mla.q_lora_rank,
         )
+    mamba = None
+    if model.mamba is not None:
+        mamba = pb.Mamba(**model.mamba.to_dict())
+    linear = None
+    if model.linear_attention is not None:
+        linear = pb.LinearAttention(**model.linear_attention.to_dict())
     return pb.ModelDims(
         name=model.name,
         layers=model.layers,
@@ -178,6 +184,10 @@ def dims_message(model: Model) -> pb.ModelDims:
         dropout=model.dropout,
         moe=moe,
         mla=mla,
+        layer_pattern=model.layer_pattern,
+        mamba=mamba,
+        linear_attention=linear,
+        sliding_window=model.sliding_window,
     )
 
 
@@ -325,6 +335,26 @@ def _model_from_dims(d: pb.ModelDims) -> Model:
             v_head_dim=d.mla.v_head_dim,
             q_lora_rank=_opt(d.mla, "q_lora_rank"),
         )
+    mamba = linear = None
+    if d.HasField("mamba"):
+        mamba = Mamba(
+            heads=d.mamba.heads,
+            head_dim=d.mamba.head_dim,
+            state=d.mamba.state,
+            groups=d.mamba.groups,
+            conv_kernel=d.mamba.conv_kernel,
+            chunk=d.mamba.chunk,
+        )
+    if d.HasField("linear_attention"):
+        la = d.linear_attention
+        linear = LinearAttention(
+            key_heads=la.key_heads,
+            key_head_dim=la.key_head_dim,
+            value_heads=la.value_heads,
+            value_head_dim=la.value_head_dim,
+            conv_kernel=la.conv_kernel,
+            chunk=la.chunk,
+        )
     return Model(
         name=d.name,
         layers=d.layers,
@@ -340,6 +370,10 @@ def _model_from_dims(d: pb.ModelDims) -> Model:
         dropout=d.dropout,
         moe=moe,
         mla=mla,
+        layer_pattern=_opt(d, "layer_pattern"),
+        mamba=mamba,
+        linear_attention=linear,
+        sliding_window=_opt(d, "sliding_window"),
     )
 
 

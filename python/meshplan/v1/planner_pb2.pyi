@@ -99,6 +99,10 @@ class ModelDims(_message.Message):
     MOE_FIELD_NUMBER: _builtins.int
     MLA_FIELD_NUMBER: _builtins.int
     DROPOUT_FIELD_NUMBER: _builtins.int
+    LAYER_PATTERN_FIELD_NUMBER: _builtins.int
+    MAMBA_FIELD_NUMBER: _builtins.int
+    LINEAR_ATTENTION_FIELD_NUMBER: _builtins.int
+    SLIDING_WINDOW_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     layers: _builtins.int
     hidden: _builtins.int
@@ -120,6 +124,14 @@ class ModelDims(_message.Message):
     """Dropout on the attention probabilities and residual branches (GPT-3-era recipes); its
     masks are stored for the backward.
     """
+    layer_pattern: _builtins.str
+    """The layers in order, one character each (docs/costmodel.md §1.4): "M" Mamba-2, "*"
+    attention, "-" dense FFN, "E" MoE FFN (each alone in its layer, Nemotron-H's notation);
+    "A"/"a" attention, "S"/"s" sliding-window attention, "G"/"g" gated DeltaNet with the MoE
+    (upper case) or dense (lower case) FFN. Unset: every layer attention + FFN.
+    """
+    sliding_window: _builtins.int
+    """Tokens each query of an "S"/"s" layer attends."""
     @_builtins.property
     def moe(self) -> Global___Moe:
         """Present for a mixture-of-experts model."""
@@ -127,6 +139,14 @@ class ModelDims(_message.Message):
     @_builtins.property
     def mla(self) -> Global___Mla:
         """Present for multi-head latent attention."""
+
+    @_builtins.property
+    def mamba(self) -> Global___Mamba:
+        """The Mamba-2 mixer of the "M" layers."""
+
+    @_builtins.property
+    def linear_attention(self) -> Global___LinearAttention:
+        """The gated DeltaNet mixer of the "G"/"g" layers."""
 
     def __init__(
         self,
@@ -145,25 +165,109 @@ class ModelDims(_message.Message):
         moe: Global___Moe | None = ...,
         mla: Global___Mla | None = ...,
         dropout: _builtins.bool = ...,
+        layer_pattern: _builtins.str | None = ...,
+        mamba: Global___Mamba | None = ...,
+        linear_attention: Global___LinearAttention | None = ...,
+        sliding_window: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_norm", b"_norm", "activation", b"activation", "head_dim", b"head_dim", "mla", b"mla", "moe", b"moe", "norm", b"norm"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "head_dim", b"head_dim", "layer_pattern", b"layer_pattern", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "norm", b"norm", "sliding_window", b"sliding_window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_norm", b"_norm", "activation", b"activation", "dropout", b"dropout", "ffn_hidden", b"ffn_hidden", "head_dim", b"head_dim", "heads", b"heads", "hidden", b"hidden", "kv_heads", b"kv_heads", "layers", b"layers", "mla", b"mla", "moe", b"moe", "name", b"name", "norm", b"norm", "tied_embeddings", b"tied_embeddings", "vocab", b"vocab"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "dropout", b"dropout", "ffn_hidden", b"ffn_hidden", "head_dim", b"head_dim", "heads", b"heads", "hidden", b"hidden", "kv_heads", b"kv_heads", "layer_pattern", b"layer_pattern", "layers", b"layers", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "name", b"name", "norm", b"norm", "sliding_window", b"sliding_window", "tied_embeddings", b"tied_embeddings", "vocab", b"vocab"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation: _TypeAlias = _typing.Literal["activation"]  # noqa: Y015
     _WhichOneofArgType__activation: _TypeAlias = _typing.Literal["_activation", b"_activation"]  # noqa: Y015
     _WhichOneofReturnType__head_dim: _TypeAlias = _typing.Literal["head_dim"]  # noqa: Y015
     _WhichOneofArgType__head_dim: _TypeAlias = _typing.Literal["_head_dim", b"_head_dim"]  # noqa: Y015
+    _WhichOneofReturnType__layer_pattern: _TypeAlias = _typing.Literal["layer_pattern"]  # noqa: Y015
+    _WhichOneofArgType__layer_pattern: _TypeAlias = _typing.Literal["_layer_pattern", b"_layer_pattern"]  # noqa: Y015
     _WhichOneofReturnType__norm: _TypeAlias = _typing.Literal["norm"]  # noqa: Y015
     _WhichOneofArgType__norm: _TypeAlias = _typing.Literal["_norm", b"_norm"]  # noqa: Y015
+    _WhichOneofReturnType__sliding_window: _TypeAlias = _typing.Literal["sliding_window"]  # noqa: Y015
+    _WhichOneofArgType__sliding_window: _TypeAlias = _typing.Literal["_sliding_window", b"_sliding_window"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__activation) -> _WhichOneofReturnType__activation | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__head_dim) -> _WhichOneofReturnType__head_dim | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__layer_pattern) -> _WhichOneofReturnType__layer_pattern | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__norm) -> _WhichOneofReturnType__norm | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sliding_window) -> _WhichOneofReturnType__sliding_window | None: ...
 
 Global___ModelDims: _TypeAlias = ModelDims  # noqa: Y015
+
+@_typing.final
+class Mamba(_message.Message):
+    """Mamba-2 (SSD) mixer dimensions (Python `meshplan.Mamba`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEADS_FIELD_NUMBER: _builtins.int
+    HEAD_DIM_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    CONV_KERNEL_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    heads: _builtins.int
+    head_dim: _builtins.int
+    state: _builtins.int
+    groups: _builtins.int
+    conv_kernel: _builtins.int
+    chunk: _builtins.int
+    def __init__(
+        self,
+        *,
+        heads: _builtins.int = ...,
+        head_dim: _builtins.int = ...,
+        state: _builtins.int = ...,
+        groups: _builtins.int = ...,
+        conv_kernel: _builtins.int = ...,
+        chunk: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "conv_kernel", b"conv_kernel", "groups", b"groups", "head_dim", b"head_dim", "heads", b"heads", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Mamba: _TypeAlias = Mamba  # noqa: Y015
+
+@_typing.final
+class LinearAttention(_message.Message):
+    """Gated DeltaNet linear-attention dimensions (Python `meshplan.LinearAttention`)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_HEADS_FIELD_NUMBER: _builtins.int
+    KEY_HEAD_DIM_FIELD_NUMBER: _builtins.int
+    VALUE_HEADS_FIELD_NUMBER: _builtins.int
+    VALUE_HEAD_DIM_FIELD_NUMBER: _builtins.int
+    CONV_KERNEL_FIELD_NUMBER: _builtins.int
+    CHUNK_FIELD_NUMBER: _builtins.int
+    key_heads: _builtins.int
+    key_head_dim: _builtins.int
+    value_heads: _builtins.int
+    value_head_dim: _builtins.int
+    conv_kernel: _builtins.int
+    chunk: _builtins.int
+    def __init__(
+        self,
+        *,
+        key_heads: _builtins.int = ...,
+        key_head_dim: _builtins.int = ...,
+        value_heads: _builtins.int = ...,
+        value_head_dim: _builtins.int = ...,
+        conv_kernel: _builtins.int = ...,
+        chunk: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk", b"chunk", "conv_kernel", b"conv_kernel", "key_head_dim", b"key_head_dim", "key_heads", b"key_heads", "value_head_dim", b"value_head_dim", "value_heads", b"value_heads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LinearAttention: _TypeAlias = LinearAttention  # noqa: Y015
 
 @_typing.final
 class Moe(_message.Message):

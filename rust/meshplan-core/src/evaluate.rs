@@ -98,6 +98,46 @@ pub fn structural_rules(
             plan.ep
         );
     }
+    if let (Some(m), true) = (&model.mamba, model.layer_pattern.is_some()) {
+        // Megatron-Core's MambaMixer splits heads and groups over TP (`ngroups % tp == 0`).
+        rule!(
+            m.heads % plan.tp != 0 || m.groups % plan.tp != 0,
+            Rule::TpHeads,
+            "tp = {} does not divide the {} Mamba-2 heads and {} groups",
+            plan.tp,
+            m.heads,
+            m.groups
+        );
+        // MambaContextParallel: every CP rank gets whole heads, and whole groups or a whole
+        // share of one (`tp·cp` divides the heads; groups/tp a multiple or a divisor of cp).
+        let (heads_tp, groups_tp) = (m.heads / plan.tp.max(1), m.groups / plan.tp.max(1));
+        rule!(
+            plan.cp > 1
+                && (heads_tp % plan.cp != 0
+                    || (groups_tp % plan.cp != 0 && plan.cp % groups_tp.max(1) != 0)),
+            Rule::CpMixer,
+            "cp = {} cannot split the Mamba-2 layers: tp·cp must divide the {} heads, and cp must divide or be a multiple of the {} groups per TP rank (Megatron-Core MambaContextParallel)",
+            plan.cp,
+            m.heads,
+            groups_tp
+        );
+    }
+    if let (Some(la), true) = (&model.linear_attention, model.layer_pattern.is_some()) {
+        rule!(
+            la.key_heads % plan.tp != 0 || la.value_heads % plan.tp != 0,
+            Rule::TpHeads,
+            "tp = {} does not divide the {} key and {} value heads of the gated DeltaNet layers",
+            plan.tp,
+            la.key_heads,
+            la.value_heads
+        );
+        rule!(
+            plan.cp > 1,
+            Rule::CpMixer,
+            "cp = {}: gated DeltaNet layers have no context parallelism (the chunked delta rule carries its state along the whole sequence; neither Megatron-Core nor the FLA kernels split it)",
+            plan.cp
+        );
+    }
     // In u64: `2·cp` wraps to 0 in u32 for cp = 2^31 (issue 9: a division by zero).
     let two_cp = 2 * plan.cp as u64;
     rule!(
@@ -189,7 +229,8 @@ pub(crate) fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> Rates
         * crate::flops::recompute_flops_per_token(
             &problem.model,
             plan.recompute,
-            w.seq_len as f64 / 2.0,
+            w.seq_len as f64,
+            AttentionCounting::Causal,
         );
     let peak = problem
         .cluster

@@ -4,7 +4,12 @@
 //! (`s_ctx = s/2`, [MEG-FLOPS]), excluding recomputation and flash attention's internal
 //! recompute. [`AttentionCounting::Full`] gives torchtitan/PaLM's `s_ctx = s` basis for
 //! comparisons with sources that count that way.
+//!
+//! A hybrid model (a `layer_pattern`) sums its layers' cores ([`crate::layer::CoreAttention`]):
+//! attention over `s_ctx` keys (a window `w` caps them: `w − w²/(2s)` causal, `w` full), the
+//! linear-time scans of Mamba-2 and gated DeltaNet, nothing for a layer without a mixer.
 
+use crate::layer::core_of;
 use crate::model::Model;
 use crate::plan::Recompute;
 use crate::workload::Workload;
@@ -23,6 +28,41 @@ pub fn attention_core_fwd_flops_per_token(model: &Model, s_ctx: f64) -> f64 {
     2.0 * model.heads as f64 * (model.qk_head_dim() + model.v_head_dim()) as f64 * s_ctx
 }
 
+/// `s_ctx` of a sequence of `seq` tokens under `counting`.
+fn s_ctx_of(seq: f64, counting: AttentionCounting) -> f64 {
+    match counting {
+        AttentionCounting::Causal => seq / 2.0,
+        AttentionCounting::Full => seq,
+    }
+}
+
+/// Core forward FLOPs per token of all the layers for sequences of `seq` tokens: `L` times
+/// [`attention_core_fwd_flops_per_token`] for a model without a layer pattern, else the sum of
+/// each layer's core (module docs).
+pub fn layers_core_fwd_flops_per_token(
+    model: &Model,
+    seq: f64,
+    counting: AttentionCounting,
+) -> f64 {
+    let s_ctx = s_ctx_of(seq, counting);
+    if model.layer_pattern.is_none() {
+        return model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx);
+    }
+    let kinds = model.layer_kinds();
+    model
+        .layer_stack()
+        .iter()
+        .map(|&(k, n)| {
+            let core = core_of(model, &kinds.specs()[k].mixer, 1);
+            let keys = match (core.window, counting) {
+                (Some(w), AttentionCounting::Full) => w.min(seq),
+                _ => core.keys_per_query(seq),
+            };
+            n as f64 * core.fwd_flops_with_keys(keys)
+        })
+        .sum()
+}
+
 /// Model training FLOPs (forward + backward, no recompute) per token of `workload`. Weight GEMMs
 /// cost 6 FLOPs per parameter (forward, input gradient, weight gradient), 4 under LoRA where
 /// the frozen weights get no weight gradient.
@@ -31,22 +71,23 @@ pub fn train_flops_per_token(
     workload: &Workload,
     counting: AttentionCounting,
 ) -> f64 {
-    let s_ctx = match counting {
-        AttentionCounting::Causal => workload.seq_len as f64 / 2.0,
-        AttentionCounting::Full => workload.seq_len as f64,
-    };
     let per_param = if workload.lora { 4.0 } else { 6.0 };
     per_param * model.active_matmul_params() as f64
-        + 3.0 * model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx)
+        + 3.0 * layers_core_fwd_flops_per_token(model, workload.seq_len as f64, counting)
 }
 
-/// FLOPs per token that `recompute` adds to a training step with `s_ctx` keys per query (what
-/// hardware FLOP counts include and model FLOP counts do not): full recompute one more forward
-/// of every layer (not of the LM head), selective the core attention, op-level selective every
-/// other weight GEMM of the layers.
-pub fn recompute_flops_per_token(model: &Model, recompute: Recompute, s_ctx: f64) -> f64 {
+/// FLOPs per token that `recompute` adds to a training step on sequences of `seq` tokens
+/// counted as `counting` (what hardware FLOP counts include and model FLOP counts do not):
+/// full recompute one more forward of every layer (not of the LM head), selective the core
+/// attention, op-level selective every other weight GEMM of the layers.
+pub fn recompute_flops_per_token(
+    model: &Model,
+    recompute: Recompute,
+    seq: f64,
+    counting: AttentionCounting,
+) -> f64 {
     let layer_gemms = 2.0 * (model.active_matmul_params() - model.embedding_params()) as f64;
-    let attention = model.layers as f64 * attention_core_fwd_flops_per_token(model, s_ctx);
+    let attention = layers_core_fwd_flops_per_token(model, seq, counting);
     match recompute {
         Recompute::Full => layer_gemms + attention,
         Recompute::Selective => attention,
@@ -65,7 +106,7 @@ mod tests {
         let m = crate::presets::model("llama3-8b").unwrap();
         let gemms = 2.0 * (m.active_matmul_params() - m.embedding_params()) as f64;
         let attn = m.layers as f64 * attention_core_fwd_flops_per_token(&m, 4096.0);
-        let of = |r| recompute_flops_per_token(&m, r, 4096.0);
+        let of = |r| recompute_flops_per_token(&m, r, 8192.0, AttentionCounting::Causal);
         assert_eq!(of(Recompute::None), 0.0);
         assert_eq!(of(Recompute::Selective), attn);
         assert_eq!(of(Recompute::Full), gemms + attn);
@@ -90,6 +131,10 @@ mod tests {
             dropout: false,
             moe: None,
             mla: None,
+            layer_pattern: None,
+            mamba: None,
+            linear_attention: None,
+            sliding_window: None,
         };
         let (l, h, s, v) = (96.0, 12288.0, 2048.0, 51200.0);
         let expected = 72.0 * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));

@@ -21,10 +21,32 @@
 //! * `glm4_moe`: `n_routed_experts`, `num_experts_per_tok`, `n_shared_experts`,
 //!   `moe_intermediate_size`, `first_k_dense_replace`;
 //! * `gpt_oss`: `num_local_experts`, `experts_per_token` or `num_experts_per_tok`; experts of
-//!   `intermediate_size`.
+//!   `intermediate_size`; `layer_types` (`sliding_attention` / `full_attention`) with
+//!   `sliding_window` become a layer pattern (`S`/`A`);
+//! * `nemotron_h` (Nemotron-H, Nemotron 3): the layer pattern `hybrid_override_pattern` (or the
+//!   newer `layers_block_type` list, whose length is then the layer count when
+//!   `num_hidden_layers` is absent), Nemotron-H's own notation (`M` Mamba-2, `*` attention, `-`
+//!   MLP, `E` MoE); the Mamba-2 mixer from `mamba_num_heads`, `mamba_head_dim`,
+//!   `ssm_state_size`, `n_groups` (`mamba_n_groups`), `conv_kernel` (`mamba_d_conv`),
+//!   `chunk_size` (`mamba_chunk_size`, default 128) — `d_inner` is heads × head_dim, as HF's
+//!   `NemotronHMamba2Mixer` builds it, so `expand` is not read; `head_dim` or
+//!   `attention_head_dim`; `mlp_hidden_act` (plain MLP, `relu2`); MoE layers from
+//!   `n_routed_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `n_shared_experts`,
+//!   `moe_shared_expert_intermediate_size`. A latent MoE (`moe_latent_size`, Nemotron 3
+//!   Super/Ultra) is rejected, not approximated;
+//! * `qwen3_next`: `layer_types` or, without it, `full_attention_interval` (every n-th layer
+//!   full attention, the rest gated DeltaNet: `linear_num_key_heads`, `linear_key_head_dim`,
+//!   `linear_num_value_heads`, `linear_value_head_dim`, `linear_conv_kernel_dim`); MoE layers
+//!   as Qwen3-MoE's (`decoder_sparse_step`, `mlp_only_layers`, one shared expert of
+//!   `shared_expert_intermediate_size`). The attention output gate (a second query-sized
+//!   projection) is not modelled.
 //!
-//! The descriptor keeps only leading dense layers (`first_dense_layers`): a file whose dense
-//! (MLP-only) layers are anywhere else is rejected rather than approximated.
+//! The bare tokens `Infinity`, `-Infinity` and `NaN` that Python's `json` writes (Nemotron-H's
+//! `time_step_limit`) are read as `null`.
+//!
+//! Leading dense layers become `first_dense_layers`; a Qwen-MoE or DeepSeek-style file whose
+//! dense (MLP-only) layers are anywhere else (`decoder_sparse_step`, `mlp_only_layers`,
+//! `moe_layer_freq`) becomes a layer pattern of `A` (MoE) and `a` (dense) layers.
 //!
 //! `hidden_act` maps onto the activation, and the family fixes the gating: every family but
 //! `nemotron` uses a gated MLP (gate, up and down projections), so `silu`/`swish` import as
@@ -35,16 +57,15 @@
 //! Not modelled, so absent from the parameter and FLOP counts: biases (Qwen2 QKV, GLM-4.5,
 //! gpt-oss), QK-norm weights, routers' biases, attention sinks, multi-token-prediction layers
 //! (`num_nextn_predict_layers`: DeepSeek-V3's 685 B checkpoint is 671 B without them), and
-//! sliding-window attention: Mistral/Phi-3 `sliding_window` and gpt-oss's alternating
-//! sliding-window layers (`layer_types`) are costed as full causal attention.
+//! Mistral/Phi-3's model-wide `sliding_window` (costed as full causal attention).
 
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::model::{Activation, Mla, Model, Moe, Norm};
+use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
 
 /// The `model_type`s this importer understands.
-pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
+pub const SUPPORTED_MODEL_TYPES: [&str; 15] = [
     "deepseek_v3",
     "glm4_moe",
     "gpt_oss",
@@ -53,12 +74,21 @@ pub const SUPPORTED_MODEL_TYPES: [&str; 13] = [
     "mistral",
     "mixtral",
     "nemotron",
+    "nemotron_h",
     "phi3",
     "qwen2",
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "qwen3_next",
 ];
+
+/// Chunk length of flash-linear-attention's chunked gated delta rule (`chunk_size = 64` in
+/// `fla.ops.gated_delta_rule.chunk`), which Qwen3-Next's gated DeltaNet layers run.
+const DELTANET_CHUNK: u32 = 64;
+
+/// Chunk length of Nemotron-H's Mamba-2 scan when the file names none (HF `NemotronHConfig`).
+const NEMOTRON_H_DEFAULT_CHUNK: u32 = 128;
 
 /// The pseudo-field named when the document itself is wrong (not JSON, not an object).
 const DOCUMENT: &str = "config.json";
@@ -217,12 +247,22 @@ fn dropout(cfg: &Config) -> Result<bool> {
 }
 
 /// Families whose MLP is plain (up and down projections), not gated.
-const PLAIN_MLP_MODEL_TYPES: [&str; 1] = ["nemotron"];
+const PLAIN_MLP_MODEL_TYPES: [&str; 2] = ["nemotron", "nemotron_h"];
 
 /// Maps `hidden_act` onto the activation, gated or plain as the family's MLP is (see the
 /// module documentation); an activation the family cannot have is an error.
 fn activation(cfg: &Config) -> Result<Activation> {
-    let act = cfg.opt_str("hidden_act")?.unwrap_or("silu");
+    // Nemotron-H names the MLP's activation `mlp_hidden_act` (its Mamba layers have their own).
+    let key = if cfg.model_type == "nemotron_h" {
+        "mlp_hidden_act"
+    } else {
+        "hidden_act"
+    };
+    let act = cfg.opt_str(key)?.unwrap_or(if key == "mlp_hidden_act" {
+        "relu2"
+    } else {
+        "silu"
+    });
     let gated = !PLAIN_MLP_MODEL_TYPES.contains(&cfg.model_type);
     let name = act.to_ascii_lowercase();
     let gelu = matches!(
@@ -251,7 +291,7 @@ fn activation(cfg: &Config) -> Result<Activation> {
             "a plain MLP: relu2, the gelu variants, silu"
         };
         hf_error(
-            "hidden_act",
+            key,
             format!(
                 "unsupported activation '{}' for model_type '{}' ({supported})",
                 crate::error::echo(act),
@@ -261,31 +301,32 @@ fn activation(cfg: &Config) -> Result<Activation> {
     })
 }
 
-/// Leading dense layers of a MoE stack: `Ok(Some(k))` when layers `0..k` are dense and the rest
-/// MoE, `Ok(None)` when no layer is MoE; an error (naming `field`) when dense layers are
-/// interleaved, which the descriptor cannot express.
-fn leading_dense_layers(
-    layers: u32,
-    is_moe: impl Fn(u32) -> bool,
-    field: &str,
-) -> Result<Option<u32>> {
+/// Where a MoE stack's dense (MLP-only) layers are.
+enum FfnLayout {
+    /// No layer is MoE.
+    AllDense,
+    /// Layers `0..k` dense, the rest MoE (`first_dense_layers`).
+    Leading(u32),
+    /// Dense layers elsewhere: a layer pattern of attention layers, `A` with the MoE FFN and
+    /// `a` with the dense one (Qwen's `decoder_sparse_step`/`mlp_only_layers`, DeepSeek's
+    /// `moe_layer_freq`).
+    Interleaved(String),
+}
+
+/// The FFN layout of `layers` layers whose MoE layers are those where `is_moe` holds.
+fn ffn_layout(layers: u32, is_moe: impl Fn(u32) -> bool) -> FfnLayout {
     let dense: Vec<u32> = (0..layers).filter(|&i| !is_moe(i)).collect();
     if dense.len() == layers as usize {
-        return Ok(None);
+        return FfnLayout::AllDense;
     }
     if dense.iter().enumerate().all(|(pos, &i)| i == pos as u32) {
-        return Ok(Some(dense.len() as u32));
+        return FfnLayout::Leading(dense.len() as u32);
     }
-    let shown: Vec<String> = dense.iter().take(8).map(u32::to_string).collect();
-    let more = if dense.len() > 8 { ", ..." } else { "" };
-    Err(hf_error(
-        field,
-        format!(
-            "dense (MLP-only) layers [{}{more}] are not a leading block; meshplan models dense \
-             layers only as the first `first_dense_layers` layers",
-            shown.join(", ")
-        ),
-    ))
+    FfnLayout::Interleaved(
+        (0..layers)
+            .map(|i| if is_moe(i) { 'A' } else { 'a' })
+            .collect(),
+    )
 }
 
 /// Builds the MoE block, or returns `None` when the layer pattern leaves no MoE layer.
@@ -312,28 +353,22 @@ fn moe_block(
 
 /// Qwen2-MoE / Qwen3-MoE: a layer is sparse unless listed in `mlp_only_layers` or skipped by
 /// `decoder_sparse_step` (transformers' `Qwen3MoeDecoderLayer`).
-fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<Option<Moe>> {
+fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<(Option<Moe>, Hybrid)> {
     let num_experts = cfg.count("num_experts")?;
     if num_experts == 0 {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     }
     let step = cfg.opt_positive("decoder_sparse_step")?.unwrap_or(1);
     // Sorted, so that each layer's lookup is a bisection (the list can be as long as the file).
     let mut mlp_only = cfg.layer_list("mlp_only_layers", layers)?;
     mlp_only.sort_unstable();
     mlp_only.dedup();
-    let field = if step != 1 {
-        "decoder_sparse_step"
-    } else {
-        "mlp_only_layers"
-    };
-    let first_dense = leading_dense_layers(
-        layers,
-        |i| mlp_only.binary_search(&i).is_err() && (i + 1) % step == 0,
-        field,
-    )?;
+    let layout = ffn_layout(layers, |i| {
+        mlp_only.binary_search(&i).is_err() && (i + 1) % step == 0
+    });
+    let (first_dense, hybrid) = split_layout(layout);
     if first_dense.is_none() {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     }
     let shared = if shared_expert {
         match cfg.opt_count("shared_expert_intermediate_size")? {
@@ -343,24 +378,47 @@ fn qwen_moe(cfg: &Config, layers: u32, shared_expert: bool) -> Result<Option<Moe
     } else {
         None
     };
-    Ok(moe_block(
-        layers,
-        first_dense,
-        num_experts,
-        cfg.positive("num_experts_per_tok")?,
-        cfg.positive("moe_intermediate_size")?,
-        shared,
+    Ok((
+        moe_block(
+            layers,
+            first_dense,
+            num_experts,
+            cfg.positive("num_experts_per_tok")?,
+            cfg.positive("moe_intermediate_size")?,
+            shared,
+        ),
+        hybrid,
     ))
+}
+
+/// The descriptor's view of an FFN layout: `first_dense_layers` (`None`: no MoE layer) and,
+/// for interleaved dense layers, the layer pattern (with `first_dense_layers` 0).
+fn split_layout(layout: FfnLayout) -> (Option<u32>, Hybrid) {
+    match layout {
+        FfnLayout::AllDense => (None, Hybrid::default()),
+        FfnLayout::Leading(k) => (Some(k), Hybrid::default()),
+        FfnLayout::Interleaved(pattern) => (
+            Some(0),
+            Hybrid {
+                layer_pattern: Some(pattern),
+                ..Hybrid::default()
+            },
+        ),
+    }
 }
 
 /// DeepSeek-V3 / Kimi-K2 / GLM-4.5: routed experts from `first_k_dense_replace` on (every
 /// `moe_layer_freq`-th layer for DeepSeek), shared experts of the routed experts' size.
-fn deepseek_style_moe(cfg: &Config, layers: u32, layer_freq: bool) -> Result<Option<Moe>> {
+fn deepseek_style_moe(
+    cfg: &Config,
+    layers: u32,
+    layer_freq: bool,
+) -> Result<(Option<Moe>, Hybrid)> {
     let Some(num_experts) = cfg.opt_count("n_routed_experts")? else {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     };
     if num_experts == 0 {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     }
     let first_k = cfg.count("first_k_dense_replace")?;
     let freq = if layer_freq {
@@ -368,23 +426,21 @@ fn deepseek_style_moe(cfg: &Config, layers: u32, layer_freq: bool) -> Result<Opt
     } else {
         1
     };
-    let field = if freq != 1 {
-        "moe_layer_freq"
-    } else {
-        "first_k_dense_replace"
-    };
-    let first_dense = leading_dense_layers(layers, |i| i >= first_k && i % freq == 0, field)?;
+    let (first_dense, hybrid) = split_layout(ffn_layout(layers, |i| i >= first_k && i % freq == 0));
     if first_dense.is_none() {
-        return Ok(None);
+        return Ok((None, Hybrid::default()));
     }
     let shared_experts = cfg.count("n_shared_experts")?;
-    Ok(moe_block(
-        layers,
-        first_dense,
-        num_experts,
-        cfg.positive("num_experts_per_tok")?,
-        cfg.positive("moe_intermediate_size")?,
-        Some((shared_experts, None)),
+    Ok((
+        moe_block(
+            layers,
+            first_dense,
+            num_experts,
+            cfg.positive("num_experts_per_tok")?,
+            cfg.positive("moe_intermediate_size")?,
+            Some((shared_experts, None)),
+        ),
+        hybrid,
     ))
 }
 
@@ -413,6 +469,199 @@ fn gpt_oss_top_k(cfg: &Config) -> Result<u32> {
     }
 }
 
+/// Python's `json` writes non-finite floats as the bare tokens `Infinity`, `-Infinity` and
+/// `NaN`, which are not JSON; outside strings they become `null` here (no field this importer
+/// reads is a float that may be non-finite).
+fn non_finite_as_null(text: &str) -> std::borrow::Cow<'_, str> {
+    if !(text.contains("Infinity") || text.contains("NaN")) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len());
+    let (mut in_string, mut escaped) = (false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            rest = &rest[c.len_utf8()..];
+            continue;
+        }
+        if c == '"' {
+            in_string = true;
+        } else if let Some(token) = ["-Infinity", "Infinity", "NaN"]
+            .into_iter()
+            .find(|t| rest.starts_with(t))
+        {
+            out.push_str("null");
+            rest = &rest[token.len()..];
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// A list of strings under `key`, if present.
+fn string_list<'a>(cfg: &'a Config, key: &str) -> Result<Option<Vec<&'a str>>> {
+    let Some(v) = cfg.get(key) else {
+        return Ok(None);
+    };
+    let bad = || {
+        hf_error(
+            key,
+            format!("expected a list of strings, got {}", describe(v)),
+        )
+    };
+    let items = v.as_array().ok_or_else(bad)?;
+    items
+        .iter()
+        .map(|item| item.as_str().ok_or_else(bad))
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// Nemotron-H's layer pattern: `hybrid_override_pattern`, or the newer `layers_block_type`
+/// list mapped onto the same characters. Every character must be one of `M*-E`.
+fn nemotron_h_pattern(cfg: &Config) -> Result<String> {
+    let (key, pattern) = if let Some(p) = cfg.opt_str("hybrid_override_pattern")? {
+        ("hybrid_override_pattern", p.to_string())
+    } else if let Some(list) = string_list(cfg, "layers_block_type")? {
+        let mut p = String::with_capacity(list.len());
+        for t in list {
+            p.push(match t {
+                "mamba" | "linear_attention" => 'M',
+                "attention" | "full_attention" => '*',
+                "mlp" => '-',
+                "moe" => 'E',
+                other => {
+                    return Err(hf_error(
+                        "layers_block_type",
+                        format!(
+                            "unknown layer type '{}' (known: mamba, attention, mlp, moe)",
+                            crate::error::echo(other)
+                        ),
+                    ))
+                }
+            });
+        }
+        ("layers_block_type", p)
+    } else {
+        return Err(cfg.missing("hybrid_override_pattern"));
+    };
+    if let Some(c) = pattern.chars().find(|c| !"M*-E".contains(*c)) {
+        return Err(hf_error(
+            key,
+            format!(
+                "unknown layer character {:?} (Nemotron-H's are M, *, - and E)",
+                c
+            ),
+        ));
+    }
+    Ok(pattern)
+}
+
+/// The Mamba-2 mixer of a Nemotron-H file.
+fn nemotron_h_mamba(cfg: &Config) -> Result<Mamba> {
+    let either = |a: &str, b: &str| -> Result<Option<u32>> {
+        Ok(match cfg.opt_positive(a)? {
+            Some(v) => Some(v),
+            None => cfg.opt_positive(b)?,
+        })
+    };
+    Ok(Mamba {
+        heads: cfg.positive("mamba_num_heads")?,
+        head_dim: cfg.positive("mamba_head_dim")?,
+        state: cfg.positive("ssm_state_size")?,
+        groups: either("n_groups", "mamba_n_groups")?.ok_or_else(|| cfg.missing("n_groups"))?,
+        conv_kernel: either("conv_kernel", "mamba_d_conv")?
+            .ok_or_else(|| cfg.missing("conv_kernel"))?,
+        chunk: either("chunk_size", "mamba_chunk_size")?.unwrap_or(NEMOTRON_H_DEFAULT_CHUNK),
+    })
+}
+
+/// The MoE block of a Nemotron-H file with `E` layers (`None` without).
+fn nemotron_h_moe(cfg: &Config, pattern: &str) -> Result<Option<Moe>> {
+    if !pattern.contains('E') {
+        return Ok(None);
+    }
+    if cfg.get("moe_latent_size").is_some() {
+        return Err(hf_error(
+            "moe_latent_size",
+            "a latent MoE (experts in a projected latent space, Nemotron 3 Super/Ultra) is not \
+             modelled",
+        ));
+    }
+    let shared_experts = cfg.opt_count("n_shared_experts")?.unwrap_or(0);
+    Ok(Some(Moe {
+        num_experts: cfg.positive("n_routed_experts")?,
+        top_k: cfg.positive("num_experts_per_tok")?,
+        expert_ffn_hidden: cfg.positive("moe_intermediate_size")?,
+        shared_experts,
+        shared_expert_ffn_hidden: if shared_experts > 0 {
+            cfg.opt_positive("moe_shared_expert_intermediate_size")?
+        } else {
+            None
+        },
+        first_dense_layers: 0,
+    }))
+}
+
+/// Per-layer attention kinds from `layer_types` (`full_attention`, `sliding_attention`,
+/// `linear_attention`), as pattern letters `A`, `S`, `G` (upper case; lowered later for a dense
+/// FFN). `None` when the file has no `layer_types`.
+fn layer_type_letters(cfg: &Config, layers: u32) -> Result<Option<Vec<char>>> {
+    let Some(list) = string_list(cfg, "layer_types")? else {
+        return Ok(None);
+    };
+    if list.len() != layers as usize {
+        return Err(hf_error(
+            "layer_types",
+            format!(
+                "{} entries for num_hidden_layers = {layers} (one per layer)",
+                list.len()
+            ),
+        ));
+    }
+    list.into_iter()
+        .map(|t| match t {
+            "full_attention" => Ok('A'),
+            "sliding_attention" => Ok('S'),
+            "linear_attention" => Ok('G'),
+            other => Err(hf_error(
+                "layer_types",
+                format!(
+                    "unknown layer type '{}' (known: full_attention, sliding_attention, \
+                     linear_attention)",
+                    crate::error::echo(other)
+                ),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// A pattern of `letters` (upper case) with the layers where `is_moe` is false in lower case
+/// (their dense FFN).
+fn pattern_of(letters: &[char], is_moe: impl Fn(u32) -> bool) -> String {
+    letters
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| {
+            if is_moe(i as u32) {
+                c
+            } else {
+                c.to_ascii_lowercase()
+            }
+        })
+        .collect()
+}
+
 /// The JSON key behind a descriptor field, for errors raised by [`Model::validate`].
 fn json_key(model_field: &str) -> &str {
     match model_field {
@@ -425,14 +674,36 @@ fn json_key(model_field: &str) -> &str {
         "model.vocab" => "vocab_size",
         "model.moe.top_k" => "num_experts_per_tok",
         "model.moe.first_dense_layers" => "first_k_dense_replace",
+        "model.layer_pattern" => "hybrid_override_pattern",
+        "model.sliding_window" => "sliding_window",
+        "model.mamba.heads" => "mamba_num_heads",
+        "model.mamba.head_dim" => "mamba_head_dim",
+        "model.mamba.state" => "ssm_state_size",
+        "model.mamba.groups" => "n_groups",
+        "model.mamba.conv_kernel" => "conv_kernel",
+        "model.mamba.chunk" => "chunk_size",
+        "model.linear_attention.key_heads" => "linear_num_key_heads",
+        "model.linear_attention.key_head_dim" => "linear_key_head_dim",
+        "model.linear_attention.value_heads" => "linear_num_value_heads",
+        "model.linear_attention.value_head_dim" => "linear_value_head_dim",
+        "model.linear_attention.conv_kernel" => "linear_conv_kernel_dim",
         other => other.strip_prefix("model.mla.").unwrap_or(other),
     }
+}
+
+/// The hybrid-stack parts of a model read from a file (all `None` for a uniform stack).
+#[derive(Default)]
+struct Hybrid {
+    layer_pattern: Option<String>,
+    mamba: Option<Mamba>,
+    linear_attention: Option<LinearAttention>,
+    sliding_window: Option<u32>,
 }
 
 /// Parses the text of a `config.json`; `name` overrides the name taken from the file
 /// (`_name_or_path`, else the `model_type`). See the module documentation for what is mapped.
 pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model> {
-    let value: Value = serde_json::from_str(json_text)
+    let value: Value = serde_json::from_str(&non_finite_as_null(json_text))
         .map_err(|e| hf_error(DOCUMENT, format!("not valid JSON: {e}")))?;
     let obj = value.as_object().ok_or_else(|| {
         hf_error(
@@ -467,12 +738,28 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
     }
     let cfg = Config { obj, model_type };
 
-    let layers = cfg.positive("num_hidden_layers")?;
-    // Before anything looks at every layer (`leading_dense_layers`).
+    // Nemotron 3 Ultra's file has no `num_hidden_layers`: the block-type list is the count.
+    let layers = match (
+        cfg.opt_positive("num_hidden_layers")?,
+        model_type == "nemotron_h",
+    ) {
+        (Some(n), _) => n,
+        (None, true) => {
+            let n = nemotron_h_pattern(&cfg)?.chars().count();
+            u32::try_from(n)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| cfg.missing("num_hidden_layers"))?
+        }
+        (None, false) => return Err(cfg.missing("num_hidden_layers")),
+    };
+    // Before anything looks at every layer (`ffn_layout`).
     crate::limits::check("model.layers", layers).map_err(as_hf_error)?;
     let hidden = cfg.positive("hidden_size")?;
     let heads = cfg.positive("num_attention_heads")?;
     let kv_heads = cfg.opt_positive("num_key_value_heads")?.unwrap_or(heads);
+    // Qwen3-Next and Nemotron 3 have no dense FFN layer but keep the key; a file without it
+    // has no dense layer either (checked against the pattern below).
     let ffn_hidden = cfg.positive("intermediate_size")?;
     let vocab = cfg.positive("vocab_size")?;
     let activation = activation(&cfg)?;
@@ -487,10 +774,12 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         match cfg.opt_positive("head_dim")? {
             Some(d) => Some(d),
             None if model_type == "nemotron" => cfg.opt_positive("kv_channels")?,
+            None if model_type == "nemotron_h" => cfg.opt_positive("attention_head_dim")?,
             None => None,
         }
     };
 
+    let mut hybrid = Hybrid::default();
     let (moe, mla) = match model_type {
         "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "nemotron" => (None, None),
         "mixtral" => {
@@ -513,12 +802,99 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
                 ffn_hidden,
                 None,
             );
+            if let Some(letters) = layer_type_letters(&cfg, layers)? {
+                if letters.contains(&'G') {
+                    return Err(hf_error(
+                        "layer_types",
+                        "gpt-oss has no linear_attention layers",
+                    ));
+                }
+                if letters.contains(&'S') {
+                    hybrid.layer_pattern = Some(pattern_of(&letters, |_| true));
+                    hybrid.sliding_window = Some(cfg.positive("sliding_window")?);
+                }
+            }
             (moe, None)
         }
-        "qwen2_moe" => (qwen_moe(&cfg, layers, true)?, None),
-        "qwen3_moe" => (qwen_moe(&cfg, layers, false)?, None),
-        "glm4_moe" => (deepseek_style_moe(&cfg, layers, false)?, None),
-        "deepseek_v3" | "kimi_k2" => (deepseek_style_moe(&cfg, layers, true)?, Some(mla(&cfg)?)),
+        "nemotron_h" => {
+            let pattern = nemotron_h_pattern(&cfg)?;
+            if pattern.contains('M') {
+                hybrid.mamba = Some(nemotron_h_mamba(&cfg)?);
+            }
+            let moe = nemotron_h_moe(&cfg, &pattern)?;
+            hybrid.layer_pattern = Some(pattern);
+            (moe, None)
+        }
+        "qwen3_next" => {
+            let letters = match layer_type_letters(&cfg, layers)? {
+                Some(l) => l,
+                None => {
+                    let every = cfg.positive("full_attention_interval")?;
+                    (0..layers)
+                        .map(|i| if (i + 1) % every == 0 { 'A' } else { 'G' })
+                        .collect()
+                }
+            };
+            if letters.contains(&'S') {
+                return Err(hf_error(
+                    "layer_types",
+                    "Qwen3-Next has no sliding_attention layers",
+                ));
+            }
+            let num_experts = cfg.opt_count("num_experts")?.unwrap_or(0);
+            let step = cfg.opt_positive("decoder_sparse_step")?.unwrap_or(1);
+            let mut mlp_only = cfg.layer_list("mlp_only_layers", layers)?;
+            mlp_only.sort_unstable();
+            let is_moe = |i: u32| {
+                num_experts > 0 && mlp_only.binary_search(&i).is_err() && (i + 1) % step == 0
+            };
+            let pattern = pattern_of(&letters, is_moe);
+            let moe = if pattern.chars().any(|c| c.is_ascii_uppercase()) {
+                Some(Moe {
+                    num_experts,
+                    top_k: cfg.positive("num_experts_per_tok")?,
+                    expert_ffn_hidden: cfg.positive("moe_intermediate_size")?,
+                    shared_experts: u32::from(
+                        cfg.opt_count("shared_expert_intermediate_size")?
+                            .unwrap_or(0)
+                            > 0,
+                    ),
+                    shared_expert_ffn_hidden: cfg
+                        .opt_count("shared_expert_intermediate_size")?
+                        .filter(|&f| f > 0),
+                    first_dense_layers: 0,
+                })
+            } else {
+                None
+            };
+            if letters.contains(&'G') {
+                hybrid.linear_attention = Some(LinearAttention {
+                    key_heads: cfg.positive("linear_num_key_heads")?,
+                    key_head_dim: cfg.positive("linear_key_head_dim")?,
+                    value_heads: cfg.positive("linear_num_value_heads")?,
+                    value_head_dim: cfg.positive("linear_value_head_dim")?,
+                    conv_kernel: cfg.positive("linear_conv_kernel_dim")?,
+                    chunk: DELTANET_CHUNK,
+                });
+            }
+            hybrid.layer_pattern = Some(pattern);
+            (moe, None)
+        }
+        "qwen2_moe" | "qwen3_moe" => {
+            let (moe, h) = qwen_moe(&cfg, layers, model_type == "qwen2_moe")?;
+            hybrid = h;
+            (moe, None)
+        }
+        "glm4_moe" => {
+            let (moe, h) = deepseek_style_moe(&cfg, layers, false)?;
+            hybrid = h;
+            (moe, None)
+        }
+        "deepseek_v3" | "kimi_k2" => {
+            let (moe, h) = deepseek_style_moe(&cfg, layers, true)?;
+            hybrid = h;
+            (moe, Some(mla(&cfg)?))
+        }
         other => unreachable!("model_type '{other}' is in SUPPORTED_MODEL_TYPES but not mapped"),
     };
 
@@ -545,7 +921,8 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         ffn_hidden,
         vocab,
         activation,
-        // Nemotron's `layernorm1p` is a LayerNorm (weight and bias); the rest use RMSNorm.
+        // Nemotron's `layernorm1p` is a LayerNorm (weight and bias); the rest (Nemotron-H too)
+        // use RMSNorm.
         norm: if model_type == "nemotron" {
             Norm::Layernorm
         } else {
@@ -555,6 +932,10 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         dropout,
         moe,
         mla,
+        layer_pattern: hybrid.layer_pattern,
+        mamba: hybrid.mamba,
+        linear_attention: hybrid.linear_attention,
+        sliding_window: hybrid.sliding_window,
     };
     model.validate().map_err(as_hf_error)?;
     Ok(model)
@@ -745,14 +1126,15 @@ mod tests {
     }
 
     #[test]
-    fn qwen_interleaved_dense_layers_are_rejected() {
-        let e = model_from_hf_config(&qwen3_moe_json(r#", "decoder_sparse_step": 2"#), None)
-            .unwrap_err();
-        assert_eq!(field_of(&e), "decoder_sparse_step");
-        assert!(e.to_string().contains("[0, 2, 4]"), "{e}");
-        let e =
-            model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [3]"#), None).unwrap_err();
-        assert_eq!(field_of(&e), "mlp_only_layers");
+    fn qwen_interleaved_dense_layers_become_a_layer_pattern() {
+        // decoder_sparse_step 2: layers 1, 3, 5 MoE (transformers' `(i + 1) % step == 0`).
+        let m =
+            model_from_hf_config(&qwen3_moe_json(r#", "decoder_sparse_step": 2"#), None).unwrap();
+        assert_eq!(m.layer_pattern.as_deref(), Some("aAaAaA"));
+        assert_eq!((m.moe_layers(), m.dense_layers()), (3, 3));
+        assert_eq!(m.moe.unwrap().first_dense_layers, 0);
+        let m = model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [3]"#), None).unwrap();
+        assert_eq!(m.layer_pattern.as_deref(), Some("AAAaAA"));
         let e =
             model_from_hf_config(&qwen3_moe_json(r#", "mlp_only_layers": [6]"#), None).unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
@@ -798,15 +1180,20 @@ mod tests {
     }
 
     #[test]
-    fn deepseek_moe_layer_freq_other_than_one_is_rejected() {
+    fn deepseek_moe_layer_freq_other_than_one_is_a_layer_pattern() {
         let j = r#"{"model_type": "deepseek_v3", "num_hidden_layers": 6, "hidden_size": 64,
             "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 1000,
             "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
             "moe_intermediate_size": 32, "first_k_dense_replace": 1, "moe_layer_freq": 2,
             "q_lora_rank": null, "kv_lora_rank": 16, "qk_rope_head_dim": 8,
             "qk_nope_head_dim": 16, "v_head_dim": 16}"#;
-        let e = model_from_hf_config(j, None).unwrap_err();
-        assert_eq!(field_of(&e), "moe_layer_freq");
+        // Layers ≥ 1 with i % 2 == 0 are MoE (DeepSeek's `moe_layer_freq`), the rest dense.
+        let m = model_from_hf_config(j, None).unwrap();
+        assert_eq!(m.layer_pattern.as_deref(), Some("aaAaAa"));
+        assert!(matches!(
+            m.layer_kinds().specs()[0].mixer,
+            crate::layer::Mixer::Latent(_)
+        ));
         let m = model_from_hf_config(
             &j.replace(r#""moe_layer_freq": 2"#, r#""moe_layer_freq": 1"#),
             None,

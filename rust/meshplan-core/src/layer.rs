@@ -12,7 +12,7 @@
 //! Every expression keeps the operand order of the formulas it replaced, so the numbers are bit
 //! for bit those of before (`tests/snapshot.rs`).
 
-use crate::model::{Mla, Model, Moe};
+use crate::model::{LinearAttention, Mamba, Mla, Model, Moe};
 use crate::traffic::WIRE_BYTES;
 
 /// Bytes per element of stored 16-bit activations.
@@ -29,6 +29,33 @@ pub enum Mixer {
     Attention { kv_heads: u32 },
     /// Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2).
     Latent(Mla),
+    /// Grouped-query attention over the last `window` tokens (gpt-oss, Gemma, Mistral).
+    SlidingWindow { kv_heads: u32, window: u32 },
+    /// Mamba-2 (SSD) state-space mixer (Nemotron-H, Megatron-Core's `MambaMixer`).
+    Mamba(Mamba),
+    /// Gated DeltaNet linear attention (Qwen3-Next).
+    DeltaNet(LinearAttention),
+    /// No mixer: a layer that is an FFN alone (Nemotron-H's `-` and `E`).
+    None,
+}
+
+impl Mixer {
+    /// Whether the layer has a token mixer.
+    pub fn present(&self) -> bool {
+        !matches!(self, Mixer::None)
+    }
+
+    /// A short name for tables (explain's stage split).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mixer::Attention { .. } => "attention",
+            Mixer::Latent(_) => "MLA",
+            Mixer::SlidingWindow { .. } => "sliding-window attention",
+            Mixer::Mamba(_) => "Mamba-2",
+            Mixer::DeltaNet(_) => "gated DeltaNet",
+            Mixer::None => "no mixer",
+        }
+    }
 }
 
 /// The feed-forward block of a layer.
@@ -38,6 +65,24 @@ pub enum Mlp {
     Dense { ffn_hidden: u32 },
     /// Routed experts (with shared experts and a router).
     Moe(Moe),
+    /// No FFN: a layer that is a mixer alone (Nemotron-H's `M` and `*`).
+    None,
+}
+
+impl Mlp {
+    /// Whether the layer has an FFN.
+    pub fn present(&self) -> bool {
+        !matches!(self, Mlp::None)
+    }
+
+    /// A short name for tables.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Mlp::Dense { .. } => "dense FFN",
+            Mlp::Moe(_) => "MoE FFN",
+            Mlp::None => "no FFN",
+        }
+    }
 }
 
 /// One layer's structure; the model-wide dimensions (hidden, heads, head dims, activation, norm)
@@ -53,7 +98,22 @@ impl LayerSpec {
     pub fn moe(&self) -> Option<&Moe> {
         match &self.mlp {
             Mlp::Moe(m) => Some(m),
-            Mlp::Dense { .. } => None,
+            Mlp::Dense { .. } | Mlp::None => None,
+        }
+    }
+
+    /// Blocks of the layer (mixer, FFN), each with its pre-norm and residual add: 2 for a
+    /// transformer layer, 1 for a Nemotron-H layer.
+    pub fn blocks(&self) -> u64 {
+        self.mixer.present() as u64 + self.mlp.present() as u64
+    }
+
+    /// `"Mamba-2"`, `"attention + MoE FFN"`, …: the layer's blocks in words.
+    pub fn describe(&self) -> String {
+        match (self.mixer.present(), self.mlp.present()) {
+            (true, true) => format!("{} + {}", self.mixer.name(), self.mlp.name()),
+            (true, false) => self.mixer.name().to_string(),
+            _ => self.mlp.name().to_string(),
         }
     }
 
@@ -69,8 +129,11 @@ impl LayerSpec {
                 m.num_experts as u128 * expert_params(model, m) as u128
                     + moe_dense_part_params(model, m) as u128
             }
+            Mlp::None => 0,
         };
-        model.attention_params() as u128 + model.norm_params() as u128 + mlp
+        mixer_params(model, &self.mixer) as u128
+            + model.block_norm_params(self.blocks()) as u128
+            + mlp
     }
 
     /// Matmul parameters of one such layer touched per token (top-k routed experts, shared
@@ -83,8 +146,56 @@ impl LayerSpec {
                 m.top_k as u64 * expert_params(model, m)
                     + model.activation.ffn_matrices() * h * m.shared_ffn_hidden()
             }
+            Mlp::None => 0,
         };
-        model.attention_params() + mlp
+        mixer_matmul_params(model, &self.mixer) + mlp
+    }
+}
+
+/// Width of a Mamba-2 layer's input projection: `z`, `x` (`d_inner` each), `B`, `C`
+/// (`G·N` each) and `dt` (`H`), Megatron-Core's `in_proj`.
+pub fn mamba_in_proj_width(m: &Mamba) -> u64 {
+    2 * m.inner() + 2 * m.groups as u64 * m.state as u64 + m.heads as u64
+}
+
+/// Width of a gated DeltaNet layer's input projections: q, k (`H_k·d_k` each), v, the output
+/// gate z (`H_v·d_v` each) and β, the decay gate (`H_v` each): Qwen3-Next's `in_proj_qkvz` and
+/// `in_proj_ba` together.
+pub fn deltanet_in_proj_width(la: &LinearAttention) -> u64 {
+    2 * la.key_dim() + 2 * la.value_dim() + 2 * la.value_heads as u64
+}
+
+/// Matmul parameters of a mixer (what `6·N` counts): attention's projections (as
+/// [`Model::attention_params`]), a Mamba-2 or DeltaNet layer's input and output projections.
+pub fn mixer_matmul_params(model: &Model, mixer: &Mixer) -> u64 {
+    let h = model.hidden as u64;
+    match mixer {
+        Mixer::Attention { .. } | Mixer::Latent(_) => model.attention_params(),
+        Mixer::SlidingWindow { kv_heads, .. } => {
+            let (a, d, g) = (model.heads as u64, model.qk_head_dim(), *kv_heads as u64);
+            h * a * d + 2 * h * g * d + a * d * h
+        }
+        Mixer::Mamba(m) => h * mamba_in_proj_width(m) + m.inner() * h,
+        Mixer::DeltaNet(la) => h * deltanet_in_proj_width(la) + la.value_dim() * h,
+        Mixer::None => 0,
+    }
+}
+
+/// Every parameter of a mixer: its matmuls plus, for Mamba-2, the depthwise convolution
+/// (weights and bias), `dt_bias`, `A_log`, `D` per head and the gated norm over `d_inner`
+/// (Megatron-Core `MambaMixer`); for gated DeltaNet the convolution (no bias), `dt_bias` and
+/// `A_log` per value head and the gated norm over `d_v` (HF `Qwen3NextGatedDeltaNet`).
+pub fn mixer_params(model: &Model, mixer: &Mixer) -> u64 {
+    let matmul = mixer_matmul_params(model, mixer);
+    match mixer {
+        Mixer::Mamba(m) => {
+            matmul + (m.conv_kernel as u64 + 1) * m.conv_channels() + 3 * m.heads as u64 + m.inner()
+        }
+        Mixer::DeltaNet(la) => {
+            let conv = la.conv_kernel as u64 * (2 * la.key_dim() + la.value_dim());
+            matmul + conv + 2 * la.value_heads as u64 + la.value_head_dim as u64
+        }
+        _ => matmul,
     }
 }
 
@@ -99,16 +210,19 @@ pub fn moe_dense_part_params(model: &Model, moe: &Moe) -> u64 {
         + model.hidden as u64 * moe.num_experts as u64
 }
 
-/// Most distinct layer kinds a model has (today: a dense-MLP and an MoE layer). A kind table
-/// and a stage's counts are fixed-size arrays of this length, so stages stay `Copy`.
-pub const MAX_LAYER_KINDS: usize = 2;
+/// Most distinct layer kinds a model has: one per character of
+/// [`crate::model::LAYER_PATTERN_CHARS`]. A kind table and a stage's counts are fixed-size
+/// arrays of this length, so stages stay `Copy`.
+pub const MAX_LAYER_KINDS: usize = 10;
 
 /// Index of a layer kind in its model's [`LayerKinds`].
 pub type LayerKind = usize;
 
-/// The distinct layer specs of a model. Kind 0 is always the model's dense-MLP layer, also when
-/// no layer has one (an MoE model without leading dense layers): the memory model's rebuilt
-/// layer under full recompute and an empty stage's ZeRO-3 unit are counted from it.
+/// The distinct layer specs of a model. Without a layer pattern kind 0 is always the model's
+/// dense-MLP layer, also when no layer has one (an MoE model without leading dense layers): the
+/// memory model's rebuilt layer under full recompute and an empty stage's ZeRO-3 unit are
+/// counted from it. With a pattern the kinds are the pattern's characters in order of first
+/// appearance (kind 0 the first layer's).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerKinds {
     specs: [LayerSpec; MAX_LAYER_KINDS],
@@ -143,8 +257,75 @@ impl Model {
         }
     }
 
-    /// The model's layer kinds: the dense-MLP layer, then the MoE layer of an MoE model.
+    /// The layer one character of [`Model::layer_pattern`] stands for (`None` for a character
+    /// outside [`crate::model::LAYER_PATTERN_CHARS`] or whose part is missing; a validated
+    /// model has neither).
+    pub fn pattern_spec(&self, c: char) -> Option<LayerSpec> {
+        let dense = Mlp::Dense {
+            ffn_hidden: self.ffn_hidden,
+        };
+        let moe = || self.moe.map(Mlp::Moe);
+        let sliding = || {
+            self.sliding_window.map(|window| Mixer::SlidingWindow {
+                kv_heads: self.kv_heads,
+                window,
+            })
+        };
+        let deltanet = || self.linear_attention.map(Mixer::DeltaNet);
+        let (mixer, mlp) = match c {
+            'M' => (self.mamba.map(Mixer::Mamba)?, Mlp::None),
+            '*' => (self.mixer(), Mlp::None),
+            '-' => (Mixer::None, dense),
+            'E' => (Mixer::None, moe()?),
+            'A' => (self.mixer(), moe()?),
+            'a' => (self.mixer(), dense),
+            'S' => (sliding()?, moe()?),
+            's' => (sliding()?, dense),
+            'G' => (deltanet()?, moe()?),
+            'g' => (deltanet()?, dense),
+            _ => return None,
+        };
+        Some(LayerSpec { mixer, mlp })
+    }
+
+    /// The pattern's kinds in order of first appearance and each layer's kind, or `None`
+    /// without a pattern. Characters that name no layer (an unvalidated model) are skipped.
+    fn pattern_kinds(&self) -> Option<(LayerKinds, Vec<(LayerKind, u32)>)> {
+        let pattern = self.layer_pattern.as_deref()?;
+        let first = pattern.chars().find_map(|c| self.pattern_spec(c))?;
+        let mut chars = ['\0'; MAX_LAYER_KINDS];
+        let mut kinds = LayerKinds {
+            specs: [first; MAX_LAYER_KINDS],
+            len: 0,
+        };
+        let mut runs: Vec<(LayerKind, u32)> = Vec::new();
+        for c in pattern.chars() {
+            let Some(spec) = self.pattern_spec(c) else {
+                continue;
+            };
+            let kind = match chars[..kinds.len].iter().position(|&k| k == c) {
+                Some(k) => k,
+                None => {
+                    chars[kinds.len] = c;
+                    kinds.specs[kinds.len] = spec;
+                    kinds.len += 1;
+                    kinds.len - 1
+                }
+            };
+            match runs.last_mut() {
+                Some((k, n)) if *k == kind => *n += 1,
+                _ => runs.push((kind, 1)),
+            }
+        }
+        Some((kinds, runs))
+    }
+
+    /// The model's layer kinds: the dense-MLP layer, then the MoE layer of an MoE model; with a
+    /// layer pattern, its characters' layers in order of first appearance.
     pub fn layer_kinds(&self) -> LayerKinds {
+        if let Some((kinds, _)) = self.pattern_kinds() {
+            return kinds;
+        }
         let mixer = self.mixer();
         let dense = LayerSpec {
             mixer,
@@ -165,8 +346,12 @@ impl Model {
     }
 
     /// The model as runs of layers in order, `(kind, count)`, counts ≥ 1: the leading dense
-    /// layers (`first_dense_layers` of an MoE model, all of a dense one), then the MoE layers.
+    /// layers (`first_dense_layers` of an MoE model, all of a dense one), then the MoE layers;
+    /// with a layer pattern, its runs of equal characters.
     pub fn layer_stack(&self) -> Vec<(LayerKind, u32)> {
+        if let Some((_, runs)) = self.pattern_kinds() {
+            return runs;
+        }
         let moe_layers = self
             .moe
             .as_ref()
@@ -183,6 +368,15 @@ impl Model {
 pub struct LayerCounts(pub [u32; MAX_LAYER_KINDS]);
 
 impl LayerCounts {
+    /// Counts of the first kinds, in kind order (the rest 0; at most [`MAX_LAYER_KINDS`]).
+    pub fn from_counts(counts: &[u32]) -> Self {
+        let mut out = [0u32; MAX_LAYER_KINDS];
+        for (o, &n) in out.iter_mut().zip(counts) {
+            *o = n;
+        }
+        LayerCounts(out)
+    }
+
     /// Layers of every kind.
     pub fn total(&self) -> u32 {
         self.0.iter().sum()
@@ -287,19 +481,24 @@ pub fn attention_params_per_rank(model: &Model, mixer: &Mixer, tp: u32) -> f64 {
             let kv_up = m.kv_lora_rank as f64 * a * (m.qk_nope_head_dim as f64 + v);
             q_down + kv_down + (q_up + kv_up + a * v * h) / t
         }
-        Mixer::Attention { kv_heads } => {
+        Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let d = model.qk_head_dim() as f64;
             let g_local = (*kv_heads as f64 / t).max(1.0);
             2.0 * h * a * d / t + 2.0 * h * g_local * d
         }
+        // Megatron-Core's MambaMixer splits in_proj by columns (z, x, B, C, dt each over `t`:
+        // heads and groups), the convolution, dt/A/D and the gated norm with them, and
+        // out_proj by rows; gated DeltaNet splits its heads the same way.
+        Mixer::Mamba(_) | Mixer::DeltaNet(_) => mixer_params(model, mixer) as f64 / t,
+        Mixer::None => 0.0,
     }
 }
 
 /// Per-GPU parameters of one layer of `spec` under `shard` (§2.3).
 pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerParams {
     let t = shard.tp as f64;
-    let attn =
-        attention_params_per_rank(model, &spec.mixer, shard.tp) + model.norm_params() as f64 / t;
+    let attn = attention_params_per_rank(model, &spec.mixer, shard.tp)
+        + model.block_norm_params(spec.blocks()) as f64 / t;
     match &spec.mlp {
         Mlp::Dense { ffn_hidden } => LayerParams {
             dense: attn
@@ -316,6 +515,10 @@ pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerP
                     / shard.expert_tp() as f64,
             }
         }
+        Mlp::None => LayerParams {
+            dense: attn,
+            expert: 0.0,
+        },
     }
 }
 
@@ -349,8 +552,14 @@ pub fn activation_bytes_per_token(
     let li = linear_input_bytes;
     // Two norm inputs (16-bit) and the inputs of the QKV and FFN-in projections, and with
     // dropout the masks of the two residual-branch dropouts (1 byte each, KOR22 §4.1).
-    let masks = if model.dropout { 2.0 * MASK_BYTES } else { 0.0 };
-    let replicated = (2.0 * ACT_BYTES + 2.0 * li + masks) * h / sp_div;
+    // A one-block layer (Nemotron-H) keeps one norm input and one projection input.
+    let blocks = spec.blocks() as f64;
+    let masks = if model.dropout {
+        blocks * MASK_BYTES
+    } else {
+        0.0
+    };
+    let replicated = (blocks * ACT_BYTES + blocks * li + masks) * h / sp_div;
     let attention = match &spec.mixer {
         Mixer::Latent(m) => {
             // Latents (replicated) + per-head Q, K, V (16-bit, attention inputs) and the
@@ -359,10 +568,31 @@ pub fn activation_bytes_per_token(
                 li * (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64;
             latents + a_local * (ACT_BYTES * (2.0 * dqk + dv) + li * dv)
         }
-        Mixer::Attention { kv_heads } => {
+        Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let g_local = (*kv_heads as f64 / t).max(1.0);
             ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk) + li * a_local * dqk
         }
+        // Megatron-Core MambaMixer: the in_proj output (z, x, B, C, dt; the gate and the
+        // convolution's input), the convolution output (the scan's input), the scan output (the
+        // gated norm's input) and the norm output (out_proj's input); dt and its cumulative
+        // decay in fp32 per head. The chunk states are rebuilt in the backward by mamba_ssm's
+        // combined kernel, not stored; the convolution state is its input, counted above.
+        Mixer::Mamba(m) => {
+            let inner = m.inner() as f64 / t;
+            ACT_BYTES * (mamba_in_proj_width(m) as f64 / t + m.conv_channels() as f64 / t + inner)
+                + li * inner
+                + FP32_BYTES * 2.0 * m.heads as f64 / t
+        }
+        // Gated DeltaNet, likewise: projections, convolution output (q, k, v), core output,
+        // norm output, fp32 decay and β per value head.
+        Mixer::DeltaNet(la) => {
+            let value = la.value_dim() as f64 / t;
+            let conv = (2 * la.key_dim() + la.value_dim()) as f64 / t;
+            ACT_BYTES * (deltanet_in_proj_width(la) as f64 / t + conv + value)
+                + li * value
+                + FP32_BYTES * 2.0 * la.value_heads as f64 / t
+        }
+        Mixer::None => 0.0,
     };
     let per_f = per_ffn_width_bytes(model, li);
     let ffn = match &spec.mlp {
@@ -378,6 +608,7 @@ pub fn activation_bytes_per_token(
             router + routed + shared
         }
         Mlp::Dense { ffn_hidden } => per_f * *ffn_hidden as f64 / t,
+        Mlp::None => 0.0,
     };
     replicated + attention + ffn
 }
@@ -398,18 +629,28 @@ pub fn selective_op_bytes_per_token(
     let h = model.hidden as f64;
     let a_local = model.heads as f64 / t;
     let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
-    let attention_out = a_local * dv;
+    // The mixer's core output (flash attention's saved result; the scan's output).
+    let attention_out = match &spec.mixer {
+        Mixer::Mamba(m) => m.inner() as f64 / t,
+        Mixer::DeltaNet(la) => la.value_dim() as f64 / t,
+        Mixer::None => 0.0,
+        _ => a_local * dv,
+    };
     // Outputs of the attention projections: Q, K, V (MLA: the latents and the per-head
     // up-projections) and the output projection.
     let attention_linears = match &spec.mixer {
         Mixer::Latent(m) => {
             (m.q_lora_rank.unwrap_or(0) + m.kv_lora_rank + m.qk_rope_head_dim) as f64
                 + a_local * (2.0 * dqk + dv)
+                + h / sp_div
         }
-        Mixer::Attention { kv_heads } => {
-            a_local * dqk + 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk
+        Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
+            a_local * dqk + 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk + h / sp_div
         }
-    } + h / sp_div;
+        Mixer::Mamba(m) => mamba_in_proj_width(m) as f64 / t + h / sp_div,
+        Mixer::DeltaNet(la) => deltanet_in_proj_width(la) as f64 / t + h / sp_div,
+        Mixer::None => 0.0,
+    };
     // Outputs of the FFN projections per unit of width (gate and up for SwiGLU), plus the
     // down projection's output.
     let in_proj = gate_up_matrices(model);
@@ -424,6 +665,7 @@ pub fn selective_op_bytes_per_token(
             FP32_BYTES * m.num_experts as f64 / sp_div,
         ),
         Mlp::Dense { ffn_hidden } => (in_proj * *ffn_hidden as f64 / t + h / sp_div, 0.0),
+        Mlp::None => (0.0, 0.0),
     };
     ACT_BYTES * (h / sp_div + attention_out + 0.5 * (attention_linears + ffn_linears)) + router
 }
@@ -454,12 +696,89 @@ pub struct Gemm {
 /// router, 2 routed, 2 shared).
 pub const MAX_GEMMS: usize = 10;
 
-/// The core attention of one layer on one GPU: `heads` local heads of the given head dims.
+/// The core of one layer's mixer on one GPU: softmax attention over `heads` local heads of the
+/// given head dims (0 heads for a layer without attention), each query seeing at most `window`
+/// keys; and a linear-time scan (Mamba-2's SSD, gated DeltaNet's chunked delta rule) of
+/// `scan_fwd_flops_per_token` forward FLOPs per local token.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CoreAttention {
     pub heads: f64,
     pub qk_head_dim: f64,
     pub v_head_dim: f64,
+    /// Keys a query sees at most (sliding-window attention); `None`: the whole causal prefix.
+    pub window: Option<f64>,
+    /// Forward FLOPs of the chunked scan per local token (0 for attention).
+    pub scan_fwd_flops_per_token: f64,
+}
+
+impl CoreAttention {
+    /// Keys each query attends on average in a causal sequence of `seq` tokens: `s/2`
+    /// (Megatron's causal count, docs/costmodel.md §1.1); under a window `w < s`, `w − w²/(2s)`
+    /// (the first `w` queries see their prefix, the rest `w` keys).
+    pub fn keys_per_query(&self, seq: f64) -> f64 {
+        match self.window {
+            Some(w) if w < seq => w - w * w / (2.0 * seq),
+            _ => seq / 2.0,
+        }
+    }
+
+    /// Forward FLOPs of the core per local token when each query sees `keys` keys: `QKᵀ` and
+    /// `P·V`, plus the scan.
+    pub fn fwd_flops_with_keys(&self, keys: f64) -> f64 {
+        2.0 * self.heads * (self.qk_head_dim + self.v_head_dim) * keys
+            + self.scan_fwd_flops_per_token
+    }
+}
+
+/// The core of `mixer` on one of `tp` tensor-parallel ranks.
+pub fn core_of(model: &Model, mixer: &Mixer, tp: u32) -> CoreAttention {
+    let a_local = model.heads as f64 / tp as f64;
+    let (heads, window, scan) = match mixer {
+        Mixer::Attention { .. } | Mixer::Latent(_) => (a_local, None, 0.0),
+        Mixer::SlidingWindow { window, .. } => (a_local, Some(*window as f64), 0.0),
+        Mixer::Mamba(m) => (0.0, None, mamba_scan_fwd_flops_per_token(m, tp)),
+        Mixer::DeltaNet(la) => (0.0, None, deltanet_scan_fwd_flops_per_token(la, tp)),
+        Mixer::None => (0.0, None, 0.0),
+    };
+    CoreAttention {
+        heads,
+        qk_head_dim: model.qk_head_dim() as f64,
+        v_head_dim: model.v_head_dim() as f64,
+        window,
+        scan_fwd_flops_per_token: scan,
+    }
+}
+
+/// Forward FLOPs per token of Mamba-2's chunked SSD scan on `1/t` of the heads and groups
+/// (Mamba-2 paper, arXiv 2405.21060 §6, the `ssd_minimal` chunked algorithm with chunk `Q`):
+/// within each chunk `C·Bᵀ` (`2·Q·N` per group) and its masked product with `x` (`2·Q·P` per
+/// head); the chunk states `Bᵀ·x` and their output `C·h` (`2·N·P` each per head); plus the
+/// depthwise convolution over `x, B, C` (`2·K` per channel). The `Q×Q` blocks are computed whole
+/// (the kernels do not skip their upper triangle).
+pub fn mamba_scan_fwd_flops_per_token(m: &Mamba, tp: u32) -> f64 {
+    let t = tp as f64;
+    let (q, n, p) = (m.chunk as f64, m.state as f64, m.head_dim as f64);
+    let (heads, groups) = (m.heads as f64 / t, m.groups as f64 / t);
+    2.0 * q * (groups * n + heads * p)
+        + 4.0 * heads * n * p
+        + 2.0 * m.conv_kernel as f64 * m.conv_channels() as f64 / t
+}
+
+/// Forward FLOPs per token of gated DeltaNet's chunked delta rule on `1/t` of the value heads
+/// (arXiv 2412.06464 §3; flash-linear-attention's `chunk_gated_delta_rule`, chunk `C`): within a
+/// chunk `K·Kᵀ`, `Q·Kᵀ`, the WY factors `A·K` (`2·C·d_k` each) and `A·V`, the intra-chunk output
+/// (`2·C·d_v` each); across chunks `W·S`, `Q·S` and the state update `Kᵀ·V` (`2·d_k·d_v` each); per
+/// value head (q and k are shared by `H_v/H_k` value heads), plus the convolution over q, k, v.
+pub fn deltanet_scan_fwd_flops_per_token(la: &LinearAttention, tp: u32) -> f64 {
+    let t = tp as f64;
+    let (c, dk, dv) = (
+        la.chunk as f64,
+        la.key_head_dim as f64,
+        la.value_head_dim as f64,
+    );
+    let heads = la.value_heads as f64 / t;
+    let conv = 2.0 * la.conv_kernel as f64 * (2 * la.key_dim() + la.value_dim()) as f64 / t;
+    heads * (2.0 * c * (3.0 * dk + 2.0 * dv) + 6.0 * dk * dv) + conv
 }
 
 /// MoE token dispatch of one layer (each way, forward): `tokens` tokens, each copied to `top_k`
@@ -490,6 +809,10 @@ pub struct LayerComm {
     pub dispatch: Option<Dispatch>,
     /// Bytes of K and V one rank passes around the CP ring per local token.
     pub cp_kv_bytes_per_token: f64,
+    /// Bytes one rank sends per local token in the all-to-alls of a Mamba-2 layer under CP
+    /// (Megatron-Core's `MambaContextParallel`: the in_proj output from sequence- to
+    /// head-sharded before the convolution and scan, the scan output back after), per pass.
+    pub cp_all_to_all_bytes_per_token: f64,
 }
 
 /// One layer's operations on one GPU for one micro-batch of `tokens` tokens (`b·s/c`, before
@@ -570,14 +893,14 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
     let h = model.hidden as f64;
     let a_local = model.heads as f64 / t;
     let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+    let cp_all_to_all = match &spec.mixer {
+        Mixer::Mamba(m) => (mamba_in_proj_width(m) + m.inner()) as f64 / t * WIRE_BYTES,
+        _ => 0.0,
+    };
     let mut ops = LayerOps {
         gemms: [Gemm::default(); MAX_GEMMS],
         gemm_count: 0,
-        attention: CoreAttention {
-            heads: a_local,
-            qk_head_dim: dqk,
-            v_head_dim: dv,
-        },
+        attention: core_of(model, &spec.mixer, shard.tp),
         elementwise_bytes: 0.0,
         routed_elementwise_bytes: 0.0,
         comm: LayerComm {
@@ -587,6 +910,7 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             etp_bytes: 0.0,
             dispatch: None,
             cp_kv_bytes_per_token: cp_kv_bytes_per_token(model, &spec.mixer, shard.tp),
+            cp_all_to_all_bytes_per_token: cp_all_to_all,
         },
         params: params_per_rank(model, spec, shard),
     };
@@ -610,11 +934,26 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             );
             ops.push(tok, h, a_local * dv, 1.0);
         }
-        Mixer::Attention { kv_heads } => {
+        Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let g_local = (*kv_heads as f64 / t).max(1.0);
             ops.push(tok, (a_local + 2.0 * g_local) * dqk, h, 1.0);
             ops.push(tok, h, a_local * dqk, 1.0);
         }
+        Mixer::Mamba(m) => {
+            ops.push(tok, mamba_in_proj_width(m) as f64 / t, h, 1.0);
+            ops.push(tok, h, m.inner() as f64 / t, 1.0);
+        }
+        Mixer::DeltaNet(la) => {
+            ops.push(
+                tok,
+                (2 * la.key_dim() + 2 * la.value_dim()) as f64 / t,
+                h,
+                1.0,
+            );
+            ops.push(tok, 2.0 * la.value_heads as f64 / t, h, 1.0);
+            ops.push(tok, h, la.value_dim() as f64 / t, 1.0);
+        }
+        Mixer::None => {}
     }
     let gate_up = gate_up_matrices(model);
     // Element-wise work (§5.3): norms, residual adds and dropout run on the whole sequence on
@@ -624,7 +963,22 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
         .replicated_elementwise_bytes_per_hidden
         .min(ctx.elementwise_bytes_per_hidden);
     let inside_tp = ctx.elementwise_bytes_per_hidden - replicated;
-    ops.elementwise_bytes = (replicated / shard.sp_div() + inside_tp / t) * h * tok;
+    // The per-`h` figures are a two-block layer's; a one-block layer does half of them.
+    let block_share = if spec.blocks() == 2 { 1.0 } else { 0.5 };
+    ops.elementwise_bytes = (replicated / shard.sp_div() + inside_tp / t) * h * tok * block_share;
+    // A scan mixer's own element-wise work inside its TP region, 16-bit: the convolution reads
+    // and writes its channels, the gated norm reads the scan output and the gate and writes
+    // its output (the scan itself is timed by its FLOPs).
+    let mixer_elementwise = match &spec.mixer {
+        Mixer::Mamba(m) => 2.0 * m.conv_channels() as f64 + 3.0 * m.inner() as f64,
+        Mixer::DeltaNet(la) => {
+            2.0 * (2 * la.key_dim() + la.value_dim()) as f64 + 3.0 * la.value_dim() as f64
+        }
+        _ => 0.0,
+    };
+    if mixer_elementwise > 0.0 {
+        ops.elementwise_bytes += ACT_BYTES * mixer_elementwise / t * tok;
+    }
     match &spec.mlp {
         Mlp::Moe(m) => {
             let e = shard.ep as f64;
@@ -646,12 +1000,14 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             let per_copy = ctx.routed_copy_bytes_per_hidden * h
                 + ctx.expert_activation_bytes_per_width * m.expert_ffn_hidden as f64 / et;
             ops.routed_elementwise_bytes = copies * per_copy;
+            // The mixer's point (none in a Nemotron-H MoE-only layer) comes first.
+            let mixer_points = spec.mixer.present() as u32;
             match shard.etp {
                 // One point after attention and one per routed copy gathered over TP (§3.4).
-                None => ops.comm.tp_points = 1 + m.top_k,
+                None => ops.comm.tp_points = mixer_points + m.top_k,
                 // Folded: the copies gather over the expert-TP group instead (§3.7).
                 Some(etp) => {
-                    ops.comm.tp_points = 1;
+                    ops.comm.tp_points = mixer_points;
                     if etp > 1 {
                         ops.comm.etp_points = m.top_k;
                         ops.comm.etp_bytes = tok * shard.routed_share() * h * WIRE_BYTES;
@@ -669,8 +1025,11 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             ops.push(tok, gate_up * f / t, h, 1.0);
             ops.push(tok, h, f / t, 1.0);
             // One point after attention and one after the MLP (§3.4).
-            ops.comm.tp_points = 2;
+            ops.comm.tp_points = spec.mixer.present() as u32 + 1;
         }
+        // One point after the mixer (Mamba-2 and DeltaNet too: out_proj is row-parallel, and
+        // under SP in_proj's input is gathered as attention's QKV input is).
+        Mlp::None => ops.comm.tp_points = spec.mixer.present() as u32,
     }
     ops
 }
@@ -683,7 +1042,12 @@ pub fn cp_kv_bytes_per_token(model: &Model, mixer: &Mixer, tp: u32) -> f64 {
     let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
     let width = match mixer {
         Mixer::Latent(_) => model.heads as f64 / t * (dqk + dv),
-        Mixer::Attention { kv_heads } => 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk,
+        Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
+            2.0 * (*kv_heads as f64 / t).max(1.0) * dqk
+        }
+        // No ring: Mamba-2 trades its all-to-alls ([`LayerComm::cp_all_to_all_bytes_per_token`]),
+        // gated DeltaNet has no CP (a rule), a layer without a mixer nothing.
+        Mixer::Mamba(_) | Mixer::DeltaNet(_) | Mixer::None => 0.0,
     };
     width * WIRE_BYTES
 }
@@ -711,12 +1075,15 @@ mod tests {
 
     #[test]
     fn weighted_sums_add_in_kind_order() {
-        let c = LayerCounts([3, 0]);
+        let c = LayerCounts::from_counts(&[3, 0]);
         assert_eq!(c.weighted_sum(&[1.5, 7.0]), 4.5);
-        assert_eq!(LayerCounts([0, 0]).weighted_sum(&[1.0, 2.0]), 0.0);
+        assert_eq!(
+            LayerCounts::from_counts(&[0, 0]).weighted_sum(&[1.0, 2.0]),
+            0.0
+        );
         assert_eq!(c.last_present(), 0);
-        assert_eq!(LayerCounts([3, 2]).last_present(), 1);
-        assert_eq!(LayerCounts([0, 0]).last_present(), 0);
+        assert_eq!(LayerCounts::from_counts(&[3, 2]).last_present(), 1);
+        assert_eq!(LayerCounts::from_counts(&[0, 0]).last_present(), 0);
     }
 
     #[test]
@@ -792,5 +1159,163 @@ mod tests {
             moe.params.expert,
             2.0 * expert_params(&m, kinds.specs()[1].moe().unwrap()) as f64 / 2.0
         );
+    }
+
+    fn ctx(tokens: f64) -> OpsContext {
+        OpsContext {
+            tokens,
+            moe_imbalance: 1.0,
+            elementwise_bytes_per_hidden: 40.0,
+            replicated_elementwise_bytes_per_hidden: 20.0,
+            routed_copy_bytes_per_hidden: 8.0,
+            expert_activation_bytes_per_width: 6.0,
+        }
+    }
+
+    #[test]
+    fn a_nemotron_h_8b_mamba_layer_matches_a_hand_count() {
+        let m = crate::presets::model("nemotron-h-8b").unwrap();
+        let kinds = m.layer_kinds();
+        // The pattern starts "M-M-M-M*": kinds in order of first appearance.
+        let mamba = kinds.specs()[0];
+        assert!(matches!(mamba.mixer, Mixer::Mamba(_)) && mamba.mlp == Mlp::None);
+        assert!(matches!(kinds.specs()[1].mixer, Mixer::None));
+        assert!(matches!(kinds.specs()[2].mixer, Mixer::Attention { .. }));
+        let Mixer::Mamba(mm) = mamba.mixer else {
+            unreachable!()
+        };
+        // H = 128, P = 64, N = 128, G = 8, K = 4, Q = 128, h = 4096; d_inner = 8192.
+        // in_proj 4096 × (2·8192 + 2·8·128 + 128 = 18560), out_proj 8192 × 4096.
+        assert_eq!(mamba_in_proj_width(&mm), 18560);
+        let matmul = 4096 * 18560 + 8192 * 4096;
+        assert_eq!(mixer_matmul_params(&m, &mamba.mixer), matmul);
+        // + conv (4 + 1)·10240, dt_bias/A_log/D 3·128, gated norm 8192; + one RMSNorm of 4096.
+        assert_eq!(
+            mixer_params(&m, &mamba.mixer),
+            matmul + 5 * 10240 + 384 + 8192
+        );
+        assert_eq!(
+            mamba.params(&m),
+            (matmul + 5 * 10240 + 384 + 8192 + 4096) as u128
+        );
+        // Scan: 2·128·(8·128 + 128·64) + 4·128·128·64 + 2·4·10240 per token.
+        let scan = 2.0 * 128.0 * (1024.0 + 8192.0) + 4.0 * 128.0 * 128.0 * 64.0 + 8.0 * 10240.0;
+        assert_eq!(mamba_scan_fwd_flops_per_token(&mm, 1), scan);
+        assert_eq!(scan, 6_635_520.0);
+        // Under tp = 2 every part halves: GEMM widths, scan, parameters; one TP point.
+        let shard = Shard {
+            tp: 2,
+            ep: 1,
+            etp: None,
+            sequence_parallel: true,
+        };
+        let ops = layer_ops(&m, &mamba, &shard, &ctx(8192.0));
+        assert_eq!(ops.gemms().len(), 2);
+        assert_eq!((ops.gemms()[0].n, ops.gemms()[0].k), (9280.0, 4096.0));
+        assert_eq!((ops.gemms()[1].n, ops.gemms()[1].k), (4096.0, 4096.0));
+        assert_eq!(ops.attention.heads, 0.0);
+        assert_eq!(ops.attention.scan_fwd_flops_per_token, scan / 2.0);
+        assert_eq!(ops.comm.tp_points, 1);
+        assert_eq!(ops.comm.cp_kv_bytes_per_token, 0.0);
+        assert_eq!(
+            ops.comm.cp_all_to_all_bytes_per_token,
+            (18560.0 + 8192.0) / 2.0 * WIRE_BYTES
+        );
+        assert_eq!(
+            ops.params.dense,
+            (matmul + 5 * 10240 + 384 + 8192) as f64 / 2.0 + 4096.0 / 2.0
+        );
+        assert!(ops.comm.dispatch.is_none());
+    }
+
+    #[test]
+    fn one_block_layers_keep_one_norm_input_and_no_kv() {
+        let m = crate::presets::model("nemotron-h-8b").unwrap();
+        let kinds = m.layer_kinds();
+        let shard = Shard {
+            tp: 1,
+            ep: 1,
+            etp: None,
+            sequence_parallel: false,
+        };
+        let h = 4096.0;
+        // An FFN-only layer: one norm input (2 B) and one projection input (2 B) of h, then the
+        // squared-ReLU FFN (pre-activation 2 B and activation output 2 B per unit of width).
+        let ffn = kinds.specs()[1];
+        let bytes = activation_bytes_per_token(&m, &ffn, &shard, 1.0, 2.0);
+        assert_eq!(bytes, 4.0 * h + 4.0 * 21504.0);
+        let ops = layer_ops(&m, &ffn, &shard, &ctx(8192.0));
+        assert_eq!(ops.gemms().len(), 2);
+        assert_eq!(ops.comm.tp_points, 1);
+        assert_eq!(ops.attention.fwd_flops_with_keys(4096.0), 0.0);
+        // An attention-only layer: no FFN GEMMs.
+        let attn = kinds.specs()[2];
+        assert_eq!(layer_ops(&m, &attn, &shard, &ctx(8192.0)).gemms().len(), 2);
+        assert_eq!(attn.blocks(), 1);
+    }
+
+    #[test]
+    fn a_sliding_window_caps_the_keys_per_query() {
+        let core = CoreAttention {
+            heads: 1.0,
+            qk_head_dim: 64.0,
+            v_head_dim: 64.0,
+            window: Some(128.0),
+            scan_fwd_flops_per_token: 0.0,
+        };
+        // w − w²/(2s): 128 − 128²/8192 = 126.
+        assert_eq!(core.keys_per_query(4096.0), 126.0);
+        // A window no shorter than the sequence is the causal s/2.
+        assert_eq!(core.keys_per_query(100.0), 50.0);
+        let full = CoreAttention {
+            window: None,
+            ..core
+        };
+        assert_eq!(full.keys_per_query(4096.0), 2048.0);
+        // gpt-oss: the S layers cost ~1/16 of the A layers' core at s = 4096.
+        let m = crate::presets::model("gpt-oss-120b").unwrap();
+        let kinds = m.layer_kinds();
+        let s = core_of(&m, &kinds.specs()[0].mixer, 1);
+        let a = core_of(&m, &kinds.specs()[1].mixer, 1);
+        assert_eq!(s.window, Some(128.0));
+        assert_eq!(a.window, None);
+        let ratio = s.fwd_flops_with_keys(s.keys_per_query(4096.0))
+            / a.fwd_flops_with_keys(a.keys_per_query(4096.0));
+        assert!((ratio - 126.0 / 2048.0).abs() < 1e-12, "{ratio}");
+    }
+
+    #[test]
+    fn qwen3_next_runs_deltanet_and_attention_with_moe() {
+        let m = crate::presets::model("qwen3-next-80b-a3b").unwrap();
+        let kinds = m.layer_kinds();
+        assert_eq!(kinds.len(), 2);
+        assert_eq!(m.layer_stack()[..2], [(0, 3), (1, 1)]);
+        let g = kinds.specs()[0];
+        let Mixer::DeltaNet(la) = g.mixer else {
+            panic!("{g:?}")
+        };
+        // in: 2048 × (2·2048 + 2·4096 + 64), out: 4096 × 2048.
+        assert_eq!(deltanet_in_proj_width(&la), 12352);
+        assert_eq!(
+            mixer_matmul_params(&m, &g.mixer),
+            2048 * 12352 + 4096 * 2048
+        );
+        // 32 value heads of 128, chunk 64: 32·(2·64·(3·128 + 2·128) + 6·128·128) + conv.
+        let core = 32.0 * (128.0 * 640.0 + 6.0 * 16384.0) + 8.0 * (2.0 * 2048.0 + 4096.0);
+        assert_eq!(deltanet_scan_fwd_flops_per_token(&la, 1), core);
+        let ops = layer_ops(
+            &m,
+            &g,
+            &Shard {
+                tp: 2,
+                ep: 8,
+                etp: None,
+                sequence_parallel: true,
+            },
+            &ctx(4096.0),
+        );
+        // qkvz, ba, out; router, routed gate/up and down, shared gate/up and down.
+        assert_eq!(ops.gemms().len(), 8);
+        assert_eq!(ops.comm.tp_points, 1 + 10);
     }
 }

@@ -47,7 +47,7 @@ pub(crate) struct Pipeline {
 impl Pipeline {
     /// The ranks of `base`'s degrees (its TP, PP and EP).
     pub fn new(problem: &Problem, base: &Plan) -> Self {
-        let runs = stage_runs(&problem.model, base.pp);
+        let runs = stage_runs(&problem.model, base.pp, problem.workload.seq_len);
         let mut shapes: Vec<Stage> = Vec::new();
         let shape_of = runs
             .iter()

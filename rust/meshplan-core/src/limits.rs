@@ -37,6 +37,8 @@ pub const MAX_HIDDEN: u32 = 1 << 20;
 pub const MAX_HEADS: u32 = 1 << 16;
 /// Per-head dimensions (head_dim, MLA rope/nope/v dims): 2^16. In use: 64–256.
 pub const MAX_HEAD_DIM: u32 = 1 << 16;
+/// Width of a Mamba-2 or gated DeltaNet causal convolution: 2^10 (in use: 4).
+pub const MAX_CONV_KERNEL: u32 = 1 << 10;
 /// FFN intermediate sizes (dense, routed and shared experts): 2^22 = 4,194,304. The widest
 /// dense FFN in use is 73,728 (PaLM 540B's 4·18,432); 2^22 keeps `3·hidden·ffn` inside 2^44.
 pub const MAX_FFN_HIDDEN: u32 = 1 << 22;
@@ -163,6 +165,19 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("model.mla.qk_rope_head_dim", from_zero(MAX_HEAD_DIM)),
     ("model.mla.qk_nope_head_dim", up_to(MAX_HEAD_DIM)),
     ("model.mla.v_head_dim", up_to(MAX_HEAD_DIM)),
+    ("model.mamba.heads", up_to(MAX_HEADS)),
+    ("model.mamba.head_dim", up_to(MAX_HEAD_DIM)),
+    ("model.mamba.state", up_to(MAX_HEAD_DIM)),
+    ("model.mamba.groups", up_to(MAX_HEADS)),
+    ("model.mamba.conv_kernel", up_to(MAX_CONV_KERNEL)),
+    ("model.mamba.chunk", up_to(MAX_HEAD_DIM)),
+    ("model.linear_attention.key_heads", up_to(MAX_HEADS)),
+    ("model.linear_attention.key_head_dim", up_to(MAX_HEAD_DIM)),
+    ("model.linear_attention.value_heads", up_to(MAX_HEADS)),
+    ("model.linear_attention.value_head_dim", up_to(MAX_HEAD_DIM)),
+    ("model.linear_attention.conv_kernel", up_to(MAX_CONV_KERNEL)),
+    ("model.linear_attention.chunk", up_to(MAX_HEAD_DIM)),
+    ("model.sliding_window", up_to(MAX_SEQ_LEN)),
     ("cluster.num_gpus", up_to(MAX_GPUS)),
     ("cluster.gpus_per_node", up_to(MAX_GPUS)),
     ("cluster.nvlink_domain", up_to(MAX_GPUS)),

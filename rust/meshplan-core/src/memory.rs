@@ -80,12 +80,26 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
         dense += head + model.hidden as f64;
     }
     // The ZeRO-3 gather unit: a layer of the rank's last kind (MoE layers follow the dense ones
-    // and hold the experts), the dense-MLP layer on a rank without layers.
-    let unit = per_kind[stage.kinds.last_present()];
+    // and hold the experts), the dense-MLP layer on a rank without layers; with a layer pattern
+    // (kinds in no size order) the largest kind the rank holds.
+    let largest_layer = if model.layer_pattern.is_some() {
+        stage
+            .kinds
+            .iter()
+            .filter(|&(_, n)| n > 0)
+            .map(|(k, _)| per_kind[k].dense + per_kind[k].expert)
+            .fold(None, |acc: Option<f64>, x| {
+                Some(acc.map_or(x, |a| a.max(x)))
+            })
+            .unwrap_or(per_kind[0].dense + per_kind[0].expert)
+    } else {
+        let unit = per_kind[stage.kinds.last_present()];
+        unit.dense + unit.expert
+    };
     StageParams {
         dense,
         expert: stage.kinds.weighted_sum(&per_kind.map(|p| p.expert)),
-        largest_layer: unit.dense + unit.expert,
+        largest_layer,
     }
 }
 
@@ -350,6 +364,10 @@ mod tests {
             dropout: false,
             moe: None,
             mla: None,
+            layer_pattern: None,
+            mamba: None,
+            linear_attention: None,
+            sliding_window: None,
         }
     }
 
@@ -450,7 +468,7 @@ mod tests {
         )
         .unwrap();
         let pl = plan(1, false);
-        let stage = crate::stages::stage_runs(&problem.model, 1)[0].stage;
+        let stage = crate::stages::stage_runs(&problem.model, 1, problem.workload.seq_len)[0].stage;
         let params = stage_params(&problem.model, &pl, &stage);
         let layers = layer_activations(&problem, &pl);
         let tokens = 4096.0;

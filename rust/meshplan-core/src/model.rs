@@ -123,6 +123,74 @@ pub struct Mla {
     pub v_head_dim: u32,
 }
 
+/// Mamba-2 (SSD) mixer dimensions (Nemotron-H; docs/costmodel.md §1.4). `d_inner = heads ·
+/// head_dim` (HF `mamba_num_heads · mamba_head_dim`, `expand · hidden` in Mamba-2's own
+/// config); B and C have `groups · state` channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mamba {
+    /// SSM heads `H` (HF `mamba_num_heads`).
+    pub heads: u32,
+    /// Channels per head `P` (HF `mamba_head_dim`).
+    pub head_dim: u32,
+    /// State size `N` (HF `ssm_state_size`).
+    pub state: u32,
+    /// Groups `G` sharing one B and C (HF `n_groups`).
+    pub groups: u32,
+    /// Width of the causal depthwise convolution (HF `conv_kernel`).
+    pub conv_kernel: u32,
+    /// Chunk length `Q` of the chunked scan (HF `chunk_size`; Nemotron-H: 128).
+    pub chunk: u32,
+}
+
+impl Mamba {
+    /// `d_inner = H·P`.
+    pub fn inner(&self) -> u64 {
+        self.heads as u64 * self.head_dim as u64
+    }
+
+    /// Channels of the convolution: `x`, `B` and `C`, `d_inner + 2·G·N`.
+    pub fn conv_channels(&self) -> u64 {
+        self.inner() + 2 * self.groups as u64 * self.state as u64
+    }
+}
+
+/// Gated DeltaNet linear-attention dimensions (Qwen3-Next's `linear_attention` layers,
+/// arXiv 2412.06464).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinearAttention {
+    /// Query/key heads (HF `linear_num_key_heads`).
+    pub key_heads: u32,
+    /// Query/key head dimension (HF `linear_key_head_dim`).
+    pub key_head_dim: u32,
+    /// Value heads (HF `linear_num_value_heads`); the state is per value head.
+    pub value_heads: u32,
+    /// Value head dimension (HF `linear_value_head_dim`).
+    pub value_head_dim: u32,
+    /// Width of the causal depthwise convolution on q, k, v (HF `linear_conv_kernel_dim`).
+    pub conv_kernel: u32,
+    /// Chunk length of the chunked delta rule (flash-linear-attention's kernels: 64).
+    pub chunk: u32,
+}
+
+impl LinearAttention {
+    /// Query/key width `H_k·d_k`.
+    pub fn key_dim(&self) -> u64 {
+        self.key_heads as u64 * self.key_head_dim as u64
+    }
+
+    /// Value width `H_v·d_v`.
+    pub fn value_dim(&self) -> u64 {
+        self.value_heads as u64 * self.value_head_dim as u64
+    }
+}
+
+/// The characters of [`Model::layer_pattern`], one per layer. The first four are Nemotron-H's
+/// `hybrid_override_pattern` (a layer with one block); the letters are layers with a mixer and
+/// an FFN, upper case with the MoE FFN, lower case with the dense one.
+pub const LAYER_PATTERN_CHARS: &str = "M*-EAaSsGg";
+
 /// A decoder-only transformer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -152,6 +220,22 @@ pub struct Model {
     pub moe: Option<Moe>,
     #[serde(default)]
     pub mla: Option<Mla>,
+    /// The layers in order, one character each ([`LAYER_PATTERN_CHARS`]): `M` Mamba-2, `*`
+    /// attention (MLA when `mla` is set), `-` dense FFN, `E` MoE FFN (each alone in its layer,
+    /// Nemotron-H's notation); `A`/`a` attention, `S`/`s` sliding-window attention, `G`/`g`
+    /// gated DeltaNet, each with the MoE (upper case) or dense (lower case) FFN. `None`: every
+    /// layer attention + FFN, the first `moe.first_dense_layers` dense, the rest MoE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer_pattern: Option<String>,
+    /// The Mamba-2 mixer of the `M` layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mamba: Option<Mamba>,
+    /// The gated DeltaNet mixer of the `G`/`g` layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub linear_attention: Option<LinearAttention>,
+    /// Tokens each query of an `S`/`s` layer attends (itself included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding_window: Option<u32>,
 }
 
 impl Model {
@@ -183,6 +267,24 @@ impl Model {
             limits::check("model.mla.qk_nope_head_dim", mla.qk_nope_head_dim)?;
             limits::check("model.mla.v_head_dim", mla.v_head_dim)?;
         }
+        if let Some(m) = &self.mamba {
+            limits::check("model.mamba.heads", m.heads)?;
+            limits::check("model.mamba.head_dim", m.head_dim)?;
+            limits::check("model.mamba.state", m.state)?;
+            limits::check("model.mamba.groups", m.groups)?;
+            limits::check("model.mamba.conv_kernel", m.conv_kernel)?;
+            limits::check("model.mamba.chunk", m.chunk)?;
+        }
+        if let Some(la) = &self.linear_attention {
+            limits::check("model.linear_attention.key_heads", la.key_heads)?;
+            limits::check("model.linear_attention.key_head_dim", la.key_head_dim)?;
+            limits::check("model.linear_attention.value_heads", la.value_heads)?;
+            limits::check("model.linear_attention.value_head_dim", la.value_head_dim)?;
+            limits::check("model.linear_attention.conv_kernel", la.conv_kernel)?;
+            limits::check("model.linear_attention.chunk", la.chunk)?;
+        }
+        limits::check_opt("model.sliding_window", self.sliding_window)?;
+        self.validate_pattern()?;
         if self.head_dim.is_none() && self.mla.is_none() && self.hidden % self.heads != 0 {
             return Err(Error::invalid(
                 "model.head_dim",
@@ -229,6 +331,120 @@ impl Model {
         Ok(())
     }
 
+    /// Checks [`Model::layer_pattern`]: one known character per layer, and the parts its
+    /// characters need (`M`: `mamba`, `G`/`g`: `linear_attention`, `S`/`s`: `sliding_window`,
+    /// `E` and upper-case letters: `moe`). Without a pattern, the parts no layer uses are
+    /// rejected too, so that a descriptor never carries a part that is silently ignored.
+    fn validate_pattern(&self) -> Result<()> {
+        let Some(pattern) = &self.layer_pattern else {
+            for (field, set) in [
+                ("model.mamba", self.mamba.is_some()),
+                ("model.linear_attention", self.linear_attention.is_some()),
+                ("model.sliding_window", self.sliding_window.is_some()),
+            ] {
+                if set {
+                    return Err(Error::invalid(
+                        field,
+                        "set",
+                        "null without a layer_pattern (no layer uses it)",
+                    ));
+                }
+            }
+            return Ok(());
+        };
+        let shown = || {
+            if pattern.chars().count() > 40 {
+                format!("{:?}…", pattern.chars().take(40).collect::<String>())
+            } else {
+                format!("{pattern:?}")
+            }
+        };
+        if let Some((i, c)) = pattern
+            .chars()
+            .enumerate()
+            .find(|&(_, c)| !LAYER_PATTERN_CHARS.contains(c))
+        {
+            return Err(Error::invalid(
+                "model.layer_pattern",
+                shown(),
+                format!(
+                    "one of {LAYER_PATTERN_CHARS:?} per layer (character {i} is {:?})",
+                    c
+                ),
+            ));
+        }
+        if pattern.len() != self.layers as usize {
+            return Err(Error::invalid(
+                "model.layer_pattern",
+                shown(),
+                format!(
+                    "one character per layer: {} characters (it has {})",
+                    self.layers,
+                    pattern.len()
+                ),
+            ));
+        }
+        let needs = |chars: &str| pattern.chars().any(|c| chars.contains(c));
+        for (chars, field, present) in [
+            ("M", "model.mamba", self.mamba.is_some()),
+            (
+                "Gg",
+                "model.linear_attention",
+                self.linear_attention.is_some(),
+            ),
+            ("Ss", "model.sliding_window", self.sliding_window.is_some()),
+            ("EASG", "model.moe", self.moe.is_some()),
+        ] {
+            if needs(chars) != present {
+                let what = if present {
+                    format!("null: no layer of layer_pattern {} uses it", shown())
+                } else {
+                    format!("set: layer_pattern {} has layers of it", shown())
+                };
+                return Err(Error::invalid(
+                    field,
+                    if present { "set" } else { "null" },
+                    what,
+                ));
+            }
+        }
+        if let Some(moe) = &self.moe {
+            if moe.first_dense_layers != 0 {
+                return Err(Error::invalid(
+                    "model.moe.first_dense_layers",
+                    moe.first_dense_layers,
+                    "0 with a layer_pattern (the pattern says which layers are dense)",
+                ));
+            }
+        }
+        if self.mla.is_some() && needs("Ss") {
+            return Err(Error::invalid(
+                "model.sliding_window",
+                self.sliding_window.unwrap_or(0),
+                "no sliding window with MLA (sliding-window layers are grouped-query attention)",
+            ));
+        }
+        if let Some(m) = &self.mamba {
+            if m.heads % m.groups != 0 {
+                return Err(Error::invalid(
+                    "model.mamba.groups",
+                    m.groups,
+                    format!("a divisor of mamba.heads ({})", m.heads),
+                ));
+            }
+        }
+        if let Some(la) = &self.linear_attention {
+            if la.value_heads % la.key_heads != 0 {
+                return Err(Error::invalid(
+                    "model.linear_attention.key_heads",
+                    la.key_heads,
+                    format!("a divisor of value_heads ({})", la.value_heads),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Per-head dimension of queries and keys (MLA: nope + rope parts).
     pub fn qk_head_dim(&self) -> u64 {
         match &self.mla {
@@ -245,16 +461,44 @@ impl Model {
         }
     }
 
+    /// Number of layers whose pattern character is one of `chars`.
+    fn pattern_count(pattern: &str, chars: &str) -> u32 {
+        pattern.chars().filter(|&c| chars.contains(c)).count() as u32
+    }
+
     /// Number of MoE layers `L_moe` (0 for dense models).
     pub fn moe_layers(&self) -> u32 {
-        self.moe
-            .as_ref()
-            .map_or(0, |m| self.layers - m.first_dense_layers)
+        match &self.layer_pattern {
+            Some(p) => Self::pattern_count(p, "EASG"),
+            None => self
+                .moe
+                .as_ref()
+                .map_or(0, |m| self.layers - m.first_dense_layers),
+        }
     }
 
     /// Number of layers with a dense FFN.
     pub fn dense_layers(&self) -> u32 {
-        self.layers - self.moe_layers()
+        match &self.layer_pattern {
+            Some(p) => Self::pattern_count(p, "-asg"),
+            None => self.layers - self.moe_layers(),
+        }
+    }
+
+    /// Number of layers with a token mixer (all of them without a pattern).
+    pub fn mixer_layers(&self) -> u32 {
+        match &self.layer_pattern {
+            Some(p) => Self::pattern_count(p, "M*AaSsGg"),
+            None => self.layers,
+        }
+    }
+
+    /// Number of layers with softmax attention (full, GQA, MLA or sliding-window).
+    pub fn attention_layers(&self) -> u32 {
+        match &self.layer_pattern {
+            Some(p) => Self::pattern_count(p, "*AaSs"),
+            None => self.layers,
+        }
     }
 
     /// Whether the model has routed experts.
@@ -294,11 +538,16 @@ impl Model {
 
     /// Norm parameters of one layer (two norms).
     pub fn norm_params(&self) -> u64 {
+        self.block_norm_params(2)
+    }
+
+    /// Norm parameters of a layer of `blocks` blocks (mixer, FFN), one pre-norm each.
+    pub fn block_norm_params(&self, blocks: u64) -> u64 {
         let per_norm = match self.norm {
             Norm::Rmsnorm => 1,
             Norm::Layernorm => 2,
         };
-        2 * per_norm * self.hidden as u64
+        blocks * per_norm * self.hidden as u64
     }
 
     /// Dense FFN parameters of one layer.
@@ -390,6 +639,10 @@ mod tests {
             dropout: false,
             moe: None,
             mla: None,
+            layer_pattern: None,
+            mamba: None,
+            linear_attention: None,
+            sliding_window: None,
         }
     }
 
@@ -418,6 +671,10 @@ mod tests {
             dropout: false,
             moe: None,
             mla: None,
+            layer_pattern: None,
+            mamba: None,
+            linear_attention: None,
+            sliding_window: None,
         };
         let p = m.total_params() as f64 / 1e9;
         assert!((p - 6.738).abs() < 0.001, "{p}");

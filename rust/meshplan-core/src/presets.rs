@@ -321,13 +321,18 @@ mod tests {
             "glm-4.5",
             "kimi-k2",
             "gpt-oss-120b",
+            "nemotron-h-8b",
+            "nemotron-h-47b",
+            "nemotron-h-56b",
+            "nemotron-3-nano-30b-a3b",
+            "qwen3-next-80b-a3b",
         ] {
             assert!(
                 models.iter().any(|n| n == name),
                 "missing model preset {name}"
             );
         }
-        assert_eq!(models.len(), 24, "{models:?}");
+        assert_eq!(models.len(), 29, "{models:?}");
         let gpus = gpu_names();
         let want = [
             "a100-sxm-40g",

@@ -51,6 +51,9 @@ pub enum Rule {
     EpExperts,
     /// The sequence is not a multiple of `2·cp`.
     CpSeqLen,
+    /// A layer's mixer cannot be split `cp` ways (gated DeltaNet has no CP; Mamba-2 needs its
+    /// heads and groups on `tp·cp` ranks).
+    CpMixer,
     /// The global batch is not a multiple of `micro_batch·dp·ep`.
     Batch,
     /// More model chunks than layers plus the embedding and loss chunks.
@@ -71,7 +74,7 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, in the order they are checked.
-    pub const ALL: [Rule; 21] = [
+    pub const ALL: [Rule; 22] = [
         Rule::StackPrecision,
         Rule::StackParallelism,
         Rule::StackOrder,
@@ -85,6 +88,7 @@ impl Rule {
         Rule::TpFfn,
         Rule::EpExperts,
         Rule::CpSeqLen,
+        Rule::CpMixer,
         Rule::Batch,
         Rule::PpLayers,
         Rule::Schedule,
@@ -111,6 +115,7 @@ impl Rule {
             Rule::TpFfn => "tp_ffn",
             Rule::EpExperts => "ep_experts",
             Rule::CpSeqLen => "cp_seq_len",
+            Rule::CpMixer => "cp_mixer",
             Rule::Batch => "batch",
             Rule::PpLayers => "pp_layers",
             Rule::Schedule => "schedule",
@@ -135,9 +140,12 @@ impl Rule {
             | Rule::StackZero
             | Rule::StackRecompute
             | Rule::StackSequenceParallel => Scope::Stack,
-            Rule::TpHeads | Rule::TpKvHeads | Rule::TpFfn | Rule::EpExperts | Rule::CpSeqLen => {
-                Scope::Degrees
-            }
+            Rule::TpHeads
+            | Rule::TpKvHeads
+            | Rule::TpFfn
+            | Rule::EpExperts
+            | Rule::CpSeqLen
+            | Rule::CpMixer => Scope::Degrees,
             Rule::Batch => Scope::MicroBatch,
             Rule::PpLayers
             | Rule::Schedule

@@ -11,8 +11,16 @@
 //! shape (layers, first, last) — never by one entry per rank: a pipeline of any `pp` has at most
 //! [`MAX_RUNS`] of them, so the work and memory of everything built on it depend on the plan's
 //! structure, not on the value of `pp` (issue 9: `pp = 2^31` asked for a 34 GB vector).
+//!
+//! A hybrid model (a `layer_pattern`: Mamba-2, attention, FFN-only layers of very different
+//! cost) is split by cost instead ([`balanced_ranks`]): each layer weighs its forward FLOPs per
+//! token ([`layer_costs`], from the same [`crate::layer::layer_ops`] shapes), the last rank also
+//! the LM head, and the contiguous split into `pp` non-empty ranks minimises the heaviest rank
+//! (a custom layout: GPT models take one with Megatron's `--pipeline-model-parallel-layout`;
+//! Megatron-Core's MambaStack itself deals the pattern out by count). Its ranks are at
+//! most `min(pp, L)` runs; `pp > L` falls back to the count split.
 
-use crate::layer::{LayerCounts, MAX_LAYER_KINDS};
+use crate::layer::{core_of, LayerCounts, MAX_LAYER_KINDS};
 use crate::model::Model;
 use crate::plan::{Plan, Schedule};
 
@@ -102,10 +110,109 @@ pub fn rank_layer_runs(layers: u32, pp: u32) -> [(u32, u32, u32); 4] {
     layer_runs(layers, pp.max(1))
 }
 
+/// Forward FLOPs per token of one layer of each kind of `model` (unsharded) on sequences of
+/// `seq_len` tokens: `2·N_active` of its matmuls plus its core (attention over its causal keys,
+/// a scan): what [`balanced_ranks`] weighs layers by.
+pub fn layer_costs(model: &Model, seq_len: u32) -> [f64; MAX_LAYER_KINDS] {
+    let mut out = [0.0; MAX_LAYER_KINDS];
+    for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+        let core = core_of(model, &spec.mixer, 1);
+        out[k] = 2.0 * spec.active_matmul_params(model) as f64
+            + core.fwd_flops_with_keys(core.keys_per_query(seq_len as f64));
+    }
+    out
+}
+
+/// Forward FLOPs per token the last rank spends on the LM head, `2·V·h`.
+pub fn head_cost(model: &Model) -> f64 {
+    2.0 * model.vocab as f64 * model.hidden as f64
+}
+
+/// A cost-balanced split of `model`'s layers over `pp` ranks (`2 ≤ pp ≤ L`): layers per rank
+/// per kind, in rank order, each rank non-empty, minimising the largest rank cost (layers by
+/// [`layer_costs`], the last rank's LM head by [`head_cost`]). The bottleneck is found by
+/// bisection on a greedy fill from the last rank; the fill leaves one layer for every rank
+/// still to fill.
+pub fn balanced_ranks(model: &Model, pp: u32, seq_len: u32) -> Vec<LayerCounts> {
+    let costs = layer_costs(model, seq_len);
+    let head = head_cost(model);
+    let layers: Vec<usize> = model
+        .layer_stack()
+        .iter()
+        .flat_map(|&(k, n)| std::iter::repeat_n(k, n as usize))
+        .collect();
+    let pp = (pp as usize).clamp(1, layers.len().max(1));
+    // Ranks the greedy fill from the end needs under bottleneck `limit` (usize::MAX when one
+    // layer alone exceeds it).
+    let ranks_needed = |limit: f64| -> usize {
+        let (mut ranks, mut load, mut empty) = (1usize, head, true);
+        for &k in layers.iter().rev() {
+            let c = costs[k];
+            if load + c > limit {
+                if empty || c > limit {
+                    return usize::MAX;
+                }
+                ranks += 1;
+                load = 0.0;
+            }
+            load += c;
+            empty = false;
+        }
+        ranks
+    };
+    let total: f64 = head + layers.iter().map(|&k| costs[k]).sum::<f64>();
+    let (mut lo, mut hi) = (0.0f64, total);
+    for _ in 0..100 {
+        let mid = 0.5 * (lo + hi);
+        if ranks_needed(mid) <= pp {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    // Fill from the last rank under `hi`, leaving at least one layer per rank still to fill.
+    let mut out = vec![LayerCounts::default(); pp];
+    let mut next = layers.len(); // layers[..next] are still unassigned
+    for rank in (0..pp).rev() {
+        let mut load = if rank == pp - 1 { head } else { 0.0 };
+        let mut counts = [0u32; MAX_LAYER_KINDS];
+        while next > rank {
+            let k = layers[next - 1];
+            let took_one = counts.iter().any(|&n| n > 0);
+            if rank > 0 && took_one && load + costs[k] > hi {
+                break;
+            }
+            load += costs[k];
+            counts[k] += 1;
+            next -= 1;
+        }
+        out[rank] = LayerCounts(counts);
+    }
+    out
+}
+
 /// The pipeline ranks of `model` on `pp` ranks as runs of one shape, in rank order, covering
-/// ranks `0..pp` exactly; at most [`MAX_RUNS`] of them, whatever `pp` is.
-pub fn stage_runs(model: &Model, pp: u32) -> Vec<StageRun> {
+/// ranks `0..pp` exactly; at most [`MAX_RUNS`] of them, whatever `pp` is — except for a model
+/// with a layer pattern and `2 ≤ pp ≤ L`, split by cost ([`balanced_ranks`], on sequences of
+/// `seq_len` tokens) into at most `pp` runs.
+pub fn stage_runs(model: &Model, pp: u32, seq_len: u32) -> Vec<StageRun> {
     let pp = pp.max(1);
+    if model.layer_pattern.is_some() && pp > 1 && pp <= model.layers {
+        let mut runs: Vec<StageRun> = Vec::new();
+        for (index, kinds) in balanced_ranks(model, pp, seq_len).into_iter().enumerate() {
+            let stage = Stage {
+                index: index as u32,
+                kinds,
+                first: index == 0,
+                last: index as u32 == pp - 1,
+            };
+            match runs.last_mut() {
+                Some(prev) if prev.stage.same_shape(&stage) => prev.count += 1,
+                _ => runs.push(StageRun { stage, count: 1 }),
+            }
+        }
+        return runs;
+    }
     // The model's layers as (kind, first layer, end) in order.
     let mut layer_runs_by_kind: Vec<(usize, u64, u64)> = Vec::with_capacity(MAX_LAYER_KINDS);
     let mut end = 0u64;
@@ -175,7 +282,7 @@ pub fn stage_runs(model: &Model, pp: u32) -> Vec<StageRun> {
         }
         start += count as u64 * n as u64;
     }
-    debug_assert!(runs.len() <= MAX_RUNS);
+    debug_assert!(model.layer_pattern.is_some() || runs.len() <= MAX_RUNS);
     runs
 }
 
@@ -311,7 +418,7 @@ mod tests {
             for first_dense in [None, Some(0), Some(1), Some(3), Some(layers - 1)] {
                 let m = model(layers, first_dense.map(|f| f.min(layers - 1)));
                 for pp in (1..=layers + 5).chain([200, 1000]) {
-                    let runs = stage_runs(&m, pp);
+                    let runs = stage_runs(&m, pp, 4096);
                     assert!(runs.len() <= MAX_RUNS, "{layers} {first_dense:?} {pp}");
                     let expanded: Vec<Stage> = runs.iter().flat_map(|r| r.ranks()).collect();
                     assert_eq!(
@@ -329,7 +436,7 @@ mod tests {
 
     #[test]
     fn a_huge_pipeline_is_a_handful_of_runs() {
-        let runs = stage_runs(&model(32, Some(3)), u32::MAX);
+        let runs = stage_runs(&model(32, Some(3)), u32::MAX, 4096);
         assert!(runs.len() <= MAX_RUNS);
         let total: u64 = runs.iter().map(|r| r.count as u64).sum();
         assert_eq!(total, u32::MAX as u64);
@@ -347,7 +454,7 @@ mod tests {
         assert_eq!(c.iter().sum::<u32>(), 126);
         assert_eq!((c[0], c[15]), (7, 7));
         assert!(c[1..15].iter().all(|&n| n == 8));
-        let runs = stage_runs(&model(126, None), 16);
+        let runs = stage_runs(&model(126, None), 16, 4096);
         let shape: Vec<(u32, u32)> = runs.iter().map(|r| (r.count, r.stage.layers())).collect();
         assert_eq!(shape, vec![(1, 7), (14, 8), (1, 7)]);
     }
@@ -375,7 +482,7 @@ mod tests {
         let run = StageRun {
             stage: Stage {
                 index: 3,
-                kinds: LayerCounts([1, 0]),
+                kinds: LayerCounts::from_counts(&[1, 0]),
                 first: false,
                 last: false,
             },

@@ -274,11 +274,19 @@ impl<'a> TimeContext<'a> {
 
         let seq = self.problem.workload.seq_len as f64;
         let att = ops.attention;
+        // A scan mixer's chunked kernel (Mamba-2 SSD, gated DeltaNet) is timed like flash
+        // attention: fused batched matmuls at the device's attention throughput, the backward
+        // the stack's attention ratio of the forward [assumed: same kernel family, Triton].
+        let scan_fwd = self.tokens * att.scan_fwd_flops_per_token;
         let (attn_fwd, attn_bwd) = if self.problem.workload.flash_attention {
-            // Each query sees s/2 keys on average under the causal mask.
-            let fwd =
-                self.tokens * 2.0 * att.heads * (att.qk_head_dim + att.v_head_dim) * (seq / 2.0)
-                    / self.device.attention_flops_per_s;
+            // Each query sees s/2 keys on average under the causal mask (fewer under a window).
+            let fwd = (self.tokens
+                * 2.0
+                * att.heads
+                * (att.qk_head_dim + att.v_head_dim)
+                * att.keys_per_query(seq)
+                + scan_fwd)
+                / self.device.attention_flops_per_s;
             (fwd, self.stack.attention_backward_ratio * fwd)
         } else {
             // Unfused: QKᵀ and P·V as batched 16-bit GEMMs over the full s × s square, plus the
@@ -289,7 +297,11 @@ impl<'a> TimeContext<'a> {
                 * (crate::gemm::gemm_s(&self.device.gemm16, q, seq, att.qk_head_dim)
                     + crate::gemm::gemm_s(&self.device.gemm16, q, att.v_head_dim, seq));
             let scores = self.stack.unfused_score_bytes * batches * q * seq / mem_bw;
-            (gemms + scores, 2.0 * (gemms + scores))
+            let scan = scan_fwd / self.device.attention_flops_per_s;
+            (
+                gemms + scores + scan,
+                2.0 * (gemms + scores) + self.stack.attention_backward_ratio * scan,
+            )
         };
         // Element-wise work (norms, activation, RoPE, residuals; routed copies), §5.3.
         let mut elem_fwd = ops.elementwise_bytes / mem_bw;
@@ -333,13 +345,21 @@ impl<'a> TimeContext<'a> {
         }
 
         // Context parallel ring (§3.8): c−1 K/V blocks, each hidden behind one attention block.
-        let (cp_fwd, cp_bwd) = if plan.cp > 1 {
+        let (cp_fwd, cp_bwd) = if plan.cp > 1 && ops.comm.cp_kv_bytes_per_token > 0.0 {
             let c = plan.cp as f64;
             let kv_bytes = self.tokens * ops.comm.cp_kv_bytes_per_token;
             let xfer = self.fabric.p2p_s(kv_bytes, self.groups.cp.within_domain());
             let fwd = (c - 1.0) * (xfer - attn_fwd / c).max(0.0);
             let bwd = (c - 1.0) * (2.0 * xfer - attn_bwd / c).max(0.0);
             (fwd, bwd)
+        } else if plan.cp > 1 && ops.comm.cp_all_to_all_bytes_per_token > 0.0 {
+            // Mamba-2 under CP: all-to-alls around the convolution and scan, not overlapped
+            // (Megatron-Core's MambaContextParallel), the same again in the backward.
+            let bytes = self.tokens * ops.comm.cp_all_to_all_bytes_per_token;
+            let a2a = self
+                .fabric
+                .collective_s(Collective::AllToAll, bytes, self.groups.cp);
+            (a2a, a2a)
         } else {
             (0.0, 0.0)
         };

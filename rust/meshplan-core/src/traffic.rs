@@ -71,6 +71,10 @@ mod tests {
             dropout: false,
             moe: None,
             mla: None,
+            layer_pattern: None,
+            mamba: None,
+            linear_attention: None,
+            sliding_window: None,
         };
         assert_eq!(tp_decode_allreduce_bytes_per_token(&m, 4), 3_932_160.0);
     }

@@ -59,7 +59,7 @@ use crate::error::{Error, Result};
 use crate::evaluate::evaluate_in;
 use crate::flops::{recompute_flops_per_token, train_flops_per_token, AttentionCounting};
 use crate::hardware::{Cluster, Precision};
-use crate::model::{Activation, Mla, Model, Moe, Norm};
+use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::search::{search_counting_faster, Control};
@@ -105,6 +105,15 @@ pub struct CaseModel {
     pub moe: Option<CaseMoe>,
     #[serde(default)]
     pub mla: Option<Mla>,
+    /// A hybrid stack's layers ([`Model::layer_pattern`]) and the parts its characters need.
+    #[serde(default)]
+    pub layer_pattern: Option<String>,
+    #[serde(default)]
+    pub mamba: Option<Mamba>,
+    #[serde(default)]
+    pub linear_attention: Option<LinearAttention>,
+    #[serde(default)]
+    pub sliding_window: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -116,6 +125,9 @@ pub struct CaseMoe {
     pub shared_experts: Option<u32>,
     #[serde(default)]
     pub first_dense_layers: Option<u32>,
+    /// Width of one shared expert (unset: `expert_ffn_hidden`).
+    #[serde(default)]
+    pub shared_expert_ffn_hidden: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -512,7 +524,7 @@ fn problem_of(
         top_k: x.top_k,
         expert_ffn_hidden: x.expert_ffn_hidden,
         shared_experts: x.shared_experts.unwrap_or(0),
-        shared_expert_ffn_hidden: None,
+        shared_expert_ffn_hidden: x.shared_expert_ffn_hidden,
         first_dense_layers: x.first_dense_layers.unwrap_or(0),
     });
     let ffn_hidden = match (m.ffn_hidden, &moe) {
@@ -560,6 +572,10 @@ fn problem_of(
         dropout: gpt_style,
         moe,
         mla: m.mla,
+        layer_pattern: m.layer_pattern.clone(),
+        mamba: m.mamba,
+        linear_attention: m.linear_attention,
+        sliding_window: m.sliding_window,
     };
     let mut gpu = presets::gpu(&case.cluster.gpu)?;
     if let Some(o) = overrides {
@@ -728,11 +744,8 @@ fn measured_tokens(case: &Case, problem: &Problem, plan: &Plan) -> Option<(Strin
         return Some(("model_tflops_per_gpu".into(), tf * 1e12 / flops_per_token));
     }
     if let Some(tf) = m.hardware_tflops_per_gpu {
-        let s_ctx = match counting {
-            AttentionCounting::Causal => w.seq_len as f64 / 2.0,
-            AttentionCounting::Full => w.seq_len as f64,
-        };
-        let recompute = recompute_flops_per_token(&problem.model, plan.recompute, s_ctx);
+        let recompute =
+            recompute_flops_per_token(&problem.model, plan.recompute, w.seq_len as f64, counting);
         return Some((
             "hardware_tflops_per_gpu".into(),
             tf * 1e12 / (flops_per_token + recompute),

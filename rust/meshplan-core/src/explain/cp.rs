@@ -13,10 +13,43 @@ impl Ctx<'_> {
             seq / c
         );
         let mut a = self.axis("cp", c, state, g);
-        // One mixer for every layer kind: kind 0's K/V width is every layer's.
-        let kv = self.tokens * self.ops[0].comm.cp_kv_bytes_per_token;
+        // The ring runs in the attention layers (every layer without a layer pattern), all of
+        // one K/V width; a hybrid stack's Mamba-2 layers trade all-to-alls instead.
+        let layers_where = |f: &dyn Fn(&LayerOps) -> bool| -> u64 {
+            self.worst
+                .kinds
+                .iter()
+                .zip(&self.ops)
+                .filter(|(_, ops)| f(ops))
+                .map(|((_, n), _)| n as u64)
+                .sum()
+        };
+        let ring_kind = self
+            .ops
+            .iter()
+            .position(|o| o.comm.cp_kv_bytes_per_token > 0.0)
+            .unwrap_or(0);
+        let kv = self.tokens * self.ops[ring_kind].comm.cp_kv_bytes_per_token;
         let terms = self.fabric.p2p(kv, g.within_domain());
-        let layers = self.worst.layers() as u64;
+        let layers = layers_where(&|o: &LayerOps| o.comm.cp_kv_bytes_per_token > 0.0);
+        let a2a_kind = self
+            .ops
+            .iter()
+            .position(|o| o.comm.cp_all_to_all_bytes_per_token > 0.0);
+        if let Some(k) = a2a_kind {
+            let bytes = self.tokens * self.ops[k].comm.cp_all_to_all_bytes_per_token;
+            let a2a_layers =
+                layers_where(&|o: &LayerOps| o.comm.cp_all_to_all_bytes_per_token > 0.0);
+            for pass in ["forward", "backward"] {
+                a.collectives.push(self.collective(
+                    Collective::AllToAll,
+                    format!("per Mamba-2 layer per micro-batch, {pass} (in_proj output to head-sharded and the scan output back, MambaContextParallel)"),
+                    self.m * a2a_layers,
+                    bytes,
+                    g,
+                ));
+            }
+        }
         let steps = (c - 1) as u64;
         for pass in self.passes() {
             // Backward sends the K/V blocks again and their gradients.

@@ -344,7 +344,7 @@ struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     fn new(problem: &'a Problem, plan: &'a Plan, evaluation: &'a Evaluation) -> Self {
         let groups = Groups::of(plan, problem.cluster.nvlink_domain());
-        let runs = stage_runs(&problem.model, plan.pp);
+        let runs = stage_runs(&problem.model, plan.pp, problem.workload.seq_len);
         let tc = TimeContext::new(problem, plan, groups);
         let layers = tc.layers();
         let per_run: Vec<LayerTime> = runs.iter().map(|r| tc.stage(&r.stage, &layers)).collect();

@@ -53,7 +53,63 @@ impl Ctx<'_> {
                 plan.tp
             ));
         }
+        a.notes.extend(self.hybrid_split_note());
         self.finish(a, t.pp_p2p + t.bubble, t.pp_p2p)
+    }
+
+    /// How a hybrid model's layers were split (by cost, [`crate::stages::balanced_ranks`]): each
+    /// listed rank's layers per kind and its share of the forward FLOPs per token.
+    fn hybrid_split_note(&self) -> Option<String> {
+        let model = self.model();
+        if model.layer_pattern.is_none() || self.plan.pp <= 1 || self.plan.pp > model.layers {
+            return None;
+        }
+        let seq = self.problem.workload.seq_len;
+        let kinds = model.layer_kinds();
+        let costs = crate::stages::layer_costs(model, seq);
+        let head = crate::stages::head_cost(model);
+        let loads: Vec<(Stage, f64)> = self
+            .runs
+            .iter()
+            .flat_map(|r| r.ranks().take(MAX_LISTED_RANKS))
+            .take(MAX_LISTED_RANKS)
+            .map(|s| {
+                let load =
+                    s.kinds.weighted_sum(&costs[..kinds.len()]) + if s.last { head } else { 0.0 };
+                (s, load)
+            })
+            .collect();
+        let mean = loads.iter().map(|(_, l)| l).sum::<f64>() / loads.len().max(1) as f64;
+        let ranks: Vec<String> = loads
+            .iter()
+            .map(|(s, load)| {
+                let parts: Vec<String> = s
+                    .kinds
+                    .iter()
+                    .filter(|&(_, n)| n > 0)
+                    .map(|(k, n)| format!("{n} {}", kinds.specs()[k].describe()))
+                    .collect();
+                format!(
+                    "stage {}: {}{} ({:.0}% of the mean)",
+                    s.index,
+                    parts.join(", "),
+                    if s.last { ", LM head" } else { "" },
+                    if mean > 0.0 { 100.0 * load / mean } else { 0.0 }
+                )
+            })
+            .collect();
+        Some(format!(
+            "layers split by cost, not count (a custom pipeline layout; Megatron-Core's MambaStack deals a hybrid pattern out by count): each layer weighs its forward FLOPs per token at s = {seq} ({}), the last stage also the LM head ({:.2} GFLOP); {}",
+            kinds
+                .specs()
+                .iter()
+                .zip(costs)
+                .map(|(spec, c)| format!("{} {:.2} GFLOP", spec.describe(), c / 1e9))
+                .collect::<Vec<_>>()
+                .join(", "),
+            head / 1e9,
+            ranks.join("; ")
+        ))
     }
 
     pub(super) fn pipeline(&self) -> PipelineTimes {

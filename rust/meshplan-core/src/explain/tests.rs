@@ -58,6 +58,10 @@ fn moe_400b() -> Model {
             first_dense_layers: 0,
         }),
         mla: None,
+        layer_pattern: None,
+        mamba: None,
+        linear_attention: None,
+        sliding_window: None,
     }
 }
 
@@ -234,7 +238,7 @@ fn dp_reduction_uses_the_stage_parameters_and_zero_takes_it_over() {
     let x = explain(&p, &plan("dp=4,tp=8,pp=2,zero=0")).unwrap();
     let dp = axis(&x, "dp");
     assert!(x.axes.iter().all(|a| a.axis != "zero"));
-    let stage0 = stage_runs(&p.model, 2)[0].stage;
+    let stage0 = stage_runs(&p.model, 2, p.workload.seq_len)[0].stage;
     let params = stage_params(&p.model, &x.plan, &stage0);
     let ar = &dp.collectives[0];
     assert_eq!(ar.op, "all-reduce");

@@ -36,6 +36,19 @@ impl Ctx<'_> {
                 "the rest (norms, residuals, layer inputs) is replicated (no sequence parallelism)"
             },
         );
+        let mut state = state;
+        if let Some(m) = &model.mamba {
+            state.push_str(&format!(
+                " Each Mamba-2 layer splits its {} SSM heads ({} per GPU) and {} B/C groups ({} per GPU): in_proj by columns, the convolution and the scan by head, out_proj by rows (Megatron-Core MambaMixer).",
+                m.heads, m.heads / t, m.groups, m.groups / t
+            ));
+        }
+        if let Some(la) = &model.linear_attention {
+            state.push_str(&format!(
+                " Each gated DeltaNet layer splits its {} key and {} value heads ({} and {} per GPU).",
+                la.key_heads, la.value_heads, la.key_heads / t, la.value_heads / t
+            ));
+        }
         let mut a = self.axis("tp", t, state, g);
         let kinds: &[Collective] = if plan.sequence_parallel {
             &[Collective::AllGather, Collective::ReduceScatter]
@@ -144,6 +157,11 @@ impl Ctx<'_> {
                 commas(bytes)
             ),
         });
+        if model.layer_pattern.is_some() {
+            a.notes.push(format!(
+                "hybrid layers: one {point} after each mixer (attention, Mamba-2, DeltaNet: out_proj is row-parallel) and after each FFN; a Nemotron-H layer is one of them, so it has one"
+            ));
+        }
         let omega = self.tp_overlap;
         a.notes.push(format!(
             "{:.0}% of the layers' TP time hides behind the neighbouring GEMMs (tp_overlap); the embedding and LM-head ones are exposed",

@@ -92,6 +92,19 @@ impl ServingProblem {
     /// Checks every part; the error names the first bad field.
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
+        // Serving models every layer as attention + FFN: a pattern of such layers (gpt-oss's
+        // sliding/full alternation; the window's KV saving is not taken, as before patterns)
+        // is served, Mamba-2, DeltaNet and one-block layers are not.
+        if let Some(pattern) = &self.model.layer_pattern {
+            if pattern.chars().any(|c| !"AaSs".contains(c)) {
+                return Err(Error::invalid(
+                    "model.layer_pattern",
+                    format!("{:?}", pattern.chars().take(40).collect::<String>()),
+                    "attention + FFN layers only (A, a, S, s): serving does not model Mamba-2, \
+                     gated DeltaNet or one-block layers yet",
+                ));
+            }
+        }
         self.cluster.validate()?;
         let t = &self.traffic;
         limits::check("traffic.input_len", t.input_len)?;

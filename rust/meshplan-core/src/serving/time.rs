@@ -159,8 +159,15 @@ impl<'a> TimeModel<'a> {
             routed_copy_bytes_per_hidden: stack.routed_copy_bytes_per_hidden,
             expert_activation_bytes_per_width: stack.expert_activation_bytes_per_width,
         };
-        // The dense layer's two FFN GEMMs follow its attention GEMMs (layer_ops' order).
-        let dense = model.layer_kinds().specs()[0];
+        // The dense layer's two FFN GEMMs follow its attention GEMMs (layer_ops' order). Built
+        // here, not taken from the kinds: a layer pattern's kind 0 may be an MoE layer, and
+        // sliding-window and full attention have the same projections.
+        let dense = LayerSpec {
+            mixer: model.mixer(),
+            mlp: crate::layer::Mlp::Dense {
+                ffn_hidden: model.ffn_hidden,
+            },
+        };
         let shard = Shard {
             tp: 1,
             ep: 1,
@@ -318,7 +325,9 @@ impl<'a> TimeModel<'a> {
         let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
         let decode_width = match mixer {
             Mixer::Latent(m) => 2.0 * m.kv_lora_rank as f64 + m.qk_rope_head_dim as f64,
-            Mixer::Attention { .. } => dqk + dv,
+            Mixer::Attention { .. } | Mixer::SlidingWindow { .. } => dqk + dv,
+            // Not attention (serving takes no layer pattern yet, `ServingProblem::validate`).
+            Mixer::Mamba(_) | Mixer::DeltaNet(_) | Mixer::None => 0.0,
         };
         let decode_flops = 2.0 * heads * decode_width * b.decode_seqs * b.decode_context;
         let pairs = b.prefill_new * b.prefill_cached + b.prefill_new * b.prefill_new / 2.0;
