@@ -66,7 +66,8 @@ def test_ten_thousand_generated_requests_get_clean_answers(
         reflected = Reflected(channel)
         models, gpus = presets(reflected, channel)
     assert models and gpus and set(reflected.methods) == {
-        "Search", "Evaluate", "Explain", "ListPresets", "SearchServing", "EvaluateServing"}
+        "Search", "Evaluate", "Explain", "ListPresets", "SearchServing", "EvaluateServing",
+        "ExplainServing"}
     generator = Generator(reflected, models, gpus, seed=seed)
     calls = list(generator.edge_sweep())
     sweep = len(calls)
