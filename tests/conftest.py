@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +45,18 @@ def small_space() -> mp.SearchSpace:
     return mp.SearchSpace(
         max_micro_batch=2, recompute=["none", "full"], zero=[0, 1, 3], schedules=["1f1b"],
     )
+
+
+@pytest.fixture(scope="module")
+def planner_client() -> Iterator[Any]:
+    """A :class:`~meshplan.client.PlannerClient` on a real server on 127.0.0.1, port 0."""
+    from meshplan.client import PlannerClient
+    from meshplan.server import PlannerServer, ServerConfig
+
+    server = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
+    client = PlannerClient(f"127.0.0.1:{server.port}")
+    try:
+        yield client
+    finally:
+        client.close()
+        server.stop(0)

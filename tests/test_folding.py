@@ -6,7 +6,6 @@ returns folded plans unless told not to."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -17,7 +16,6 @@ from meshplan.export import parse as parse_export
 from meshplan.cli import main
 from meshplan.client import PlannerClient
 from meshplan.errors import InvalidInputError
-from meshplan.server import PlannerServer, ServerConfig
 
 # Qwen3-235B-A22B as Megatron-Bridge runs it on 256 H100 (validation/cases.json): TP 2, PP 8,
 # Megatron DP 16, EP 32 over the TP and DP ranks, expert TP 1.
@@ -142,24 +140,14 @@ def test_exports_that_cannot_fold_say_why() -> None:
     assert "expert_mesh = init_device_mesh(" in mesh and "('pp', 'edp', 'ep', 'etp')" in mesh
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[PlannerClient]:
-    server = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
-    c = PlannerClient(f"127.0.0.1:{server.port}")
-    try:
-        yield c
-    finally:
-        c.close()
-        server.stop(0)
 
-
-def test_a_folded_plan_over_grpc_equals_the_python_api(client: PlannerClient) -> None:
+def test_a_folded_plan_over_grpc_equals_the_python_api(planner_client: PlannerClient) -> None:
     local = mp.evaluate(QWEN, CLUSTER, WORKLOAD, FOLDED)
-    remote = client.evaluate(QWEN, CLUSTER, WORKLOAD, FOLDED)
+    remote = planner_client.evaluate(QWEN, CLUSTER, WORKLOAD, FOLDED)
     assert remote.plan == local.plan and remote.plan.etp == 1
     assert remote.step_time_s == pytest.approx(local.step_time_s)
-    x = client.explain(QWEN, CLUSTER, WORKLOAD, FOLDED)
+    x = planner_client.explain(QWEN, CLUSTER, WORKLOAD, FOLDED)
     assert [a["axis"] for a in x.to_dict()["mesh"]["expert_axes"]] == ["tp", "cp", "ep", "dp", "pp"]
-    found = client.search("mixtral-8x22b", mp.Cluster("h100-sxm", 96), mp.Workload(96, 16384),
+    found = planner_client.search("mixtral-8x22b", mp.Cluster("h100-sxm", 96), mp.Workload(96, 16384),
                           mp.SearchSpace(top_k=10, fold=False, distinct=False))
     assert all(ev.plan.etp is None for ev in found.plans)

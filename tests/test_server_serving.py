@@ -135,22 +135,12 @@ def test_every_integer_field_at_every_edge_gets_a_clean_answer(stub: pb_grpc.Pla
     assert calls > 100
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator[PlannerClient]:
-    server = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
-    c = PlannerClient(f"127.0.0.1:{server.port}")
-    try:
-        yield c
-    finally:
-        c.close()
-        server.stop(0)
 
-
-def test_explain_serving_over_grpc_equals_the_python_api(client: PlannerClient) -> None:
+def test_explain_serving_over_grpc_equals_the_python_api(planner_client: PlannerClient) -> None:
     kw: dict[str, Any] = {"input_len": 2048, "output_len": 512}
     local = mp.explain_serving("mixtral-8x7b", mp.Cluster("h100-sxm", 8), "tp=2,adp=2,ep=4,batch=64",
                                **kw)
-    remote = client.explain_serving("mixtral-8x7b", mp.Cluster("h100-sxm", 8),
+    remote = planner_client.explain_serving("mixtral-8x7b", mp.Cluster("h100-sxm", 8),
                                     "tp=2,adp=2,ep=4,batch=64", **kw)
     assert remote["axes"] == local["axes"]
     assert remote["ridge_flops_per_byte"] == local["ridge_flops_per_byte"]
@@ -160,14 +150,14 @@ def test_explain_serving_over_grpc_equals_the_python_api(client: PlannerClient) 
     assert {a["axis"] for a in remote["axes"]} >= {"tp", "ep"}
 
 
-def test_the_client_searches_and_evaluates_serving_as_the_python_api(client: PlannerClient) -> None:
+def test_the_client_searches_and_evaluates_serving_as_the_python_api(planner_client: PlannerClient) -> None:
     kw: dict[str, Any] = {"input_len": 1024, "output_len": 256, "tpot_s": 0.05}
     local = mp.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top_k": 3}, **kw)
-    remote = client.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top_k": 3}, **kw)
+    remote = planner_client.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top_k": 3}, **kw)
     assert [e["label"] for e in remote.plans] == [e["label"] for e in local.plans]
     assert remote.plans[0]["time"] == local.plans[0]["time"]
     assert remote.stats["candidates"] == local.stats["candidates"]
-    one = client.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=16,replicas=2",
+    one = planner_client.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=16,replicas=2",
                                   prefill="tp=2,batch=4", **kw)
     want = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=16,replicas=2",
                                prefill="tp=2,batch=4", **kw)
@@ -185,7 +175,7 @@ def test_explain_serving_refuses_bad_integers_naming_the_field(
     assert "max_sequences" in (e.value.details() or "")
 
 
-def test_the_client_refuses_an_unknown_serving_space_key(client: PlannerClient) -> None:
+def test_the_client_refuses_an_unknown_serving_space_key(planner_client: PlannerClient) -> None:
     with pytest.raises(InvalidInputError, match="serving_space.top"):
-        client.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top": 3},
+        planner_client.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top": 3},
                               input_len=1024, output_len=256)

@@ -215,10 +215,7 @@ class PlannerClient:
         **problem: Any,
     ) -> dict[str, Any]:
         """:func:`meshplan.evaluate_serving` on the server."""
-        request = pb.EvaluateServingRequest(
-            problem=serving_wire.problem_message(serving_problem(model, cluster, **problem)),
-            plan=serving_wire.plan_message(parse_serving_plan(plan, prefill)),
-        )
+        request = pb.EvaluateServingRequest(**_serving_request(model, cluster, plan, prefill, problem))
         response = self._call(self._stub.EvaluateServing, request, timeout_s)
         return serving_wire.evaluation_from(response.evaluation)
 
@@ -234,10 +231,7 @@ class PlannerClient:
     ) -> dict[str, Any]:
         """:func:`meshplan.explain_serving` on the server: ``evaluation``, ``axes`` (equal to the
         local ones) and ``ridge_flops_per_byte``."""
-        request = pb.ExplainServingRequest(
-            problem=serving_wire.problem_message(serving_problem(model, cluster, **problem)),
-            plan=serving_wire.plan_message(parse_serving_plan(plan, prefill)),
-        )
+        request = pb.ExplainServingRequest(**_serving_request(model, cluster, plan, prefill, problem))
         response = self._call(self._stub.ExplainServing, request, timeout_s)
         return serving_wire.explanation_from(response)
 
@@ -296,6 +290,20 @@ class PlannerClient:
         tb: Optional[TracebackType],
     ) -> None:
         self.close()
+
+
+def _serving_request(
+    model: Union[Model, str],
+    cluster: Cluster,
+    plan: PlanLike,
+    prefill: Optional[PlanLike],
+    problem: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``problem`` and ``plan`` fields of an Evaluate/ExplainServing request."""
+    return {
+        "problem": serving_wire.problem_message(serving_problem(model, cluster, **problem)),
+        "plan": serving_wire.plan_message(parse_serving_plan(plan, prefill)),
+    }
 
 
 def remote_error(error: grpc.RpcError) -> MeshplanError:
