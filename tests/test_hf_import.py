@@ -14,8 +14,6 @@ import meshplan as mp
 # Fixtures whose architecture is not modelled, with the key the import error names.
 UNSUPPORTED = {
     "DeepSeek-V4-Flash.json": "model_type",
-    "NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json": "moe_latent_size",
-    "NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16.json": "moe_latent_size",
 }
 CONFIGS = sorted(p for p in HF_CONFIGS.glob("*.json") if p.name not in UNSUPPORTED)
 
@@ -56,7 +54,8 @@ def test_fixtures_are_present() -> None:
 def test_every_fixture_imports_with_the_files_dimensions(path: Path) -> None:
     raw = json.loads(path.read_text())
     m = mp.Model.from_hf_config(path)
-    assert m.layers == raw["num_hidden_layers"]
+    # Nemotron 3 Ultra's file counts its layers only as the length of layers_block_type.
+    assert m.layers == raw.get("num_hidden_layers", len(raw.get("layers_block_type", [])))
     assert m.hidden == raw["hidden_size"]
     assert m.heads == raw["num_attention_heads"]
     assert m.vocab == raw["vocab_size"]
@@ -155,3 +154,16 @@ def test_qwen3_next_linear_attention_fields() -> None:
     assert (m.linear_attention.key_heads, m.linear_attention.value_heads) == (
         raw["linear_num_key_heads"], raw["linear_num_value_heads"])
     assert m.linear_attention.conv_kernel == raw["linear_conv_kernel_dim"]
+
+
+def test_a_latent_moe_imports_with_its_latent_width() -> None:
+    m = mp.Model.from_hf_config(HF_CONFIGS / "NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json")
+    assert m.moe is not None and m.moe.latent_size == 1024
+    plain = mp.Model.from_dict({**m.to_dict(), "moe": {**m.moe.to_dict(), "latent_size": None}})
+    # Experts at ℓ = h/4: a quarter of the expert weight per GPU of the same experts at h.
+    plan = mp.Plan(dp=1, tp=1, pp=1, ep=64, zero=1)
+    weights = [mp.evaluate(x, mp.Cluster("b200", 64), mp.Workload(512, 8192), plan).memory_gib["weights"]
+               for x in (m, plain)]
+    assert weights[0] < 0.75 * weights[1]
+    with pytest.raises(mp.errors.InvalidInputError, match="model.moe.latent_size"):
+        mp.Model.from_dict({**m.to_dict(), "moe": {**m.moe.to_dict(), "latent_size": 0}})

@@ -36,12 +36,15 @@ class Moe:
     """Intermediate size of one shared expert (None: ``expert_ffn_hidden``)."""
     first_dense_layers: int = 0
     """Leading layers that keep a dense FFN (DeepSeek's ``first_k_dense_replace``)."""
+    latent_size: Optional[int] = None
+    """Latent width of a latent MoE (Nemotron 3 Super/Ultra): tokens projected ``h → ℓ``
+    before routing, experts at width ``ℓ`` (None: the experts see ``hidden``)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model.moe", {
             "num_experts": "int", "top_k": "int", "expert_ffn_hidden": "int",
             "shared_experts": "int", "shared_expert_ffn_hidden": "int?",
-            "first_dense_layers": "int",
+            "first_dense_layers": "int", "latent_size": "int?",
         })
 
     def to_dict(self) -> dict[str, Any]:
@@ -52,6 +55,7 @@ class Moe:
             "shared_experts": self.shared_experts,
             "shared_expert_ffn_hidden": self.shared_expert_ffn_hidden,
             "first_dense_layers": self.first_dense_layers,
+            "latent_size": self.latent_size,
         }
 
     @classmethod

@@ -153,6 +153,7 @@ def dims_message(model: Model) -> pb.ModelDims:
             shared_experts=model.moe.shared_experts,
             shared_expert_ffn_hidden=model.moe.shared_expert_ffn_hidden,
             first_dense_layers=model.moe.first_dense_layers,
+            latent_size=model.moe.latent_size,
         )
     mla = None
     if model.mla is not None:
@@ -326,6 +327,7 @@ def _model_from_dims(d: pb.ModelDims) -> Model:
             shared_experts=d.moe.shared_experts,
             shared_expert_ffn_hidden=_opt(d.moe, "shared_expert_ffn_hidden"),
             first_dense_layers=d.moe.first_dense_layers,
+            latent_size=_opt(d.moe, "latent_size"),
         )
     if d.HasField("mla"):
         mla = Mla(

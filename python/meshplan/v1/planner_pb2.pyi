@@ -279,6 +279,7 @@ class Moe(_message.Message):
     SHARED_EXPERTS_FIELD_NUMBER: _builtins.int
     SHARED_EXPERT_FFN_HIDDEN_FIELD_NUMBER: _builtins.int
     FIRST_DENSE_LAYERS_FIELD_NUMBER: _builtins.int
+    LATENT_SIZE_FIELD_NUMBER: _builtins.int
     num_experts: _builtins.int
     top_k: _builtins.int
     expert_ffn_hidden: _builtins.int
@@ -286,6 +287,10 @@ class Moe(_message.Message):
     shared_expert_ffn_hidden: _builtins.int
     """Unset: expert_ffn_hidden."""
     first_dense_layers: _builtins.int
+    latent_size: _builtins.int
+    """Latent width of a latent MoE (Nemotron 3 Super/Ultra): tokens projected hidden → latent
+    before routing, experts at that width. Unset: the experts see hidden.
+    """
     def __init__(
         self,
         *,
@@ -295,13 +300,19 @@ class Moe(_message.Message):
         shared_experts: _builtins.int = ...,
         shared_expert_ffn_hidden: _builtins.int | None = ...,
         first_dense_layers: _builtins.int = ...,
+        latent_size: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_shared_expert_ffn_hidden", b"_shared_expert_ffn_hidden", "shared_expert_ffn_hidden", b"shared_expert_ffn_hidden"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_latent_size", b"_latent_size", "_shared_expert_ffn_hidden", b"_shared_expert_ffn_hidden", "latent_size", b"latent_size", "shared_expert_ffn_hidden", b"shared_expert_ffn_hidden"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_shared_expert_ffn_hidden", b"_shared_expert_ffn_hidden", "expert_ffn_hidden", b"expert_ffn_hidden", "first_dense_layers", b"first_dense_layers", "num_experts", b"num_experts", "shared_expert_ffn_hidden", b"shared_expert_ffn_hidden", "shared_experts", b"shared_experts", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_latent_size", b"_latent_size", "_shared_expert_ffn_hidden", b"_shared_expert_ffn_hidden", "expert_ffn_hidden", b"expert_ffn_hidden", "first_dense_layers", b"first_dense_layers", "latent_size", b"latent_size", "num_experts", b"num_experts", "shared_expert_ffn_hidden", b"shared_expert_ffn_hidden", "shared_experts", b"shared_experts", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__latent_size: _TypeAlias = _typing.Literal["latent_size"]  # noqa: Y015
+    _WhichOneofArgType__latent_size: _TypeAlias = _typing.Literal["_latent_size", b"_latent_size"]  # noqa: Y015
     _WhichOneofReturnType__shared_expert_ffn_hidden: _TypeAlias = _typing.Literal["shared_expert_ffn_hidden"]  # noqa: Y015
     _WhichOneofArgType__shared_expert_ffn_hidden: _TypeAlias = _typing.Literal["_shared_expert_ffn_hidden", b"_shared_expert_ffn_hidden"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__latent_size) -> _WhichOneofReturnType__latent_size | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__shared_expert_ffn_hidden) -> _WhichOneofReturnType__shared_expert_ffn_hidden | None: ...
 
 Global___Moe: _TypeAlias = Moe  # noqa: Y015

@@ -32,8 +32,8 @@
 //!   `NemotronHMamba2Mixer` builds it, so `expand` is not read; `head_dim` or
 //!   `attention_head_dim`; `mlp_hidden_act` (plain MLP, `relu2`); MoE layers from
 //!   `n_routed_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `n_shared_experts`,
-//!   `moe_shared_expert_intermediate_size`. A latent MoE (`moe_latent_size`, Nemotron 3
-//!   Super/Ultra) is rejected, not approximated;
+//!   `moe_shared_expert_intermediate_size`, and a latent MoE's `moe_latent_size` (Nemotron 3
+//!   Super/Ultra: experts in a projected latent space);
 //! * `qwen3_next`: `layer_types` or, without it, `full_attention_interval` (every n-th layer
 //!   full attention, the rest gated DeltaNet: `linear_num_key_heads`, `linear_key_head_dim`,
 //!   `linear_num_value_heads`, `linear_value_head_dim`, `linear_conv_kernel_dim`); MoE layers
@@ -348,6 +348,7 @@ fn moe_block(
         shared_experts,
         shared_expert_ffn_hidden,
         first_dense_layers,
+        latent_size: None,
     })
 }
 
@@ -590,13 +591,6 @@ fn nemotron_h_moe(cfg: &Config, pattern: &str) -> Result<Option<Moe>> {
     if !pattern.contains('E') {
         return Ok(None);
     }
-    if cfg.get("moe_latent_size").is_some() {
-        return Err(hf_error(
-            "moe_latent_size",
-            "a latent MoE (experts in a projected latent space, Nemotron 3 Super/Ultra) is not \
-             modelled",
-        ));
-    }
     let shared_experts = cfg.opt_count("n_shared_experts")?.unwrap_or(0);
     Ok(Some(Moe {
         num_experts: cfg.positive("n_routed_experts")?,
@@ -609,6 +603,8 @@ fn nemotron_h_moe(cfg: &Config, pattern: &str) -> Result<Option<Moe>> {
             None
         },
         first_dense_layers: 0,
+        // Nemotron 3 Super/Ultra's LatentMoE: experts in a projected latent space.
+        latent_size: cfg.opt_positive("moe_latent_size")?,
     }))
 }
 
@@ -863,6 +859,7 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
                         .opt_count("shared_expert_intermediate_size")?
                         .filter(|&f| f > 0),
                     first_dense_layers: 0,
+                    latent_size: None,
                 })
             } else {
                 None

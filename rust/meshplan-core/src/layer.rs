@@ -145,6 +145,7 @@ impl LayerSpec {
             Mlp::Moe(m) => {
                 m.top_k as u64 * expert_params(model, m)
                     + model.activation.ffn_matrices() * h * m.shared_ffn_hidden()
+                    + latent_projection_params(model, m)
             }
             Mlp::None => 0,
         };
@@ -201,13 +202,24 @@ pub fn mixer_params(model: &Model, mixer: &Mixer) -> u64 {
 
 /// Parameters of one routed expert of `moe`.
 pub fn expert_params(model: &Model, moe: &Moe) -> u64 {
-    model.activation.ffn_matrices() * model.hidden as u64 * moe.expert_ffn_hidden as u64
+    model.activation.ffn_matrices()
+        * moe.expert_width(model.hidden) as u64
+        * moe.expert_ffn_hidden as u64
 }
 
-/// Parameters of the non-routed part of one MoE FFN (shared experts + router).
+/// Parameters of a latent MoE's two projections, `h → ℓ` before the dispatch and `ℓ → h` after
+/// the combine (0 without a latent).
+pub fn latent_projection_params(model: &Model, moe: &Moe) -> u64 {
+    moe.latent_size
+        .map_or(0, |l| 2 * model.hidden as u64 * l as u64)
+}
+
+/// Parameters of the non-routed part of one MoE FFN (shared experts, router and a latent MoE's
+/// projections).
 pub fn moe_dense_part_params(model: &Model, moe: &Moe) -> u64 {
     model.activation.ffn_matrices() * model.hidden as u64 * moe.shared_ffn_hidden()
         + model.hidden as u64 * moe.num_experts as u64
+        + latent_projection_params(model, moe)
 }
 
 /// Most distinct layer kinds a model has: one per character of
@@ -598,14 +610,18 @@ pub fn activation_bytes_per_token(
     let ffn = match &spec.mlp {
         Mlp::Moe(m) => {
             let router = FP32_BYTES * m.num_experts as f64 / sp_div;
-            // Each routed copy keeps its expert input and intermediates on the expert rank.
+            // Each routed copy keeps its expert input (at the experts' width) and intermediates
+            // on the expert rank; a latent MoE also keeps the combined latent, the up
+            // projection's input.
             let et = shard.expert_tp() as f64;
+            let w = m.expert_width(model.hidden) as f64;
             let routed = m.top_k as f64
                 * imbalance
                 * shard.routed_share()
-                * (li * h + per_f * m.expert_ffn_hidden as f64 / et);
+                * (li * w + per_f * m.expert_ffn_hidden as f64 / et);
             let shared = per_f * m.shared_ffn_hidden() as f64 / t;
-            router + routed + shared
+            let latent = m.latent_size.map_or(0.0, |l| li * l as f64 / t);
+            router + routed + shared + latent
         }
         Mlp::Dense { ffn_hidden } => per_f * *ffn_hidden as f64 / t,
         Mlp::None => 0.0,
@@ -659,8 +675,10 @@ pub fn selective_op_bytes_per_token(
             m.top_k as f64
                 * imbalance
                 * shard.routed_share()
-                * (in_proj * m.expert_ffn_hidden as f64 / shard.expert_tp() as f64 + h)
+                * (in_proj * m.expert_ffn_hidden as f64 / shard.expert_tp() as f64
+                    + m.expert_width(model.hidden) as f64)
                 + in_proj * m.shared_ffn_hidden() as f64 / t
+                + m.latent_size.map_or(0.0, |l| 2.0 * l as f64 / t)
                 + h / sp_div,
             FP32_BYTES * m.num_experts as f64 / sp_div,
         ),
@@ -987,9 +1005,19 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             let copies = tok * m.top_k as f64 * ctx.moe_imbalance * shard.routed_share();
             let per_expert = copies / local_experts;
             let fe = m.expert_ffn_hidden as f64;
+            // The width the experts and the dispatch see: a latent MoE's `ℓ`, else `h`.
+            let w = m.expert_width(model.hidden) as f64;
             ops.push(tok / shard.sp_div(), m.num_experts as f64, h, 1.0);
-            ops.push_grouped(per_expert, gate_up * fe / et, h, local_experts);
-            ops.push_grouped(per_expert, h, fe / et, local_experts);
+            if let Some(l) = m.latent_size {
+                // The latent MoE's down projection `h → ℓ` (column-parallel over TP).
+                ops.push(tok, l as f64 / t, h, 1.0);
+            }
+            ops.push_grouped(per_expert, gate_up * fe / et, w, local_experts);
+            ops.push_grouped(per_expert, w, fe / et, local_experts);
+            if let Some(l) = m.latent_size {
+                // ... and its up projection `ℓ → h` of the combined output (row-parallel).
+                ops.push(tok, h, l as f64 / t, 1.0);
+            }
             let fsh = m.shared_ffn_hidden() as f64;
             if fsh > 0.0 {
                 ops.push(tok, gate_up * fsh / t, h, 1.0);
@@ -997,26 +1025,27 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             }
             // Routed copies: permute and unpermute move each copy's hidden vector, the expert
             // activation its intermediates (§5.3, values in data/stacks.toml).
-            let per_copy = ctx.routed_copy_bytes_per_hidden * h
+            let per_copy = ctx.routed_copy_bytes_per_hidden * w
                 + ctx.expert_activation_bytes_per_width * m.expert_ffn_hidden as f64 / et;
             ops.routed_elementwise_bytes = copies * per_copy;
             // The mixer's point (none in a Nemotron-H MoE-only layer) comes first.
             let mixer_points = spec.mixer.present() as u32;
-            match shard.etp {
+            match (shard.etp, m.latent_size) {
                 // One point after attention and one per routed copy gathered over TP (§3.4).
-                None => ops.comm.tp_points = mixer_points + m.top_k,
-                // Folded: the copies gather over the expert-TP group instead (§3.7).
-                Some(etp) => {
+                (None, None) => ops.comm.tp_points = mixer_points + m.top_k,
+                // Folded, or latent copies narrower than `h`: the copies gather over the
+                // expert-TP group (the TP group when unfolded) at the experts' width (§3.7).
+                (etp, _) => {
                     ops.comm.tp_points = mixer_points;
-                    if etp > 1 {
+                    if etp.unwrap_or(shard.tp) > 1 {
                         ops.comm.etp_points = m.top_k;
-                        ops.comm.etp_bytes = tok * shard.routed_share() * h * WIRE_BYTES;
+                        ops.comm.etp_bytes = tok * shard.routed_share() * w * WIRE_BYTES;
                     }
                 }
             }
             ops.comm.dispatch = Some(Dispatch {
                 tokens: tok / shard.sp_div(),
-                bytes_per_copy: h * WIRE_BYTES,
+                bytes_per_copy: w * WIRE_BYTES,
                 top_k: m.top_k,
             });
         }
@@ -1084,6 +1113,48 @@ mod tests {
         assert_eq!(c.last_present(), 0);
         assert_eq!(LayerCounts::from_counts(&[3, 2]).last_present(), 1);
         assert_eq!(LayerCounts::from_counts(&[0, 0]).last_present(), 0);
+    }
+
+    #[test]
+    fn a_latent_moe_runs_its_experts_and_dispatch_at_the_latent_width() {
+        let mut m = crate::presets::model("mixtral-8x7b").unwrap();
+        let plain = m.layer_kinds().specs()[1];
+        m.moe.as_mut().unwrap().latent_size = Some(1024);
+        let latent = m.layer_kinds().specs()[1];
+        let ctx = OpsContext {
+            tokens: 4096.0,
+            moe_imbalance: 1.0,
+            elementwise_bytes_per_hidden: 40.0,
+            replicated_elementwise_bytes_per_hidden: 20.0,
+            routed_copy_bytes_per_hidden: 8.0,
+            expert_activation_bytes_per_width: 6.0,
+        };
+        let shard = Shard {
+            tp: 1,
+            ep: 8,
+            etp: None,
+            sequence_parallel: false,
+        };
+        let a = layer_ops(&m, &plain, &shard, &ctx);
+        let b = layer_ops(&m, &latent, &shard, &ctx);
+        // Two projections more (h → ℓ and ℓ → h), the experts' K and N at ℓ = h/4.
+        assert_eq!(b.gemms().len(), a.gemms().len() + 2);
+        let last = |o: &LayerOps, n: usize| o.gemms()[o.gemms().len() - n..].to_vec();
+        // Router on h, the experts' gate/up and down (Mixtral has no shared expert) ...
+        let ga = last(&a, 3);
+        // ... and with a latent: router, h → ℓ, the experts reading and writing ℓ, ℓ → h.
+        let gb = last(&b, 5);
+        assert_eq!((gb[0].n, gb[0].k), (ga[0].n, 4096.0));
+        assert_eq!((gb[1].n, gb[1].k), (1024.0, 4096.0));
+        assert_eq!((gb[2].n, gb[2].k), (ga[1].n, 1024.0));
+        assert_eq!((gb[3].n, gb[3].k), (1024.0, ga[2].k));
+        assert_eq!((gb[4].n, gb[4].k), (4096.0, 1024.0));
+        let (da, db) = (a.comm.dispatch.unwrap(), b.comm.dispatch.unwrap());
+        assert_eq!(db.bytes_per_copy * 4.0, da.bytes_per_copy);
+        // Expert weights shrink by h/ℓ; the projections are dense-side parameters.
+        assert_eq!(b.params.expert * 4.0, a.params.expert);
+        assert_eq!(b.params.dense - a.params.dense, 2.0 * 4096.0 * 1024.0);
+        assert!(b.routed_elementwise_bytes < a.routed_elementwise_bytes);
     }
 
     #[test]

@@ -159,6 +159,7 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("model.moe.expert_ffn_hidden", up_to(MAX_FFN_HIDDEN)),
     ("model.moe.shared_experts", from_zero(MAX_EXPERTS)),
     ("model.moe.shared_expert_ffn_hidden", up_to(MAX_FFN_HIDDEN)),
+    ("model.moe.latent_size", up_to(MAX_HIDDEN)),
     ("model.moe.first_dense_layers", from_zero(MAX_LAYERS - 1)),
     ("model.mla.q_lora_rank", up_to(MAX_HIDDEN)),
     ("model.mla.kv_lora_rank", up_to(MAX_HIDDEN)),

@@ -98,9 +98,20 @@ pub struct Moe {
     /// Leading layers that keep a dense FFN (DeepSeek's `first_k_dense_replace`).
     #[serde(default)]
     pub first_dense_layers: u32,
+    /// Latent width `ℓ` of a latent MoE (Nemotron 3 Super/Ultra, HF `moe_latent_size`): each
+    /// token is projected `h → ℓ` before routing, the experts work at width `ℓ` and their
+    /// combined output is projected back `ℓ → h`; `None`: the experts see `h`.
+    #[serde(default)]
+    pub latent_size: Option<u32>,
 }
 
 impl Moe {
+    /// Width of the hidden vectors the routed experts see and the dispatch moves: `ℓ` of a
+    /// latent MoE, else the model's `hidden`.
+    pub fn expert_width(&self, hidden: u32) -> u32 {
+        self.latent_size.unwrap_or(hidden)
+    }
+
     /// Summed intermediate size of all shared experts `f_sh`.
     pub fn shared_ffn_hidden(&self) -> u64 {
         self.shared_experts as u64
@@ -259,6 +270,7 @@ impl Model {
                 moe.shared_expert_ffn_hidden,
             )?;
             limits::check("model.moe.first_dense_layers", moe.first_dense_layers)?;
+            limits::check_opt("model.moe.latent_size", moe.latent_size)?;
         }
         if let Some(mla) = &self.mla {
             limits::check_opt("model.mla.q_lora_rank", mla.q_lora_rank)?;
@@ -698,6 +710,7 @@ mod tests {
             shared_experts: 0,
             shared_expert_ffn_hidden: None,
             first_dense_layers: 0,
+            latent_size: None,
         });
         assert!(m
             .validate()

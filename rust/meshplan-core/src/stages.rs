@@ -408,6 +408,7 @@ mod tests {
             shared_experts: 0,
             shared_expert_ffn_hidden: None,
             first_dense_layers,
+            latent_size: None,
         });
         m
     }

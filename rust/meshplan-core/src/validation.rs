@@ -128,6 +128,9 @@ pub struct CaseMoe {
     /// Width of one shared expert (unset: `expert_ffn_hidden`).
     #[serde(default)]
     pub shared_expert_ffn_hidden: Option<u32>,
+    /// Latent width of a latent MoE ([`Moe::latent_size`]).
+    #[serde(default)]
+    pub latent_size: Option<u32>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -526,6 +529,7 @@ fn problem_of(
         shared_experts: x.shared_experts.unwrap_or(0),
         shared_expert_ffn_hidden: x.shared_expert_ffn_hidden,
         first_dense_layers: x.first_dense_layers.unwrap_or(0),
+        latent_size: x.latent_size,
     });
     let ffn_hidden = match (m.ffn_hidden, &moe) {
         (Some(f), _) => f,

@@ -83,17 +83,34 @@ fn every_fixture_imports_and_validates() {
 
 /// Fixtures the importer rejects, with the key its error names: what they need is not
 /// modelled.
-const UNSUPPORTED: [(&str, &str); 3] = [
-    ("DeepSeek-V4-Flash.json", "model_type"),
-    (
-        "NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json",
-        "moe_latent_size",
-    ),
-    (
-        "NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16.json",
-        "moe_latent_size",
-    ),
-];
+const UNSUPPORTED: [(&str, &str); 1] = [("DeepSeek-V4-Flash.json", "model_type")];
+
+#[test]
+fn nemotron_3_super_and_ultra_are_latent_moe_hybrids() {
+    // Nemotron 3 Super 120B-A12B and Ultra 550B-A55B (their names' totals and active counts):
+    // experts at the latent width, two h↔ℓ projections per MoE layer.
+    for (file, latent, total, active) in [
+        (
+            "NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json",
+            1024,
+            120.0,
+            12.0,
+        ),
+        (
+            "NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16.json",
+            2048,
+            550.0,
+            55.0,
+        ),
+    ] {
+        let m = import(file);
+        let moe = m.moe.unwrap();
+        assert_eq!(moe.latent_size, Some(latent), "{file}");
+        assert_eq!(moe.expert_width(m.hidden), latent);
+        assert_size(file, billions(m.total_params()), total, 0.08);
+        assert_size(file, active_with_embedding(&m), active, 0.12);
+    }
+}
 
 #[test]
 fn llama_3_1_405b() {

@@ -56,6 +56,7 @@ fn moe_400b() -> Model {
             shared_experts: 0,
             shared_expert_ffn_hidden: None,
             first_dense_layers: 0,
+            latent_size: None,
         }),
         mla: None,
         layer_pattern: None,
