@@ -122,11 +122,15 @@ def _stacks(args: argparse.Namespace, out: TextIO) -> int:
         "yes" if s["overlap_grad_reduce"] else "no", f"{s['dp_overlap']:g}", f"{s['tp_overlap']:g}",
         names(s["precisions"]), names(["dp", *s["parallelism"]]), names(s["schedules"]),
         s["pipeline_split"], f"{names(s['zero'])} / {names(s['zero_with_pp']) or '-'}",
-        names(s["recompute"]),
+        names(s["recompute"]), s["expert_folding"],
+        # The default dispatcher first, marked.
+        names(f"{d}*" if d == s["default_dispatcher"] else d for d in s["dispatchers"]),
+        "yes" if True in s["ep_overlap"] else "no",
     ] for s in stacks]
     header = [
         "stack", "bucket", "grads overlapped", "dp ω", "tp ω", "precisions", "axes", "schedules",
-        "layer split", "zero (pp=1 / pp>1)", "recompute",
+        "layer split", "zero (pp=1 / pp>1)", "recompute", "expert folding",
+        "dispatchers (*default)", "ep overlap",
     ]
     out.write(table(header, rows) + "\n")
     out.write("every value and its source: rust/meshplan-core/data/stacks.toml\n")
