@@ -125,12 +125,12 @@ def _stacks(args: argparse.Namespace, out: TextIO) -> int:
         names(s["recompute"]), s["expert_folding"],
         # The default dispatcher first, marked.
         names(f"{d}*" if d == s["default_dispatcher"] else d for d in s["dispatchers"]),
-        "yes" if True in s["ep_overlap"] else "no",
+        "yes" if True in s["ep_overlap"] else "no", s["cp_exchange"],
     ] for s in stacks]
     header = [
         "stack", "bucket", "grads overlapped", "dp ω", "tp ω", "precisions", "axes", "schedules",
         "layer split", "zero (pp=1 / pp>1)", "recompute", "expert folding",
-        "dispatchers (*default)", "ep overlap",
+        "dispatchers (*default)", "ep overlap", "cp exchange",
     ]
     out.write(table(header, rows) + "\n")
     out.write("every value and its source: rust/meshplan-core/data/stacks.toml\n")

@@ -48,6 +48,28 @@ pub enum PipelineSplit {
 }
 
 /// A parallel axis beside data parallelism.
+/// How a stack's context parallelism exchanges the K/V blocks of attention (docs/costmodel.md
+/// §3.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CpExchange {
+    /// Ring attention: `c − 1` point-to-point steps, each behind one block of attention
+    /// (Megatron-Core's `cp_comm_type = "p2p"`).
+    Ring,
+    /// The K/V shards all-gathered once, behind the first (local) block of attention only
+    /// (PyTorch `context_parallel` with `rotate_method = "allgather"`).
+    Allgather,
+}
+
+impl CpExchange {
+    pub fn name(self) -> &'static str {
+        match self {
+            CpExchange::Ring => "ring",
+            CpExchange::Allgather => "allgather",
+        }
+    }
+}
+
 /// Which folded MoE plans ([`Plan::etp`]) a stack can build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -157,6 +179,8 @@ pub struct Stack {
     /// EP communication overlap settings the stack offers, and its default.
     pub ep_overlap: Vec<bool>,
     pub default_ep_overlap: bool,
+    /// How context parallelism exchanges K/V.
+    pub cp_exchange: CpExchange,
     /// Rank orders the stack can build.
     pub orders: Vec<RankOrder>,
     /// Pipeline schedules the stack has.

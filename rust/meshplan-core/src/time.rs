@@ -19,7 +19,7 @@ use crate::memory::StageParams;
 use crate::model::Model;
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::TimeBreakdown;
-use crate::stack::Stack;
+use crate::stack::{CpExchange, Stack};
 use crate::stages::{add_repeated, Stage};
 use crate::traffic::WIRE_BYTES;
 use crate::Problem;
@@ -344,14 +344,34 @@ impl<'a> TimeContext<'a> {
                 * self.tp_point_on(ops.comm.etp_bytes, self.groups.etp);
         }
 
-        // Context parallel ring (§3.8): c−1 K/V blocks, each hidden behind one attention block.
+        // Context parallel K/V exchange (§3.8), as the stack runs it.
         let (cp_fwd, cp_bwd) = if plan.cp > 1 && ops.comm.cp_kv_bytes_per_token > 0.0 {
             let c = plan.cp as f64;
             let kv_bytes = self.tokens * ops.comm.cp_kv_bytes_per_token;
-            let xfer = self.fabric.p2p_s(kv_bytes, self.groups.cp.within_domain());
-            let fwd = (c - 1.0) * (xfer - attn_fwd / c).max(0.0);
-            let bwd = (c - 1.0) * (2.0 * xfer - attn_bwd / c).max(0.0);
-            (fwd, bwd)
+            match self.stack.cp_exchange {
+                // Ring: c−1 K/V blocks, each hidden behind one attention block.
+                CpExchange::Ring => {
+                    let xfer = self.fabric.p2p_s(kv_bytes, self.groups.cp.within_domain());
+                    let fwd = (c - 1.0) * (xfer - attn_fwd / c).max(0.0);
+                    let bwd = (c - 1.0) * (2.0 * xfer - attn_bwd / c).max(0.0);
+                    (fwd, bwd)
+                }
+                // All-gather: every rank's K/V gathered at once, behind the first (local)
+                // block of attention only; the backward gathers them again and
+                // reduce-scatters their gradients behind its first block.
+                CpExchange::Allgather => {
+                    let gathered = kv_bytes * c;
+                    let g = self.groups.cp;
+                    let ag = self.fabric.collective_s(Collective::AllGather, gathered, g);
+                    let rs = self
+                        .fabric
+                        .collective_s(Collective::ReduceScatter, gathered, g);
+                    (
+                        (ag - attn_fwd / c).max(0.0),
+                        (ag + rs - attn_bwd / c).max(0.0),
+                    )
+                }
+            }
         } else if plan.cp > 1 && ops.comm.cp_all_to_all_bytes_per_token > 0.0 {
             // Mamba-2 under CP: all-to-alls around the convolution and scan, not overlapped
             // (Megatron-Core's MambaContextParallel), the same again in the backward.

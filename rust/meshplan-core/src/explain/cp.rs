@@ -50,6 +50,9 @@ impl Ctx<'_> {
                 ));
             }
         }
+        if self.stack.cp_exchange == crate::stack::CpExchange::Allgather && layers > 0 {
+            return self.cp_allgather(a, kv, layers);
+        }
         let steps = (c - 1) as u64;
         for pass in self.passes() {
             // Backward sends the K/V blocks again and their gradients.
@@ -81,6 +84,41 @@ impl Ctx<'_> {
                     .into(),
             );
         }
+        a.notes.extend(self.stage_note());
+        let exposed = self.evaluation.time_s.cp;
+        self.finish(a, exposed, exposed)
+    }
+
+    /// The all-gather exchange (PyTorch's `context_parallel`, rotate method `allgather`): per
+    /// attention layer the `c` ranks' K/V blocks of `kv` bytes gathered once in the forward,
+    /// again in the backward with their gradients reduce-scattered (§3.8).
+    fn cp_allgather(&self, mut a: AxisExplanation, kv: f64, layers: u64) -> AxisExplanation {
+        let (g, c) = (self.groups.cp, self.plan.cp);
+        let gathered = kv * c as f64;
+        for pass in self.passes() {
+            a.collectives.push(self.collective(
+                Collective::AllGather,
+                format!("per layer per micro-batch, {pass} (every rank's K/V blocks)"),
+                self.m * layers,
+                gathered,
+                g,
+            ));
+            if pass == "backward" {
+                a.collectives.push(self.collective(
+                    Collective::ReduceScatter,
+                    "per layer per micro-batch, backward (the K/V gradients)".into(),
+                    self.m * layers,
+                    gathered,
+                    g,
+                ));
+            }
+        }
+        a.notes.push(format!(
+            "{} exchanges K/V by all-gather: each rank gathers the other {} blocks ({} B each) at once, hidden only behind its first (local) block of attention, and the backward gathers them again and reduce-scatters their gradients",
+            self.stack.name,
+            c - 1,
+            commas(kv)
+        ));
         a.notes.extend(self.stage_note());
         let exposed = self.evaluation.time_s.cp;
         self.finish(a, exposed, exposed)

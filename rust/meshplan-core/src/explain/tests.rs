@@ -618,3 +618,30 @@ fn ep_overlap_hides_the_exchange_behind_the_other_directions_compute() {
         .iter()
         .any(|r| r.rule == "stack_recompute"));
 }
+
+#[test]
+fn torchtitan_gathers_kv_at_once_instead_of_the_ring() {
+    let model = presets::model("llama3-8b").unwrap();
+    let ring = problem(model.clone(), "h100-sxm", 16, 16, 16384);
+    let mut workload = Workload::new(16, 16384);
+    workload.stack = "torchtitan".into();
+    let gathered = Problem::new(model, cluster("h100-sxm", 16), workload).unwrap();
+    let plan = plan("dp=1,tp=1,pp=1,cp=16,zero=2");
+    let (r, g) = (
+        explain(&ring, &plan).unwrap(),
+        explain(&gathered, &plan).unwrap(),
+    );
+    let cp = axis(&g, "cp");
+    let ops: Vec<&str> = cp.collectives.iter().map(|c| c.op.as_str()).collect();
+    assert_eq!(ops, vec!["all-gather", "all-gather", "reduce-scatter"]);
+    assert!(cp.notes.iter().any(|n| n.contains("all-gather")));
+    assert!(axis(&r, "cp")
+        .collectives
+        .iter()
+        .all(|c| c.op == "send-recv"));
+    // Only the first block of attention hides the gather: what is exposed is the collectives
+    // less at most one attention block per pass, never more than they cost.
+    let raw: f64 = cp.collectives.iter().map(|c| c.seconds_per_step).sum();
+    assert!(g.evaluation.time_s.cp > 0.0 && g.evaluation.time_s.cp <= raw * (1.0 + 1e-12));
+    assert!(g.evaluation.time_s.cp != r.evaluation.time_s.cp);
+}
