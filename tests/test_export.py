@@ -290,3 +290,16 @@ def test_cli_export_warns_about_plans_that_do_not_fit(capsys: pytest.CaptureFixt
     captured = capsys.readouterr()
     assert "warning: the plan does not fit" in captured.err
     assert "--tensor-model-parallel-size 1" in captured.out
+
+
+def test_torchtitan_export_names_the_cp_exchange_the_estimate_assumed() -> None:
+    workload = mp.Workload(16, 32768, stack="torchtitan")
+    from meshplan.export import export, stack_profile
+
+    text = export("dp=2,tp=1,pp=1,cp=4,zero=2", "torchtitan-toml", model="llama3-8b",
+                  workload=workload)
+    profile = stack_profile("torchtitan")
+    assert f'context_parallel_rotate_method = "{profile["cp_exchange"]}"' in text
+    no_cp = export("dp=8,tp=1,pp=1,zero=2", "torchtitan-toml", model="llama3-8b",
+                   workload=workload)
+    assert "context_parallel_rotate_method" not in no_cp

@@ -483,6 +483,9 @@ def torchtitan_fields(
         if workload is not None:
             fields["num_pp_microbatches"] = micro_batches(plan, workload)
     fields["context_parallel_degree"] = plan.cp
+    if plan.cp > 1:
+        # The K/V exchange the estimate assumed (the profile's cp_exchange, torchtitan's default).
+        fields["context_parallel_rotate_method"] = stack_profile("torchtitan")["cp_exchange"]
     fields["expert_parallel_degree"] = plan.ep
     if plan.ep > 1 and (plan.tp > 1 or plan.folded):
         # Experts split tp ways, or a folded plan's etp (1: EP borrows the TP ranks too).
