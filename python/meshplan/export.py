@@ -203,6 +203,20 @@ def _plan(plan: Union[Plan, str, Mapping[str, Any]]) -> Plan:
     return p
 
 
+def _exchange_offered(plan: Plan, stack: str) -> bool:
+    """Whether ``stack`` offers the plan's MoE token exchange (dispatcher, EP overlap): its
+    ``dispatchers`` and ``ep_overlap`` in data/stacks.toml; no dispatcher is the stack's own."""
+    profile = stack_profile(stack)
+    dispatcher = plan.dispatcher or profile["default_dispatcher"]
+    return dispatcher in profile["dispatchers"] and plan.ep_overlap in profile["ep_overlap"]
+
+
+def _read_dispatcher(stack: str, ep: int) -> Optional[str]:
+    """The dispatcher an export of ``stack`` read back runs: the stack's default with ``ep > 1``
+    (its files have no field for it), none without."""
+    return str(stack_profile(stack)["default_dispatcher"]) if ep > 1 else None
+
+
 def schedule_of(plan: Plan) -> str:
     """The schedule in effect: the plan's, else interleaved when ``vpp > 1``, else 1F1B."""
     return plan.schedule or ("interleaved-1f1b" if plan.vpp > 1 else "1f1b")
@@ -401,7 +415,7 @@ def torchtitan_fields(
         )
     schedule = schedule_of(plan)
     data_parallel = plan.dense_dp
-    if plan.dispatcher not in (None, "alltoall") or plan.ep_overlap:
+    if not _exchange_offered(plan, "torchtitan"):
         raise InvalidInputError(
             "cannot export to torchtitan: its expert parallelism exchanges tokens with "
             f"all-to-all only (dispatcher {plan.dispatcher}, ep_overlap {plan.ep_overlap})"
@@ -651,9 +665,9 @@ def maxtext_overrides(plan: Plan, workload: Workload) -> list[tuple[str, Any]]:
         why.append(f"rank order {plan.order}")
     if plan.folded:
         why.append(f"etp = {plan.etp} (its expert axis is carved out of the data axes, no folding)")
-    if plan.dispatcher not in (None, "alltoall"):
+    if plan.dispatcher not in (None, *stack_profile("maxtext")["dispatchers"]):
         why.append(f"the {plan.dispatcher} dispatcher (its experts exchange tokens by all-to-all)")
-    if plan.ep_overlap:
+    if plan.ep_overlap not in stack_profile("maxtext")["ep_overlap"]:
         why.append("EP communication overlap")
     if workload.precision not in ("bf16", "fp8"):
         why.append(f"precision {workload.precision}")
@@ -830,8 +844,8 @@ def _parse_torchtitan_toml(text: str, world: int, model: Optional[Model],
         recompute=recompute, sequence_parallel=tp > 1,
         schedule="interleaved-1f1b" if vpp > 1 else "1f1b", order=DEFAULT_ORDER,
         etp=etp if etp is not None and _folded(text) else None,
-        # torchtitan's expert parallelism exchanges tokens by all-to-all.
-        dispatcher="alltoall" if par["expert_parallel_degree"] > 1 else None,
+        # No field for the exchange: the stack's default.
+        dispatcher=_read_dispatcher("torchtitan", par["expert_parallel_degree"]),
     )
 
 
@@ -858,8 +872,8 @@ def _parse_maxtext(text: str, world: int, workload: Optional[Workload]) -> Plan:
         zero=3 if kv["ici_fsdp_parallelism"] == "-1" else 0,
         recompute={v: k for k, v in MAXTEXT_REMAT.items()}[kv["remat_policy"]],
         sequence_parallel=False, schedule="1f1b", order=DEFAULT_ORDER,
-        # MaxText's experts exchange tokens by all-to-all.
-        dispatcher="alltoall" if ep > 1 else None,
+        # No field for the exchange: the stack's default.
+        dispatcher=_read_dispatcher("maxtext", ep),
     )
 
 

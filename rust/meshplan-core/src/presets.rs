@@ -85,16 +85,21 @@ fn provenances() -> &'static Table<Provenance> {
 }
 
 /// The GPU presets and their provenance, by preset name.
+/// The error of a bad data file `what`, saying why.
+fn data_file_error(what: &str, reason: String) -> Error {
+    Error::DataFile {
+        what: what.to_string(),
+        reason,
+    }
+}
+
 type GpuTables = (BTreeMap<String, Gpu>, BTreeMap<String, Provenance>);
 
 /// `data/gpus.toml`: each preset's `provenance` table is taken out before the rest is read as a
 /// [`Gpu`], then checked against it and completed ([`crate::provenance::complete`]).
 fn parse_gpus() -> std::result::Result<GpuTables, Error> {
     let what = "data/gpus.toml";
-    let data_error = |reason: String| Error::DataFile {
-        what: what.to_string(),
-        reason,
-    };
+    let data_error = |reason: String| data_file_error(what, reason);
     let mut root: toml::Table = toml::from_str(GPUS_TOML).map_err(|e| data_error(e.to_string()))?;
     let mut raw = BTreeMap::new();
     for (key, value) in root.iter_mut() {
@@ -132,10 +137,7 @@ pub(crate) fn parse_table<T: DeserializeOwned>(
     what: &str,
     validate: impl Fn(&T) -> Result<()>,
 ) -> Table<T> {
-    let data_error = |reason: String| Error::DataFile {
-        what: what.to_string(),
-        reason,
-    };
+    let data_error = |reason: String| data_file_error(what, reason);
     let root: toml::Table = toml::from_str(text).map_err(|e| data_error(e.to_string()))?;
     parse_root(root, what, validate)
 }
@@ -146,10 +148,7 @@ fn parse_root<T: DeserializeOwned>(
     what: &str,
     validate: impl Fn(&T) -> Result<()>,
 ) -> Table<T> {
-    let data_error = |reason: String| Error::DataFile {
-        what: what.to_string(),
-        reason,
-    };
+    let data_error = |reason: String| data_file_error(what, reason);
     let mut out = BTreeMap::new();
     for (key, value) in root {
         if normalize(&key) != key {

@@ -154,6 +154,22 @@ struct Degrees {
     ep_overlap: bool,
 }
 
+impl Degrees {
+    /// The tuple with its MoE token exchange still to choose ([`with_ep_comm`]).
+    fn new([dp, tp, pp, ep, cp]: [u32; 5], etp: Option<u32>) -> Self {
+        Degrees {
+            dp,
+            tp,
+            pp,
+            ep,
+            cp,
+            etp,
+            dispatcher: None,
+            ep_overlap: false,
+        }
+    }
+}
+
 fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
     let Degrees { tp, pp, .. } = degrees;
     let mb_upper = space
@@ -238,16 +254,7 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
                     }
                     let dp = rest / ep;
                     if space.dp.allows(dp) && (!is_moe || space.etp.allows(tp)) {
-                        out.push(Degrees {
-                            dp,
-                            tp,
-                            pp,
-                            ep,
-                            cp,
-                            etp: None,
-                            dispatcher: None,
-                            ep_overlap: false,
-                        });
+                        out.push(Degrees::new([dp, tp, pp, ep, cp], None));
                     }
                 }
                 if let (Some(moe), true) = (&problem.model.moe, space.fold) {
@@ -327,16 +334,7 @@ fn folded_tuples(
             {
                 continue;
             }
-            out.push(Degrees {
-                dp,
-                tp,
-                pp,
-                ep,
-                cp,
-                etp: Some(etp),
-                dispatcher: None,
-                ep_overlap: false,
-            });
+            out.push(Degrees::new([dp, tp, pp, ep, cp], Some(etp)));
         }
     }
 }

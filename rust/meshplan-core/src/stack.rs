@@ -289,6 +289,27 @@ impl Stack {
                 ));
             }
         }
+        // A default the stack does not offer would refuse every plan that takes it.
+        if !self.dispatchers.contains(&self.default_dispatcher) {
+            return Err(Error::invalid(
+                format!("stack.{}.default_dispatcher", self.name),
+                self.default_dispatcher.name(),
+                format!(
+                    "one of the stack's dispatchers ({})",
+                    list(self.dispatchers.iter().map(|d| d.name()))
+                ),
+            ));
+        }
+        if !self.ep_overlap.contains(&self.default_ep_overlap) {
+            return Err(Error::invalid(
+                format!("stack.{}.default_ep_overlap", self.name),
+                self.default_ep_overlap,
+                format!(
+                    "one of the stack's ep_overlap settings ({})",
+                    list(self.ep_overlap.iter())
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -599,6 +620,21 @@ mod tests {
         cal.dp_overlap = Some(0.0);
         assert_eq!(cal.tp_overlap_under(stack), 0.25);
         assert_eq!(cal.dp_overlap_under(stack), 0.0);
+    }
+
+    #[test]
+    fn a_default_exchange_the_stack_does_not_offer_is_rejected() {
+        let mut s = Stack::default_stack().clone();
+        s.dispatchers = vec![Dispatcher::AllToAll];
+        let e = s.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("default_dispatcher") && e.contains("alltoall"),
+            "{e}"
+        );
+        let mut s = Stack::default_stack().clone();
+        s.ep_overlap = vec![true];
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("default_ep_overlap"), "{e}");
     }
 
     #[test]

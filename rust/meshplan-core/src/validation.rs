@@ -178,12 +178,13 @@ pub struct CasePlan {
 }
 
 impl CasePlan {
-    /// The dense layers' data parallelism: `dp·ep`, or `dp` of a folded run.
+    /// The dense layers' data parallelism: `dp·ep`, or `dp` of a folded run (saturating: a
+    /// case file's degrees are unchecked until its plan is validated).
     fn dense_dp(&self) -> u32 {
         if self.etp.is_some() {
             self.dp
         } else {
-            self.dp * self.ep.unwrap_or(1)
+            self.dp.saturating_mul(self.ep.unwrap_or(1))
         }
     }
 }
@@ -596,10 +597,10 @@ fn problem_of(
         Precision::Bf16
     });
     let p = &case.plan;
-    let per_step = p.dense_dp() * p.micro_batch.unwrap_or(1);
+    let per_step = p.dense_dp().saturating_mul(p.micro_batch.unwrap_or(1));
     let global_batch = case.training.global_batch.unwrap_or_else(|| {
         defaults.push("training.global_batch".into());
-        per_step * 4 * p.pp
+        per_step.saturating_mul(4).saturating_mul(p.pp)
     });
     let mut workload = Workload::new(global_batch, case.training.seq_len);
     workload.precision = precision;
