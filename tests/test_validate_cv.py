@@ -11,7 +11,7 @@ from conftest import REPO_CASES
 
 import meshplan as mp
 from meshplan.cli import main
-from meshplan.validation import fit_gemm_efficiency, source_family, summarize
+from meshplan.validation import balanced_median, fit_gemm_efficiency, source_family, summarize
 
 CASES: list[dict[str, Any]] = json.loads(REPO_CASES.read_text())
 
@@ -40,6 +40,26 @@ def test_fit_recovers_a_perturbed_efficiency_and_zeroes_the_median_error() -> No
     rows = [r for r in mp.validate(dgxc, calibration=cal).cases if r["status"] == "ok" and r["arch"] == "dense"]
     signed = sorted(r["signed_error"] for r in rows)
     assert abs(signed[len(signed) // 2]) < 0.02
+
+
+def test_the_fit_gives_each_source_one_vote() -> None:
+    """A source with many runs does not outvote the others: the median is over per-source medians."""
+    many = [("big", 0.30)] * 100
+    assert balanced_median(many + [("a", -0.02), ("b", 0.0)]) == pytest.approx(0.0)
+    assert balanced_median([("a", -0.1), ("a", 0.1), ("a", 0.5), ("b", 0.2)]) == pytest.approx(0.15)
+    # Run-weighted, the same errors would have a median of 0.30.
+    errors = sorted(e for _, e in many + [("a", -0.02), ("b", 0.0)])
+    assert errors[len(errors) // 2] == pytest.approx(0.30)
+
+
+def test_the_shipped_a100_efficiency_zeroes_the_median_source() -> None:
+    """a100-sxm-80g fp16 is fitted on three sources (SC21, Korthikanti 2022, vTrain): at the shipped
+    value the median of their median signed errors is about zero, although vTrain has 109 of the
+    137 runs."""
+    rows = [r for r in mp.validate(REPO_CASES).cases if r["status"] == "ok" and r["arch"] == "dense"]
+    a100 = [(source_family(r), r["signed_error"]) for r in rows if r["gpu"] == "a100-sxm-80g"]
+    assert {s for s, _ in a100} == {"narayanan21", "korthikanti22", "vtrain"}
+    assert abs(balanced_median(a100)) < 0.02
 
 
 def test_leave_one_gpu_out_never_uses_the_held_out_gpus_own_fit() -> None:

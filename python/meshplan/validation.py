@@ -180,12 +180,22 @@ def _with_gemm(base: Mapping[str, Any], values: Mapping[tuple[str, str], float])
     return out
 
 
-def _dense_errors(report: ValidationReport) -> dict[tuple[str, str], list[float]]:
-    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
+def _dense_errors(report: ValidationReport) -> dict[tuple[str, str], list[tuple[str, float]]]:
+    """The (source, signed error) of each evaluated dense run, by (GPU, precision)."""
+    groups: dict[tuple[str, str], list[tuple[str, float]]] = defaultdict(list)
     for row in report.cases:
         if row["status"] == "ok" and row.get("signed_error") is not None and row["arch"] == "dense":
-            groups[(row["gpu"], row["precision"])].append(row["signed_error"])
+            groups[(row["gpu"], row["precision"])].append((source_family(row), row["signed_error"]))
     return groups
+
+
+def balanced_median(errors: Sequence[tuple[str, float]]) -> float:
+    """The median over sources of each source's median error: every source of a group has one
+    vote, whatever its number of runs (``errors`` are (source, error) pairs)."""
+    by_source: dict[str, list[float]] = defaultdict(list)
+    for source, error in errors:
+        by_source[source].append(error)
+    return statistics.median(statistics.median(v) for v in by_source.values())
 
 
 def fit_gemm_efficiency(
@@ -198,10 +208,14 @@ def fit_gemm_efficiency(
     """GEMM efficiency per (GPU, precision) fitted to the *dense* runs of ``cases``.
 
     Each group with at least ``min_runs`` evaluated dense runs is bisected on [0.15, 1] so that
-    the median signed throughput error of its dense runs is zero (dense only, so that errors of
+    its dense runs' signed throughput error is zero at the median (dense only, so that errors of
     the MoE terms do not leak into the GEMM efficiency); all groups move together, one
     ``validate`` per step. Every other constant is the data file's, overridden by
     ``calibration``. Groups with fewer runs are absent from the result.
+
+    The median is taken over sources, not runs (:func:`balanced_median`): the runs of one source
+    share its cluster, software and measuring, so their errors are not independent, and a source
+    with a hundred rows of one cluster would otherwise outvote every other source of that GPU.
     """
     case_list = _case_list(cases)
     base = calibration_mapping(calibration)
@@ -213,7 +227,7 @@ def fit_gemm_efficiency(
     for _ in range(steps):
         errors = _dense_errors(validate(case_list, calibration=_with_gemm(base, mid)))
         for k in keys:
-            if statistics.median(errors[k]) > 0:
+            if balanced_median(errors[k]) > 0:
                 hi[k] = mid[k]  # predicted too fast: lower the efficiency
             else:
                 lo[k] = mid[k]

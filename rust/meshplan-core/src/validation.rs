@@ -409,6 +409,16 @@ struct SourceEntry {
     /// Routing imbalance λ of the runs (the workload's `moe_imbalance`): 1 where the source
     /// force-balances routing.
     moe_imbalance: Option<f64>,
+    /// Scale-out bandwidth per GPU of the source's cluster, GB/s per direction, where it differs
+    /// from the GPU preset's (the cluster stated by the source, not a fit).
+    network_bandwidth_gbps: Option<f64>,
+    /// Gradients are reduced after the backward (no bucketed overlap): nothing hides the
+    /// data-parallel reduction (the GPU's `dp_overlap` is 0 for these runs, as in the deepspeed
+    /// profile of `data/stacks.toml`).
+    grads_reduced_after_backward: Option<bool>,
+    /// Tensor-parallel communication overlap (Transformer Engine userbuffers); `false` leaves
+    /// every TP/SP collective exposed (the GPU's `tp_overlap` is 0 for these runs).
+    tp_comm_overlap: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -430,6 +440,9 @@ struct SourceFacts {
     zero2_reduces_once: bool,
     counting: AttentionCounting,
     moe_imbalance: f64,
+    network_bandwidth_gbps: Option<f64>,
+    grads_reduced_after_backward: bool,
+    tp_comm_overlap: bool,
 }
 
 impl SourceFacts {
@@ -446,6 +459,9 @@ impl SourceFacts {
         zero2_reduces_once: false,
         counting: AttentionCounting::Full,
         moe_imbalance: crate::workload::DEFAULT_MOE_IMBALANCE,
+        network_bandwidth_gbps: None,
+        grads_reduced_after_backward: false,
+        tp_comm_overlap: true,
     };
 
     /// The facts of the runs of `source`, whatever their ids.
@@ -480,6 +496,11 @@ impl SourceFacts {
             f.fsdp_under_pp_is_zero1 = e.fsdp_under_pp_is_zero1.unwrap_or(f.fsdp_under_pp_is_zero1);
             f.zero2_reduces_once = e.zero2_reduces_once.unwrap_or(f.zero2_reduces_once);
             f.moe_imbalance = e.moe_imbalance.unwrap_or(f.moe_imbalance);
+            f.network_bandwidth_gbps = e.network_bandwidth_gbps.or(f.network_bandwidth_gbps);
+            f.grads_reduced_after_backward = e
+                .grads_reduced_after_backward
+                .unwrap_or(f.grads_reduced_after_backward);
+            f.tp_comm_overlap = e.tp_comm_overlap.unwrap_or(f.tp_comm_overlap);
             if let Some(causal) = e.causal_flops {
                 f.counting = if causal {
                     AttentionCounting::Causal
@@ -586,6 +607,16 @@ fn problem_of(
     if let Some(o) = overrides {
         apply_overrides(o, &mut gpu)?;
     }
+    let facts = SourceFacts::of_case(case);
+    if let Some(net) = facts.network_bandwidth_gbps {
+        gpu.network_bandwidth_gbps = net;
+    }
+    if facts.grads_reduced_after_backward {
+        gpu.calibration.dp_overlap = Some(0.0);
+    }
+    if !facts.tp_comm_overlap {
+        gpu.calibration.tp_overlap = Some(0.0);
+    }
     let cluster = Cluster {
         gpu,
         num_gpus: case.cluster.num_gpus,
@@ -605,7 +636,6 @@ fn problem_of(
     let mut workload = Workload::new(global_batch, case.training.seq_len);
     workload.precision = precision;
     workload.lora = case.task.as_deref() == Some("lora");
-    let facts = SourceFacts::of_case(case);
     workload.grad_bytes = facts.grad_bytes;
     workload.flash_attention = facts.flash_attention;
     workload.fused_cross_entropy = facts.fused_cross_entropy;
@@ -1051,6 +1081,39 @@ mod tests {
         );
         let maxtext = "NVIDIA DGX Cloud Benchmarking recipe, MaxText (JAX) Llama3 70B (BF16)";
         assert_eq!(SourceFacts::of(maxtext).stack, "maxtext");
+        // vTrain's cluster and Megatron-DeepSpeed model code; SimuMax's launchers.
+        let vtrain = SourceFacts::of("VIA-Research/vTrain released validation measurements");
+        assert_eq!(vtrain.network_bandwidth_gbps, Some(12.5));
+        assert!(vtrain.grads_reduced_after_backward && !vtrain.flash_attention);
+        assert!(vtrain.tp_comm_overlap);
+        let simumax = SourceFacts::of("MooreThreads/SimuMax v1.2 B200 formal results");
+        assert!(simumax.grads_reduced_after_backward && !simumax.tp_comm_overlap);
+        assert_eq!(simumax.network_bandwidth_gbps, None);
+    }
+
+    #[test]
+    fn source_cluster_and_overlap_facts_reach_the_problem() {
+        let case: Case = serde_json::from_value(serde_json::json!({
+            "id": "vtrain-x", "source": "VIA-Research/vTrain", "task": "pretrain",
+            "model": {"name": "m", "layers": 2, "hidden": 1024, "heads": 8, "ffn_hidden": 4096,
+                      "vocab": 32000, "activation": "gelu"},
+            "cluster": {"gpu": "a100-sxm-80g", "num_gpus": 16},
+            "training": {"global_batch": 32, "seq_len": 1024, "precision": "fp16"},
+            "plan": {"dp": 16, "tp": 1, "pp": 1, "ep": 1, "cp": 1},
+            "measured": {"step_time_s": 1.0}
+        }))
+        .unwrap();
+        let mut defaults = Vec::new();
+        let p = problem_of(&case, None, &mut defaults).unwrap();
+        assert_eq!(p.cluster.gpu.network_bandwidth_gbps, 12.5);
+        assert_eq!(p.cluster.gpu.calibration.dp_overlap, Some(0.0));
+        assert_eq!(p.cluster.gpu.calibration.tp_overlap, None);
+        assert!(!p.workload.flash_attention);
+        let mut other = case.clone();
+        other.source = "someone else".into();
+        let q = problem_of(&other, None, &mut defaults).unwrap();
+        assert_eq!(q.cluster.gpu.network_bandwidth_gbps, 25.0);
+        assert_eq!(q.cluster.gpu.calibration.dp_overlap, None);
     }
 
     #[test]
