@@ -317,3 +317,24 @@ def test_each_case_is_timed_and_summarised_under_its_stack() -> None:
     megatron = report.case("hand-a")
     # DeepSpeed ZeRO-3 hides none of its gathers (dp_overlap 0 in its profile): slower.
     assert deepspeed["predicted_tokens_per_s_per_gpu"] < megatron["predicted_tokens_per_s_per_gpu"]
+
+
+def test_a_case_states_its_dispatcher_and_ep_overlap() -> None:
+    """``plan.dispatcher`` / ``plan.ep_overlap`` of a case reach the evaluated plan; unset, the
+    stack's defaults (megatron-core: flex, no overlap) are used; EP overlap hides exchange time."""
+    case = copy.deepcopy(BASE_CASE)
+    case["id"] = "hand-mixtral-16xh100"
+    case["model"].update(
+        name="Mixtral-8x7B", arch="moe", layers=32, hidden=4096, heads=32, kv_heads=8, ffn_hidden=14336,
+        moe={"num_experts": 8, "top_k": 2, "expert_ffn_hidden": 14336},
+    )
+    case["cluster"] = {"gpu": "h100-sxm", "num_gpus": 16, "gpus_per_node": 8, "nvlink_domain": 8}
+    case["plan"].update(dp=1, tp=1, pp=2, ep=8, vpp=4, micro_batch=1, zero=1, recompute="selective")
+    plain = mp.validate([case]).cases[0]
+    stated = copy.deepcopy(case)
+    stated["plan"].update(dispatcher="alltoall", ep_overlap=True)
+    row = mp.validate([stated]).cases[0]
+    assert row["status"] == "ok" and plain["status"] == "ok"
+    assert "dispatcher=alltoall,ep_overlap=true" in row["plan"]
+    assert "dispatcher" not in plain["plan"] and "ep_overlap" not in plain["plan"]
+    assert row["predicted_tokens_per_s_per_gpu"] > plain["predicted_tokens_per_s_per_gpu"]

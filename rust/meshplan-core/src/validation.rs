@@ -40,7 +40,12 @@
 //! other source under `megatron-core`; rows name it and the summary groups by it (`by_stack`).
 //!
 //! These framework facts of the sources are data, `data/sources.toml` (matched by the start of
-//! the `source` string, a substring, or the start of the case id), not code.
+//! the `source` string, a substring, or the start of the case id), not code. They include what a
+//! source states about its cluster and overlap: vTrain's 800 Gb/s per 8-GPU node, gradients
+//! reduced after the backward (vTrain, SimuMax) and TP communication overlap off (SimuMax).
+//!
+//! Keeping TP inside the NVLink domain is the search's policy, not a hardware limit: a published
+//! plan whose TP spans domains is checked and searched with that policy lifted.
 //!
 //! Norm and embeddings follow the family: GeLU models are GPT-style (LayerNorm, tied
 //! embeddings), SwiGLU models Llama-style (RMSNorm, untied).
@@ -60,7 +65,7 @@ use crate::evaluate::evaluate_in;
 use crate::flops::{recompute_flops_per_token, train_flops_per_token, AttentionCounting};
 use crate::hardware::{Cluster, Precision};
 use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
-use crate::plan::{Plan, Recompute, Schedule};
+use crate::plan::{Dispatcher, Plan, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::search::{search_counting_faster, Control};
 use crate::space::{Degree, SearchSpace, DEFAULT_MAX_MICRO_BATCH, DEFAULT_MAX_VPP};
@@ -175,6 +180,14 @@ pub struct CasePlan {
     /// parallelism, GPUs/(tp·pp·cp) ([`Plan::etp`]).
     #[serde(default)]
     pub etp: Option<u32>,
+    /// The MoE token dispatcher the run used, where its recipe states it (`None`: the stack's
+    /// default, [`Plan::dispatcher`]).
+    #[serde(default)]
+    pub dispatcher: Option<Dispatcher>,
+    /// EP communication overlap (Megatron `--overlap-moe-expert-parallel-comm`), where the
+    /// recipe states it (`None`: the stack's default, [`Plan::ep_overlap`]).
+    #[serde(default)]
+    pub ep_overlap: Option<bool>,
 }
 
 impl CasePlan {
@@ -706,8 +719,8 @@ fn published_plan(
         schedule: None,
         order: Default::default(),
         etp: p.etp,
-        dispatcher: None,
-        ep_overlap: false,
+        dispatcher: p.dispatcher,
+        ep_overlap: p.ep_overlap.unwrap_or(false),
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),
@@ -890,6 +903,10 @@ fn fill_row(case: &Case, options: &ValidateOptions, row: &mut CaseRow) -> Result
             }
             modes
         },
+        // Keeping TP inside the NVLink domain is the search's policy, not a limit of the
+        // hardware: a published run whose TP spans domains (vTrain's TP 16 over two 8-GPU nodes)
+        // ran, so its source's policy is allowed when it is checked and searched.
+        tp_within_domain: case.plan.tp <= problem.cluster.nvlink_domain(),
         top_k: 1,
         ..SearchSpace::default()
     };
