@@ -150,6 +150,23 @@ pub struct CaseTraining {
     pub seq_len: u32,
     #[serde(default)]
     pub precision: Option<Precision>,
+    /// The adapters of a `task: "lora"` case, where the source states them; absent: the
+    /// workload's defaults (Megatron-Bridge's rank 32 on every linear, 16-bit base).
+    #[serde(default)]
+    pub lora: Option<CaseLora>,
+}
+
+/// A LoRA case's adapters (validation/README.md): `rank`, `targets` (`q`, `k`, `v`, `o`,
+/// `mlp`) and `base` (`bf16`, `fp8`, `nf4`), each optional.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseLora {
+    #[serde(default)]
+    pub rank: Option<u32>,
+    #[serde(default)]
+    pub targets: Option<Vec<crate::workload::LoraTarget>>,
+    #[serde(default)]
+    pub base: Option<crate::workload::BaseWeights>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -409,6 +426,10 @@ struct SourceEntry {
     /// Routing imbalance λ of the runs (the workload's `moe_imbalance`): 1 where the source
     /// force-balances routing.
     moe_imbalance: Option<f64>,
+    /// LoRA rank of the source's `task: "lora"` runs where a case does not state it.
+    lora_rank: Option<u32>,
+    /// LoRA targets of the source's `task: "lora"` runs where a case does not state them.
+    lora_targets: Option<Vec<crate::workload::LoraTarget>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -430,6 +451,8 @@ struct SourceFacts {
     zero2_reduces_once: bool,
     counting: AttentionCounting,
     moe_imbalance: f64,
+    lora_rank: Option<u32>,
+    lora_targets: Option<&'static [crate::workload::LoraTarget]>,
 }
 
 impl SourceFacts {
@@ -446,6 +469,8 @@ impl SourceFacts {
         zero2_reduces_once: false,
         counting: AttentionCounting::Full,
         moe_imbalance: crate::workload::DEFAULT_MOE_IMBALANCE,
+        lora_rank: None,
+        lora_targets: None,
     };
 
     /// The facts of the runs of `source`, whatever their ids.
@@ -480,6 +505,8 @@ impl SourceFacts {
             f.fsdp_under_pp_is_zero1 = e.fsdp_under_pp_is_zero1.unwrap_or(f.fsdp_under_pp_is_zero1);
             f.zero2_reduces_once = e.zero2_reduces_once.unwrap_or(f.zero2_reduces_once);
             f.moe_imbalance = e.moe_imbalance.unwrap_or(f.moe_imbalance);
+            f.lora_rank = e.lora_rank.or(f.lora_rank);
+            f.lora_targets = e.lora_targets.as_deref().or(f.lora_targets);
             if let Some(causal) = e.causal_flops {
                 f.counting = if causal {
                     AttentionCounting::Causal
@@ -606,6 +633,23 @@ fn problem_of(
     workload.precision = precision;
     workload.lora = case.task.as_deref() == Some("lora");
     let facts = SourceFacts::of_case(case);
+    if let Some(rank) = facts.lora_rank {
+        workload.lora_rank = rank;
+    }
+    if let Some(targets) = facts.lora_targets {
+        workload.lora_targets = targets.to_vec();
+    }
+    if let Some(l) = &case.training.lora {
+        if let Some(rank) = l.rank {
+            workload.lora_rank = rank;
+        }
+        if let Some(targets) = &l.targets {
+            workload.lora_targets = targets.clone();
+        }
+        if let Some(base) = l.base {
+            workload.lora_base = base;
+        }
+    }
     workload.grad_bytes = facts.grad_bytes;
     workload.flash_attention = facts.flash_attention;
     workload.fused_cross_entropy = facts.fused_cross_entropy;
