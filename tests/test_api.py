@@ -45,7 +45,8 @@ def test_workload_defaults_and_round_trip() -> None:
     assert w.to_dict() == {
         "global_batch": 512, "seq_len": 2048, "precision": "bf16", "optimizer": "adam",
         "grad_bytes": 4, "lora": False, "flash_attention": True, "fused_cross_entropy": True,
-        "stack": "megatron-core", "moe_imbalance": 1.1,
+        "stack": "megatron-core", "moe_imbalance": 1.1, "lora_rank": 32,
+        "lora_targets": ["qkv", "o", "fc1", "fc2"], "lora_base": "bf16",
     }
     assert mp.Workload.from_dict(w.to_dict()) == w
 
@@ -56,6 +57,32 @@ def test_lora_reaches_the_core(model: mp.Model, cluster: mp.Cluster) -> None:
     # Frozen base weights: no gradients or optimizer state for them.
     assert lora.memory_gib["optimizer"] < full.memory_gib["optimizer"]
     assert lora.peak_memory_gib < full.peak_memory_gib
+
+
+def test_lora_adapters_and_base_format_reach_the_core(
+    model: mp.Model, cluster: mp.Cluster
+) -> None:
+    """Adapter states grow with the rank, frozen linears without adapters store no input, an
+    NF4 base is about a quarter of a bf16 one (docs/costmodel.md §2.7)."""
+    def ev(**kw: object) -> mp.Evaluation:
+        return mp.evaluate(model, cluster, mp.Workload(64, 4096, lora=True, **kw), FSDP)  # type: ignore[arg-type]
+
+    small, big = ev(lora_rank=8), ev(lora_rank=64)
+    assert 0 < small.memory_gib["optimizer"] < big.memory_gib["optimizer"]
+    assert small.memory_gib["gradients"] < big.memory_gib["gradients"]
+    # q, v only: the FFN's frozen linears keep no inputs.
+    qv = ev(lora_rank=8, lora_targets=("q", "v"))
+    assert qv.memory_gib["activations"] < small.memory_gib["activations"]
+    # NF4 base: 4.127 bits per layer weight instead of 16 (the embedding and head stay 16-bit).
+    nf4 = ev(lora_rank=8, lora_base="nf4")
+    ratio = nf4.memory_gib["weights"] / small.memory_gib["weights"]
+    assert 0.25 < ratio < 0.45, ratio
+    # Only the adapters are reduced, but FSDP still gathers the frozen base: DP time stays.
+    assert small.time_s["dp"] > 0
+    with pytest.raises(mp.errors.InvalidInputError, match="lora_targets"):
+        ev(lora_targets=("q", "x"))
+    with pytest.raises(mp.errors.InvalidInputError, match="lora_rank"):
+        ev(lora_rank=0)
 
 
 def test_unfused_attention_stores_more_activations(

@@ -137,6 +137,10 @@ def test_workload_flags_reach_the_core(capsys: pytest.CaptureFixture[str]) -> No
     argv = ["evaluate", *PROBLEM, "--plan", "dp=8,tp=1,pp=1,zero=3", "--json"]
     base = json.loads(run(capsys, *argv)[1])
     lora = json.loads(run(capsys, *argv, "--lora")[1])
+    qlora = json.loads(run(capsys, *argv, "--lora", "--lora-rank", "8", "--lora-targets", "q,v",
+                           "--lora-base", "nf4")[1])
+    assert qlora["memory_gib"]["weights"] < lora["memory_gib"]["weights"]
+    assert qlora["memory_gib"]["optimizer"] < lora["memory_gib"]["optimizer"]
     unfused = json.loads(run(capsys, *argv, "--no-flash-attention")[1])
     eager_loss = json.loads(run(capsys, *argv, "--unfused-cross-entropy")[1])
     assert lora["memory_gib"]["optimizer"] < base["memory_gib"]["optimizer"]

@@ -231,6 +231,9 @@ def workload_message(workload: object) -> pb.Workload:
         stack=w.stack,
         bucket_params=w.bucket_params,
         moe_imbalance=w.moe_imbalance,
+        lora_rank=w.lora_rank,
+        lora_targets=list(w.lora_targets),
+        lora_base=w.lora_base,
     )
 
 
@@ -410,9 +413,12 @@ def workload_from(msg: Any) -> Workload:
     given = {
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
-                     "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance")
+                     "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance",
+                     "lora_rank", "lora_base")
         if msg.HasField(name)
     }
+    if msg.lora_targets:
+        given["lora_targets"] = tuple(msg.lora_targets)
     return Workload(msg.global_batch, msg.seq_len, lora=msg.lora, **given)
 
 

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from ._fields import check_fields, checked
+from ._fields import check_fields, check_list, checked, invalid, shown
+
+LORA_TARGETS = ("q", "k", "v", "qkv", "o", "mlp", "fc1", "fc2")
+"""Linears that can carry a LoRA adapter: separate query, key, value projections (``q``, ``k``,
+``v``: PEFT, torchtune) or the fused one (``qkv``: Megatron's ``linear_qkv``); the output
+projection (``o``); separate gate, up and down projections (``mlp``) or the fused gate/up
+(``fc1``) and the down projection (``fc2``) of every FFN, routed experts included."""
+
+MEGATRON_LORA_TARGETS = ("qkv", "o", "fc1", "fc2")
+"""Megatron-Bridge's default ``target_modules`` (``linear_qkv, linear_proj, linear_fc1,
+linear_fc2``)."""
+
+LORA_BASES = ("bf16", "fp8", "nf4")
+"""Storage formats of the frozen base weights under LoRA."""
 
 
 @dataclass
@@ -24,7 +37,9 @@ class Workload:
     """Bytes per gradient element in the reduction: 4 (fp32, Megatron's default) or 2."""
     lora: bool = False
     """LoRA fine-tuning: frozen base weights (no weight gradients, optimizer state or DP
-    gradient reduction for them)."""
+    gradient reduction for them; a frozen linear stores no input for the backward unless an
+    adapter reads it) and trained rank-``lora_rank`` adapters on ``lora_targets``
+    (docs/costmodel.md §2.7)."""
     flash_attention: bool = True
     """Fused (flash) attention; False models the unfused softmax of pre-2023 Megatron, which
     stores the ``a·s²`` attention scores."""
@@ -46,9 +61,23 @@ class Workload:
     for aux-loss balanced dropless training, 1.0 where routing is force-balanced (Megatron-Bridge
     benchmarks) or tokens are dropped at capacity factor 1. Scales the routed experts' GEMMs,
     activation memory and dispatch time."""
+    lora_rank: int = 32
+    """LoRA adapter rank (read under ``lora``); default 32, Megatron-Bridge's ``LoRA.dim``."""
+    lora_targets: tuple[str, ...] = field(default_factory=lambda: MEGATRON_LORA_TARGETS)
+    """Linears with an adapter (read under ``lora``), of :data:`LORA_TARGETS`; default every
+    linear in Megatron's fused form, ``qkv, o, fc1, fc2`` (Megatron-Bridge's default)."""
+    lora_base: str = "bf16"
+    """Storage of the frozen base weights of the layers' linears under ``lora``: ``bf16``,
+    ``fp8`` (Transformer Engine FP8-only weights) or ``nf4`` (QLoRA, 4.127 bits per weight)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
+        self.lora_targets = tuple(check_list("workload.lora_targets", self.lora_targets, "str"))
+        for target in self.lora_targets:
+            if target not in LORA_TARGETS:
+                raise invalid("workload.lora_targets", shown(target), ", ".join(LORA_TARGETS))
+        if self.lora_base not in LORA_BASES:
+            raise invalid("workload.lora_base", shown(self.lora_base), ", ".join(LORA_BASES))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +92,9 @@ class Workload:
             "stack": self.stack,
             **({} if self.bucket_params is None else {"bucket_params": self.bucket_params}),
             "moe_imbalance": self.moe_imbalance,
+            "lora_rank": self.lora_rank,
+            "lora_targets": list(self.lora_targets),
+            "lora_base": self.lora_base,
         }
 
     @classmethod
@@ -76,5 +108,7 @@ _KINDS = {
     "stack": "str",
     "bucket_params": "int?",
     "moe_imbalance": "number",
+    "lora_rank": "int",
+    "lora_base": "str",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

@@ -82,6 +82,7 @@ def problem_flags() -> Parser:
         "(default 1.1, aux-loss balanced; 1.0 for force-balanced routing)",
     )
     g.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
+    lora_flags(g)
     g.add_argument(
         "--no-flash-attention", dest="flash_attention", action="store_false",
         help="model unfused attention (stores the attention scores)",
@@ -225,12 +226,35 @@ def readable(path: str, flag: str) -> str:
     return path
 
 
+def lora_flags(g: Any) -> None:
+    """``--lora-rank``, ``--lora-targets`` and ``--lora-base`` on the argument group ``g``."""
+    g.add_argument(
+        "--lora-rank", type=int, default=32, metavar="R",
+        help="LoRA adapter rank (default 32, Megatron-Bridge's)",
+    )
+    g.add_argument(
+        "--lora-targets", default="qkv,o,fc1,fc2", metavar="T,...",
+        help="linears with a LoRA adapter, of q,k,v (separate), qkv (fused), o, mlp (separate "
+        "gate, up, down), fc1 (fused gate/up), fc2 (down); default qkv,o,fc1,fc2 "
+        "(Megatron-Bridge's: every linear)",
+    )
+    g.add_argument(
+        "--lora-base", default="bf16",
+        help="frozen base weights under --lora: bf16 (default), fp8 or nf4 (QLoRA)",
+    )
+
+
+def lora_targets(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``--lora-targets`` list."""
+    return tuple(t.strip() for t in str(args.lora_targets).split(",") if t.strip())
+
+
 def workload_from(args: argparse.Namespace) -> Workload:
     """The workload flags as a :class:`Workload`."""
     return Workload(
         args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
         args.lora, args.flash_attention, args.fused_cross_entropy, args.stack, args.bucket_params,
-        args.moe_imbalance,
+        args.moe_imbalance, args.lora_rank, lora_targets(args), args.lora_base,
     )
 
 

@@ -9,7 +9,10 @@ from typing import Any, TextIO
 
 from ..errors import InvalidInputError
 from ..workload import Workload
-from ._common import UsageError, gpu_overrides, list_of, readable, remaining_s, space_flags, space_from
+from ._common import (
+    UsageError, gpu_overrides, list_of, lora_flags, lora_targets, readable, remaining_s,
+    space_flags, space_from,
+)
 from ._render import table
 
 
@@ -40,6 +43,7 @@ def add(sub: Any) -> None:
     w.add_argument("--optimizer", default="adam", help="adam (default) or sgd-momentum")
     w.add_argument("--grad-bytes", type=int, default=4, help="4 (default) or 2")
     w.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
+    lora_flags(w)
     w.add_argument("--no-flash-attention", dest="flash_attention", action="store_false")
     w.add_argument("--unfused-cross-entropy", dest="fused_cross_entropy", action="store_false")
     w.add_argument("--stack", default="megatron-core",
@@ -81,7 +85,8 @@ def _sweep(args: argparse.Namespace, out: TextIO) -> int:
     points = sweep.grid(args.model, args.gpu, args.gpus, args.global_batch, args.seq_len, hardware)
     workload = Workload(
         1, 1, args.precision, args.optimizer, args.grad_bytes, args.lora, args.flash_attention,
-        args.fused_cross_entropy, args.stack,
+        args.fused_cross_entropy, args.stack, lora_rank=args.lora_rank,
+        lora_targets=lora_targets(args), lora_base=args.lora_base,
     )
     calibration = None if args.calibration is None else readable(args.calibration, "--calibration")
     rows = sweep.sweep(

@@ -408,6 +408,9 @@ class Workload(_message.Message):
     STACK_FIELD_NUMBER: _builtins.int
     BUCKET_PARAMS_FIELD_NUMBER: _builtins.int
     MOE_IMBALANCE_FIELD_NUMBER: _builtins.int
+    LORA_RANK_FIELD_NUMBER: _builtins.int
+    LORA_TARGETS_FIELD_NUMBER: _builtins.int
+    LORA_BASE_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -436,6 +439,17 @@ class Workload(_message.Message):
     """MoE routing imbalance: tokens routed to the busiest expert-parallel rank over the mean,
     1-100; default 1.1 (aux-loss balanced, dropless). 1.0 for force-balanced routing.
     """
+    lora_rank: _builtins.int
+    """LoRA adapter rank (read when lora is set); default 32."""
+    lora_base: _builtins.str
+    """Storage of the frozen base weights under LoRA: "bf16" (default), "fp8" or "nf4"."""
+    @_builtins.property
+    def lora_targets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Linears with a LoRA adapter: any of "q", "k", "v" (separate), "qkv" (fused), "o", "mlp"
+        (separate gate, up, down), "fc1" (fused gate/up), "fc2" (down); empty: the default
+        "qkv", "o", "fc1", "fc2" (every linear, Megatron-Bridge's).
+        """
+
     def __init__(
         self,
         *,
@@ -450,10 +464,13 @@ class Workload(_message.Message):
         stack: _builtins.str | None = ...,
         bucket_params: _builtins.int | None = ...,
         moe_imbalance: _builtins.float | None = ...,
+        lora_rank: _builtins.int | None = ...,
+        lora_targets: _abc.Iterable[_builtins.str] | None = ...,
+        lora_base: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "lora_targets", b"lora_targets", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
     _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
@@ -463,6 +480,10 @@ class Workload(_message.Message):
     _WhichOneofArgType__fused_cross_entropy: _TypeAlias = _typing.Literal["_fused_cross_entropy", b"_fused_cross_entropy"]  # noqa: Y015
     _WhichOneofReturnType__grad_bytes: _TypeAlias = _typing.Literal["grad_bytes"]  # noqa: Y015
     _WhichOneofArgType__grad_bytes: _TypeAlias = _typing.Literal["_grad_bytes", b"_grad_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__lora_base: _TypeAlias = _typing.Literal["lora_base"]  # noqa: Y015
+    _WhichOneofArgType__lora_base: _TypeAlias = _typing.Literal["_lora_base", b"_lora_base"]  # noqa: Y015
+    _WhichOneofReturnType__lora_rank: _TypeAlias = _typing.Literal["lora_rank"]  # noqa: Y015
+    _WhichOneofArgType__lora_rank: _TypeAlias = _typing.Literal["_lora_rank", b"_lora_rank"]  # noqa: Y015
     _WhichOneofReturnType__moe_imbalance: _TypeAlias = _typing.Literal["moe_imbalance"]  # noqa: Y015
     _WhichOneofArgType__moe_imbalance: _TypeAlias = _typing.Literal["_moe_imbalance", b"_moe_imbalance"]  # noqa: Y015
     _WhichOneofReturnType__optimizer: _TypeAlias = _typing.Literal["optimizer"]  # noqa: Y015
@@ -479,6 +500,10 @@ class Workload(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__fused_cross_entropy) -> _WhichOneofReturnType__fused_cross_entropy | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__grad_bytes) -> _WhichOneofReturnType__grad_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lora_base) -> _WhichOneofReturnType__lora_base | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__lora_rank) -> _WhichOneofReturnType__lora_rank | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__moe_imbalance) -> _WhichOneofReturnType__moe_imbalance | None: ...
     @_typing.overload

@@ -9,7 +9,7 @@
 //! attention over `s_ctx` keys (a window `w` caps them: `w − w²/(2s)` causal, `w` full), the
 //! linear-time scans of Mamba-2 and gated DeltaNet, nothing for a layer without a mixer.
 
-use crate::layer::core_of;
+use crate::layer::{adapter_active_params, core_of, Adapters};
 use crate::model::Model;
 use crate::plan::Recompute;
 use crate::workload::Workload;
@@ -65,15 +65,30 @@ pub fn layers_core_fwd_flops_per_token(
 
 /// Model training FLOPs (forward + backward, no recompute) per token of `workload`. Weight GEMMs
 /// cost 6 FLOPs per parameter (forward, input gradient, weight gradient), 4 under LoRA where
-/// the frozen weights get no weight gradient.
+/// the frozen weights get no weight gradient; LoRA's adapters are trained, 6 per adapter
+/// parameter a token passes through (§2.7).
 pub fn train_flops_per_token(
     model: &Model,
     workload: &Workload,
     counting: AttentionCounting,
 ) -> f64 {
     let per_param = if workload.lora { 4.0 } else { 6.0 };
-    per_param * model.active_matmul_params() as f64
-        + 3.0 * layers_core_fwd_flops_per_token(model, workload.seq_len as f64, counting)
+    let base = per_param * model.active_matmul_params() as f64
+        + 3.0 * layers_core_fwd_flops_per_token(model, workload.seq_len as f64, counting);
+    match workload.adapters() {
+        None => base,
+        Some(ad) => base + 6.0 * adapter_active_params_per_token(model, &ad),
+    }
+}
+
+/// Adapter parameters of all the layers a token passes through (top-k routed experts').
+pub fn adapter_active_params_per_token(model: &Model, ad: &Adapters) -> f64 {
+    let kinds = model.layer_kinds();
+    model
+        .layer_stack()
+        .iter()
+        .map(|&(k, n)| n as f64 * adapter_active_params(model, &kinds.specs()[k], ad))
+        .sum()
 }
 
 /// FLOPs per token that `recompute` adds to a training step on sequences of `seq` tokens
@@ -111,6 +126,30 @@ mod tests {
         assert_eq!(of(Recompute::Selective), attn);
         assert_eq!(of(Recompute::Full), gemms + attn);
         assert_eq!(of(Recompute::SelectiveOp), 0.5 * gemms);
+    }
+
+    #[test]
+    fn lora_trains_4_flops_per_frozen_and_6_per_adapter_parameter() {
+        // Llama-3-8B, rank 16 on every linear, separate adapters (torchtune's q, k, v, o and
+        // MLP): per layer q 16·(4096 + 4096), k and v 16·(4096 + 1024), o as q, gate/up/down
+        // 16·(4096 + 14336) each; 32 layers.
+        let m = crate::presets::model("llama3-8b").unwrap();
+        let per_layer = 2.0 * 16.0 * 8192.0 + 2.0 * 16.0 * 5120.0 + 3.0 * 16.0 * 18432.0;
+        let mut w = Workload::new(8, 4096);
+        let full = train_flops_per_token(&m, &w, AttentionCounting::Causal);
+        w.lora = true;
+        w.lora_rank = 16;
+        w.lora_targets = ["q", "k", "v", "o", "mlp"]
+            .into_iter()
+            .map(|t| crate::workload::LoraTarget::parse(t).unwrap())
+            .collect();
+        let lora = train_flops_per_token(&m, &w, AttentionCounting::Causal);
+        let n = m.active_matmul_params() as f64;
+        let expected = full - 2.0 * n + 6.0 * 32.0 * per_layer;
+        assert!(
+            (lora / expected - 1.0).abs() < 1e-12,
+            "{lora} vs {expected}"
+        );
     }
 
     #[test]

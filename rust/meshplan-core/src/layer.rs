@@ -475,6 +475,214 @@ pub struct LayerParams {
     pub expert: f64,
 }
 
+/// LoRA adapters on a layer's linears (docs/costmodel.md §2.7): rank `r` and which linears
+/// carry one. An adapter on a frozen linear `k → n` adds `A (k×r)` and `B (r×n)` beside it,
+/// `y = x·W + (x·A)·B` (Hu et al. 2021, arXiv:2106.09685 §4.1; torchtune `LoRALinear`, PEFT
+/// `lora.Linear`, Megatron-Bridge `ParallelLinearAdapter`): `r·(k + n)` trained parameters, split
+/// over TP with the base linear (Megatron-Bridge shards `A` on `r` for a column-parallel base and
+/// on `k` for a row-parallel one, `B` on `n`), `2·r·(k + n)` forward FLOPs per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Adapters {
+    pub rank: f64,
+    /// Separate adapters on the query, key and value projections (HF PEFT, torchtune).
+    pub q: bool,
+    pub k: bool,
+    pub v: bool,
+    /// One adapter on the fused QKV projection (Megatron's `linear_qkv`).
+    pub qkv: bool,
+    pub o: bool,
+    /// Separate adapters on the FFN's gate, up and down projections.
+    pub mlp: bool,
+    /// One adapter on the fused gate/up projection (Megatron's `linear_fc1`) ...
+    pub fc1: bool,
+    /// ... and one on the down projection (`linear_fc2`).
+    pub fc2: bool,
+}
+
+impl Adapters {
+    /// Whether the mixer's input projection(s) carry an adapter.
+    pub fn mixer_input(&self) -> bool {
+        self.q || self.k || self.v || self.qkv
+    }
+
+    /// Whether the FFN's input projection(s) carry an adapter.
+    pub fn ffn_input(&self) -> bool {
+        self.mlp || self.fc1
+    }
+
+    /// Whether the FFN's down projection carries an adapter.
+    pub fn ffn_output(&self) -> bool {
+        self.mlp || self.fc2
+    }
+}
+
+/// One adapted linear of a layer: the base's full (unsharded) shape `k → n`, and whether it is a
+/// routed expert's (one per expert, run on the routed copies, split over expert TP).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdaptedLinear {
+    pub k: f64,
+    pub n: f64,
+    pub routed: bool,
+}
+
+/// Most adapted linears one layer has (MLA with a query LoRA: 6 in the mixer; an MoE FFN with
+/// shared experts: 6).
+pub const MAX_ADAPTED: usize = 12;
+
+/// The adapted linears of a `spec` layer under `ad`, in the order they run. Targets map to a
+/// mixer's projections as: q, k, v → separate adapters on the query, key and value projections,
+/// qkv → one on the fused projection (MLA: q to the query down/up projections, k or v to the
+/// KV down/up projections, qkv to both; Mamba-2 and gated DeltaNet: any of them to the input
+/// projections), o → the output projection; mlp → separate gate, up and down, fc1 → one on the
+/// fused gate/up, fc2 → one on the down projection, of the dense FFN, the shared experts and
+/// every routed expert (Megatron-Bridge adapts expert linears; the router and a latent MoE's
+/// projections stay without).
+pub fn adapted_linears(
+    model: &Model,
+    spec: &LayerSpec,
+    ad: &Adapters,
+) -> ([AdaptedLinear; MAX_ADAPTED], usize) {
+    let mut out = [AdaptedLinear {
+        k: 0.0,
+        n: 0.0,
+        routed: false,
+    }; MAX_ADAPTED];
+    let mut len = 0;
+    let mut push = |k: f64, n: f64, routed: bool| {
+        out[len] = AdaptedLinear { k, n, routed };
+        len += 1;
+    };
+    let h = model.hidden as f64;
+    let a = model.heads as f64;
+    let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+    match &spec.mixer {
+        Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
+            let g = *kv_heads as f64;
+            if ad.qkv {
+                push(h, (a + 2.0 * g) * dqk, false);
+            }
+            if ad.q {
+                push(h, a * dqk, false);
+            }
+            if ad.k {
+                push(h, g * dqk, false);
+            }
+            if ad.v {
+                push(h, g * dqk, false);
+            }
+            if ad.o {
+                push(a * dqk, h, false);
+            }
+        }
+        Mixer::Latent(m) => {
+            if ad.q || ad.qkv {
+                match m.q_lora_rank {
+                    Some(r) => {
+                        push(h, r as f64, false);
+                        push(r as f64, a * dqk, false);
+                    }
+                    None => push(h, a * dqk, false),
+                }
+            }
+            if ad.k || ad.v || ad.qkv {
+                push(h, (m.kv_lora_rank + m.qk_rope_head_dim) as f64, false);
+                push(
+                    m.kv_lora_rank as f64,
+                    a * (m.qk_nope_head_dim as f64 + dv),
+                    false,
+                );
+            }
+            if ad.o {
+                push(a * dv, h, false);
+            }
+        }
+        Mixer::Mamba(m) => {
+            if ad.mixer_input() {
+                push(h, mamba_in_proj_width(m) as f64, false);
+            }
+            if ad.o {
+                push(m.inner() as f64, h, false);
+            }
+        }
+        Mixer::DeltaNet(la) => {
+            if ad.mixer_input() {
+                push(h, (2 * la.key_dim() + 2 * la.value_dim()) as f64, false);
+                push(h, 2.0 * la.value_heads as f64, false);
+            }
+            if ad.o {
+                push(la.value_dim() as f64, h, false);
+            }
+        }
+        Mixer::None => {}
+    }
+    if ad.ffn_input() || ad.ffn_output() {
+        let ins = gate_up_matrices(model);
+        let mut ffn = |width: f64, f: f64, routed: bool| {
+            if ad.mlp {
+                for _ in 0..ins as usize {
+                    push(width, f, routed);
+                }
+            } else if ad.fc1 {
+                push(width, ins * f, routed);
+            }
+            if ad.ffn_output() {
+                push(f, width, routed);
+            }
+        };
+        match &spec.mlp {
+            Mlp::Dense { ffn_hidden } => ffn(h, *ffn_hidden as f64, false),
+            Mlp::Moe(m) => {
+                ffn(
+                    m.expert_width(model.hidden) as f64,
+                    m.expert_ffn_hidden as f64,
+                    true,
+                );
+                if m.shared_ffn_hidden() > 0 {
+                    ffn(h, m.shared_ffn_hidden() as f64, false);
+                }
+            }
+            Mlp::None => {}
+        }
+    }
+    (out, len)
+}
+
+/// Adapter parameters of one `spec` layer held by one GPU under `shard`: the part beside the
+/// dense weights (split over TP) and the routed experts' (the rank's experts, split over expert
+/// TP), sharded over the same data-parallel groups as their base weights.
+pub fn adapter_params_per_rank(
+    model: &Model,
+    spec: &LayerSpec,
+    shard: &Shard,
+    ad: &Adapters,
+) -> LayerParams {
+    let (linears, len) = adapted_linears(model, spec, ad);
+    let mut out = LayerParams::default();
+    for l in &linears[..len] {
+        let p = ad.rank * (l.k + l.n);
+        if l.routed {
+            let experts = spec
+                .moe()
+                .map_or(0.0, |m| m.num_experts as f64 / shard.ep as f64);
+            out.expert += experts * p / shard.expert_tp() as f64;
+        } else {
+            out.dense += p / shard.tp as f64;
+        }
+    }
+    out
+}
+
+/// Adapter parameters of one `spec` layer a token passes through (its top-k routed experts'):
+/// the `N_adapter` of the `6·N_adapter` training FLOPs per token (§2.7).
+pub fn adapter_active_params(model: &Model, spec: &LayerSpec, ad: &Adapters) -> f64 {
+    let (linears, len) = adapted_linears(model, spec, ad);
+    let top_k = spec.moe().map_or(0.0, |m| m.top_k as f64);
+    linears[..len]
+        .iter()
+        .map(|l| ad.rank * (l.k + l.n) * if l.routed { top_k } else { 1.0 })
+        .sum()
+}
+
 /// Parameters of one layer's attention held by one TP rank: Q and O split over `t`; K and V
 /// split over `t` but replicated when `t > kv_heads` (§2.4.3 GQA note); MLA's down-projections
 /// are replicated (they are not tensor-parallel in Megatron's MLA).
@@ -549,12 +757,19 @@ fn per_ffn_width_bytes(model: &Model, li: f64) -> f64 {
 /// `imbalance`: the busiest expert rank's routed load over the mean. `linear_input_bytes`:
 /// bytes per element of the tensors kept only as inputs of linear layers — 2 in 16-bit training;
 /// FP8/FP4 linears keep their quantised input for the weight gradient (Transformer Engine), 1.
+///
+/// `adapters`: LoRA (§2.7). A frozen linear needs only its weight for the input gradient, so
+/// its input is stored only where something else needs it: an adapter on it (whose `A` needs
+/// `x` for its weight gradient), or another op's backward (flash attention keeps its output, the
+/// output projection's input). Each adapter also keeps its rank-`r` intermediate `x·A` (16-bit)
+/// for `B`'s weight gradient.
 pub fn activation_bytes_per_token(
     model: &Model,
     spec: &LayerSpec,
     shard: &Shard,
     imbalance: f64,
     linear_input_bytes: f64,
+    adapters: Option<&Adapters>,
 ) -> f64 {
     let t = shard.tp as f64;
     let sp_div = shard.sp_div();
@@ -562,6 +777,15 @@ pub fn activation_bytes_per_token(
     let a_local = model.heads as f64 / t;
     let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
     let li = linear_input_bytes;
+    // 1 where a linear's input is kept for the backward, 0 where LoRA freezes the linear and no
+    // adapter reads its input: the mixer's input and output projections, the FFN's linears.
+    let keep = |adapted: fn(&Adapters) -> bool| adapters.map_or(1.0, |ad| adapted(ad) as u8 as f64);
+    let (keep_in, keep_out, keep_ffn, keep_down) = (
+        keep(Adapters::mixer_input),
+        keep(|ad| ad.o),
+        keep(Adapters::ffn_input),
+        keep(Adapters::ffn_output),
+    );
     // Two norm inputs (16-bit) and the inputs of the QKV and FFN-in projections, and with
     // dropout the masks of the two residual-branch dropouts (1 byte each, KOR22 §4.1).
     // A one-block layer (Nemotron-H) keeps one norm input and one projection input.
@@ -571,7 +795,13 @@ pub fn activation_bytes_per_token(
     } else {
         0.0
     };
-    let replicated = (blocks * ACT_BYTES + blocks * li + masks) * h / sp_div;
+    let inputs = match adapters {
+        None => blocks,
+        Some(_) => {
+            spec.mixer.present() as u8 as f64 * keep_in + spec.mlp.present() as u8 as f64 * keep_ffn
+        }
+    };
+    let replicated = (blocks * ACT_BYTES + inputs * li + masks) * h / sp_div;
     let attention = match &spec.mixer {
         Mixer::Latent(m) => {
             // Latents (replicated) + per-head Q, K, V (16-bit, attention inputs) and the
@@ -592,7 +822,7 @@ pub fn activation_bytes_per_token(
         Mixer::Mamba(m) => {
             let inner = m.inner() as f64 / t;
             ACT_BYTES * (mamba_in_proj_width(m) as f64 / t + m.conv_channels() as f64 / t + inner)
-                + li * inner
+                + li * inner * keep_out
                 + FP32_BYTES * 2.0 * m.heads as f64 / t
         }
         // Gated DeltaNet, likewise: projections, convolution output (q, k, v), core output,
@@ -601,12 +831,15 @@ pub fn activation_bytes_per_token(
             let value = la.value_dim() as f64 / t;
             let conv = (2 * la.key_dim() + la.value_dim()) as f64 / t;
             ACT_BYTES * (deltanet_in_proj_width(la) as f64 / t + conv + value)
-                + li * value
+                + li * value * keep_out
                 + FP32_BYTES * 2.0 * la.value_heads as f64 / t
         }
         Mixer::None => 0.0,
     };
-    let per_f = per_ffn_width_bytes(model, li);
+    // The FFN's linear inputs: kept at `li` bytes when trained or adapted (the input
+    // projections' input `li_ffn`, the down projection's `li_down`).
+    let li_ffn = li * keep_ffn;
+    let per_f = per_ffn_width_bytes(model, li * keep_down);
     let ffn = match &spec.mlp {
         Mlp::Moe(m) => {
             let router = FP32_BYTES * m.num_experts as f64 / sp_div;
@@ -618,15 +851,46 @@ pub fn activation_bytes_per_token(
             let routed = m.top_k as f64
                 * imbalance
                 * shard.routed_share()
-                * (li * w + per_f * m.expert_ffn_hidden as f64 / et);
+                * (li_ffn * w + per_f * m.expert_ffn_hidden as f64 / et);
             let shared = per_f * m.shared_ffn_hidden() as f64 / t;
-            let latent = m.latent_size.map_or(0.0, |l| li * l as f64 / t);
+            // The latent up projection carries no adapter: its input is kept only when trained.
+            let li_latent = if adapters.is_some() { 0.0 } else { li };
+            let latent = m.latent_size.map_or(0.0, |l| li_latent * l as f64 / t);
             router + routed + shared + latent
         }
         Mlp::Dense { ffn_hidden } => per_f * *ffn_hidden as f64 / t,
         Mlp::None => 0.0,
     };
-    replicated + attention + ffn
+    match adapters {
+        None => replicated + attention + ffn,
+        Some(ad) => {
+            replicated
+                + attention
+                + ffn
+                + adapter_intermediate_bytes(model, spec, shard, imbalance, ad)
+        }
+    }
+}
+
+/// Bytes per token the adapters of a `spec` layer keep for the backward besides their inputs:
+/// the rank-`r` intermediate `x·A` of each (16-bit; per routed copy for the experts'), which
+/// `B`'s weight gradient reads (§2.7). Megatron-Bridge gathers a column-parallel adapter's
+/// intermediate over TP, so it is counted whole on every rank.
+pub fn adapter_intermediate_bytes(
+    model: &Model,
+    spec: &LayerSpec,
+    shard: &Shard,
+    imbalance: f64,
+    ad: &Adapters,
+) -> f64 {
+    let (linears, len) = adapted_linears(model, spec, ad);
+    let copies = spec
+        .moe()
+        .map_or(0.0, |m| m.top_k as f64 * imbalance * shard.routed_share());
+    linears[..len]
+        .iter()
+        .map(|l| ACT_BYTES * ad.rank * if l.routed { copies } else { 1.0 })
+        .sum()
 }
 
 /// Stored bytes per token of one layer under op-level selective checkpointing
@@ -847,12 +1111,24 @@ pub struct LayerOps {
     pub routed_elementwise_bytes: f64,
     pub comm: LayerComm,
     pub params: LayerParams,
+    adapter_gemms: [Gemm; 2 * MAX_ADAPTED],
+    adapter_gemm_count: usize,
+    /// Bytes moved per pass to dequantise the frozen base weights before their GEMMs (LoRA with
+    /// NF4 base weights, or FP8 ones under 16-bit compute): read the stored format, write the
+    /// 16-bit weight, once in the forward and once for the backward's input gradient (§2.7).
+    pub dequant_bytes: f64,
 }
 
 impl LayerOps {
     /// The linear layers in the order they run.
     pub fn gemms(&self) -> &[Gemm] {
         &self.gemms[..self.gemm_count]
+    }
+
+    /// The LoRA adapters' GEMMs (each adapter's `x·A` then `(x·A)·B`); empty without LoRA. They
+    /// are trained: forward, input and weight gradients (§2.7).
+    pub fn adapter_gemms(&self) -> &[Gemm] {
+        &self.adapter_gemms[..self.adapter_gemm_count]
     }
 
     fn push(&mut self, m: f64, n: f64, k: f64, repeat: f64) {
@@ -901,6 +1177,11 @@ pub struct OpsContext {
     /// Bytes the expert activation moves per element of a routed copy's `f_e/t` width
     /// ([`crate::stack::Stack::expert_activation_bytes_per_width`]).
     pub expert_activation_bytes_per_width: f64,
+    /// LoRA adapters of the layers (`None`: full training).
+    pub adapters: Option<Adapters>,
+    /// Bytes per base parameter one dequantisation moves (stored format read, 16-bit written);
+    /// 0 when the GEMMs read the stored weights directly.
+    pub dequant_bytes_per_param: f64,
 }
 
 /// The operations of one `spec` layer under `shard` (the one function flops, memory, time and
@@ -931,7 +1212,39 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             cp_all_to_all_bytes_per_token: cp_all_to_all,
         },
         params: params_per_rank(model, spec, shard),
+        adapter_gemms: [Gemm::default(); 2 * MAX_ADAPTED],
+        adapter_gemm_count: 0,
+        dequant_bytes: 0.0,
     };
+    if ctx.dequant_bytes_per_param > 0.0 {
+        ops.dequant_bytes = ctx.dequant_bytes_per_param * (ops.params.dense + ops.params.expert);
+    }
+    if let Some(ad) = &ctx.adapters {
+        // Each adapter as two GEMMs with the base's split: `x·A` over `k/s` inputs and
+        // `(x·A)·B` to `n/s` outputs (`s` the TP degree, expert TP for the routed experts'),
+        // `2·tok·r·(k + n)/s` FLOPs as Megatron-Bridge's sharded adapters.
+        let (linears, len) = adapted_linears(model, spec, ad);
+        for l in &linears[..len] {
+            let (rows, split, repeat, grouped) = match (l.routed, spec.moe()) {
+                (true, Some(m)) => {
+                    let local = m.num_experts as f64 / shard.ep as f64;
+                    let copies = tok * m.top_k as f64 * ctx.moe_imbalance * shard.routed_share();
+                    (copies / local, shard.expert_tp() as f64, local, true)
+                }
+                _ => (tok, t, 1.0, false),
+            };
+            for (n, k) in [(ad.rank, l.k / split), (l.n / split, ad.rank)] {
+                ops.adapter_gemms[ops.adapter_gemm_count] = Gemm {
+                    m: rows,
+                    n,
+                    k,
+                    repeat,
+                    grouped,
+                };
+                ops.adapter_gemm_count += 1;
+            }
+        }
+    }
 
     // Attention projections (§5.2 table).
     match &spec.mixer {
@@ -1063,6 +1376,35 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
     ops
 }
 
+/// Parameters of the widest linear of any layer kind on one GPU under `shard` (a grouped expert
+/// linear counts all its local experts): what one dequantised 16-bit weight copy holds (§2.7).
+pub fn largest_linear_params(model: &Model, shard: &Shard) -> f64 {
+    let ctx = OpsContext {
+        tokens: 1.0,
+        moe_imbalance: 1.0,
+        elementwise_bytes_per_hidden: 0.0,
+        replicated_elementwise_bytes_per_hidden: 0.0,
+        routed_copy_bytes_per_hidden: 0.0,
+        expert_activation_bytes_per_width: 0.0,
+        adapters: None,
+        dequant_bytes_per_param: 0.0,
+    };
+    model
+        .layer_kinds()
+        .specs()
+        .iter()
+        .flat_map(|spec| {
+            let ops = layer_ops(model, spec, shard, &ctx);
+            let sizes: Vec<f64> = ops
+                .gemms()
+                .iter()
+                .map(|g| g.n * g.k * if g.grouped { g.repeat } else { 1.0 })
+                .collect();
+            sizes
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Bytes of K and V one rank passes around the CP ring per local token (§3.8): GQA sends its
 /// `2·g/t` K/V heads; MLA's ring exchanges the per-head K (nope + rope) and V after
 /// up-projection (Megatron's MLA CP), `a/t·(d_qk + d_v)` values.
@@ -1128,6 +1470,8 @@ mod tests {
             replicated_elementwise_bytes_per_hidden: 20.0,
             routed_copy_bytes_per_hidden: 8.0,
             expert_activation_bytes_per_width: 6.0,
+            adapters: None,
+            dequant_bytes_per_param: 0.0,
         };
         let shard = Shard {
             tp: 1,
@@ -1168,6 +1512,8 @@ mod tests {
             replicated_elementwise_bytes_per_hidden: 20.0,
             routed_copy_bytes_per_hidden: 8.0,
             expert_activation_bytes_per_width: 6.0,
+            adapters: None,
+            dequant_bytes_per_param: 0.0,
         };
         let shard = |etp| Shard {
             tp: 4,
@@ -1215,6 +1561,8 @@ mod tests {
             replicated_elementwise_bytes_per_hidden: 20.0,
             routed_copy_bytes_per_hidden: 8.0,
             expert_activation_bytes_per_width: 6.0,
+            adapters: None,
+            dequant_bytes_per_param: 0.0,
         };
         let dense = layer_ops(&m, &kinds.specs()[0], &shard, &ctx);
         let moe = layer_ops(&m, &kinds.specs()[1], &shard, &ctx);
@@ -1240,6 +1588,8 @@ mod tests {
             replicated_elementwise_bytes_per_hidden: 20.0,
             routed_copy_bytes_per_hidden: 8.0,
             expert_activation_bytes_per_width: 6.0,
+            adapters: None,
+            dequant_bytes_per_param: 0.0,
         }
     }
 
@@ -1313,7 +1663,7 @@ mod tests {
         // An FFN-only layer: one norm input (2 B) and one projection input (2 B) of h, then the
         // squared-ReLU FFN (pre-activation 2 B and activation output 2 B per unit of width).
         let ffn = kinds.specs()[1];
-        let bytes = activation_bytes_per_token(&m, &ffn, &shard, 1.0, 2.0);
+        let bytes = activation_bytes_per_token(&m, &ffn, &shard, 1.0, 2.0, None);
         assert_eq!(bytes, 4.0 * h + 4.0 * 21504.0);
         let ops = layer_ops(&m, &ffn, &shard, &ctx(8192.0));
         assert_eq!(ops.gemms().len(), 2);
@@ -1388,5 +1738,150 @@ mod tests {
         // qkvz, ba, out; router, routed gate/up and down, shared gate/up and down.
         assert_eq!(ops.gemms().len(), 8);
         assert_eq!(ops.comm.tp_points, 1 + 10);
+    }
+
+    fn adapters(rank: f64, qkv: bool, o: bool, mlp: bool) -> Adapters {
+        Adapters {
+            rank,
+            q: qkv,
+            k: qkv,
+            v: qkv,
+            qkv: false,
+            o,
+            mlp,
+            fc1: false,
+            fc2: false,
+        }
+    }
+
+    #[test]
+    fn megatrons_fused_adapters_share_one_a_per_fused_linear() {
+        // Llama-3.1-70B, rank 16: linear_qkv h → (64 + 2·8)·128 = 10240, linear_fc1
+        // h → 2·28672; fused q/k/v save 2·r·h against separate ones, fused gate/up r·h.
+        let m = crate::presets::model("llama3-70b").unwrap();
+        let spec = m.layer_kinds().specs()[0];
+        let fused = Adapters {
+            rank: 16.0,
+            q: false,
+            k: false,
+            v: false,
+            qkv: true,
+            o: true,
+            mlp: false,
+            fc1: true,
+            fc2: true,
+        };
+        let (h, f) = (8192.0, 28672.0);
+        let expected =
+            16.0 * (h + 10240.0) + 16.0 * 2.0 * h + 16.0 * (h + 2.0 * f) + 16.0 * (f + h);
+        assert_eq!(adapter_active_params(&m, &spec, &fused), expected);
+        let separate = adapters(16.0, true, true, true);
+        assert_eq!(
+            adapter_active_params(&m, &spec, &separate) - expected,
+            16.0 * (2.0 * h + h)
+        );
+        // linear_qkv alone (the Megatron-Bridge LoRA performance recipes): no FFN input kept.
+        let qkv_only = Adapters {
+            o: false,
+            fc1: false,
+            fc2: false,
+            ..fused
+        };
+        let shard = one_gpu();
+        let full = activation_bytes_per_token(&m, &spec, &shard, 1.0, 2.0, None);
+        let lora = activation_bytes_per_token(&m, &spec, &shard, 1.0, 2.0, Some(&qkv_only));
+        assert_eq!(full - lora, 2.0 * h + 2.0 * f - 2.0 * 16.0);
+    }
+
+    fn one_gpu() -> Shard {
+        Shard {
+            tp: 1,
+            ep: 1,
+            etp: None,
+            sequence_parallel: false,
+        }
+    }
+
+    #[test]
+    fn lora_adapter_parameters_of_a_llama_3_1_70b_layer_match_a_hand_count() {
+        // h 8192, 64 heads of 128, 8 KV heads, f 28672; rank 16 on q, k, v (torchtune's
+        // 70B_lora.yaml): q 16·(8192 + 8192), k and v 16·(8192 + 1024) each.
+        let m = crate::presets::model("llama3-70b").unwrap();
+        let spec = m.layer_kinds().specs()[0];
+        let ad = adapters(16.0, true, false, false);
+        let qkv = 16.0 * (8192.0 + 8192.0) + 2.0 * 16.0 * (8192.0 + 1024.0);
+        assert_eq!(qkv, 557_056.0);
+        assert_eq!(
+            adapter_params_per_rank(&m, &spec, &one_gpu(), &ad).dense,
+            qkv
+        );
+        assert_eq!(adapter_active_params(&m, &spec, &ad), qkv);
+        let tp2 = Shard { tp: 2, ..one_gpu() };
+        assert_eq!(
+            adapter_params_per_rank(&m, &spec, &tp2, &ad).dense,
+            qkv / 2.0
+        );
+        // + o 16·(8192 + 8192) and the MLP's gate, up 16·(8192 + 28672) each and down the same.
+        let all = adapters(16.0, true, true, true);
+        let expected = qkv + 16.0 * 16384.0 + 3.0 * 16.0 * (8192.0 + 28672.0);
+        assert_eq!(adapter_active_params(&m, &spec, &all), expected);
+        // Each adapter is two GEMMs, 2·tok·r·(k + n) FLOPs in all.
+        let mut c = ctx(4096.0);
+        c.adapters = Some(all);
+        let ops = layer_ops(&m, &spec, &one_gpu(), &c);
+        assert_eq!(ops.adapter_gemms().len(), 14);
+        let flops: f64 = ops
+            .adapter_gemms()
+            .iter()
+            .map(|g| 2.0 * g.m * g.n * g.k)
+            .sum();
+        assert_eq!(flops, 2.0 * 4096.0 * expected);
+        assert!(layer_ops(&m, &spec, &one_gpu(), &ctx(4096.0))
+            .adapter_gemms()
+            .is_empty());
+    }
+
+    #[test]
+    fn a_routed_experts_adapters_split_over_expert_parallel_and_run_per_routed_copy() {
+        let m = crate::presets::model("mixtral-8x7b").unwrap();
+        let spec = m.layer_kinds().specs()[1];
+        let moe = spec.moe().copied().unwrap();
+        let (h, fe) = (m.hidden as f64, moe.expert_ffn_hidden as f64);
+        let ad = adapters(8.0, false, false, true);
+        // One expert: gate and up 8·(h + f_e), down the same; 8 experts, 4 per EP rank.
+        let per_expert = 3.0 * 8.0 * (h + fe);
+        let ep4 = Shard { ep: 4, ..one_gpu() };
+        let p = adapter_params_per_rank(&m, &spec, &ep4, &ad);
+        assert_eq!((p.dense, p.expert), (0.0, 2.0 * per_expert));
+        assert_eq!(adapter_active_params(&m, &spec, &ad), 2.0 * per_expert);
+        // Their rank-r intermediates: three per routed copy, top-2 copies per token.
+        let bytes = adapter_intermediate_bytes(&m, &spec, &one_gpu(), 1.0, &ad);
+        assert_eq!(bytes, 2.0 * 3.0 * 2.0 * 8.0);
+    }
+
+    #[test]
+    fn a_frozen_linear_keeps_its_input_only_for_an_adapter() {
+        // Llama-2-7B (MHA, SwiGLU), t = 1, 16-bit: full training keeps 8h + 8h + 6f per token
+        // (32.125·h, memory.rs). Rank 16 on q, k, v: the FFN input (2h) and the down
+        // projection's input (2f) go, three rank-16 intermediates (2·16 each) come.
+        let mut m = crate::presets::model("llama3-8b").unwrap();
+        m.kv_heads = 32;
+        m.ffn_hidden = 11008;
+        let spec = m.layer_kinds().specs()[0];
+        let (h, f) = (4096.0, 11008.0);
+        let full = activation_bytes_per_token(&m, &spec, &one_gpu(), 1.0, 2.0, None);
+        assert_eq!(full, 16.0 * h + 6.0 * f);
+        let qkv = adapters(16.0, true, false, false);
+        let lora = activation_bytes_per_token(&m, &spec, &one_gpu(), 1.0, 2.0, Some(&qkv));
+        assert_eq!(lora, 14.0 * h + 4.0 * f + 3.0 * 2.0 * 16.0);
+        // Every linear adapted: every input kept, plus seven rank-8 intermediates.
+        let all = adapters(8.0, true, true, true);
+        let lora = activation_bytes_per_token(&m, &spec, &one_gpu(), 1.0, 2.0, Some(&all));
+        assert_eq!(lora, full + 7.0 * 2.0 * 8.0);
+        // Only o adapted: neither projection input is kept; the attention output (flash
+        // attention's own) stays.
+        let o = adapters(8.0, false, true, false);
+        let lora = activation_bytes_per_token(&m, &spec, &one_gpu(), 1.0, 2.0, Some(&o));
+        assert_eq!(lora, 12.0 * h + 4.0 * f + 2.0 * 8.0);
     }
 }

@@ -18,8 +18,8 @@ use std::cmp::Ordering;
 
 use crate::layout::Groups;
 use crate::memory::{
-    assemble, stage_params, state_gib, stored_bytes_per_micro_batch, transient_bytes, ModelStates,
-    PerKind, StageParams,
+    assemble, stage_params_of, state_gib, stored_bytes_per_micro_batch, transient_bytes,
+    ModelStates, PerKind, StageParams,
 };
 use crate::plan::{Plan, Schedule};
 use crate::report::{MemoryBreakdown, TimeBreakdown};
@@ -63,7 +63,7 @@ impl Pipeline {
             .collect();
         let params = shapes
             .iter()
-            .map(|s| stage_params(&problem.model, base, s))
+            .map(|s| stage_params_of(problem, base, s))
             .collect();
         Pipeline {
             runs,

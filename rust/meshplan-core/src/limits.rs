@@ -189,6 +189,7 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("workload.seq_len", up_to(MAX_SEQ_LEN)),
     ("workload.grad_bytes", GRAD_BYTES),
     ("workload.bucket_params", up_to(MAX_BUCKET_PARAMS)),
+    ("workload.lora_rank", up_to(MAX_HIDDEN)),
     ("plan.dp", DEGREE),
     ("plan.tp", DEGREE),
     ("plan.pp", DEGREE),

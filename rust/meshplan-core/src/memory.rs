@@ -13,8 +13,9 @@
 
 use crate::hardware::Precision;
 use crate::layer::{
-    activation_bytes_per_token, params_per_rank, selective_op_bytes_per_token, LayerParams, Shard,
-    ACT_BYTES, FP32_BYTES, MASK_BYTES, MAX_LAYER_KINDS,
+    activation_bytes_per_token, adapter_params_per_rank, params_per_rank,
+    selective_op_bytes_per_token, LayerParams, Shard, ACT_BYTES, FP32_BYTES, MASK_BYTES,
+    MAX_LAYER_KINDS,
 };
 use crate::layout::Groups;
 use crate::model::Model;
@@ -45,6 +46,13 @@ pub struct StageParams {
     pub expert: f64,
     /// The largest single layer on this GPU (the ZeRO-3 gather unit).
     pub largest_layer: f64,
+    /// The part of `dense` outside the layers: the embedding on the first rank, the LM head and
+    /// final norm on the last (kept 16-bit under LoRA whatever the base format, §2.7).
+    pub ends: f64,
+    /// LoRA adapter parameters beside the dense weights and beside the routed experts
+    /// ([`stage_params_of`]; 0 without LoRA or from [`stage_params`]).
+    pub adapter_dense: f64,
+    pub adapter_expert: f64,
 }
 
 /// A value per layer kind of the model's [`crate::layer::LayerKinds`] (unused entries 0).
@@ -67,8 +75,10 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
     let per_kind = kind_params(model, plan);
     let vocab_shard = model.embedding_params() as f64 / t;
     let mut dense = stage.kinds.weighted_sum(&per_kind.map(|p| p.dense));
+    let mut ends = 0.0;
     if stage.first {
         dense += vocab_shard;
+        ends += vocab_shard;
     }
     if stage.last {
         // LM head (a second copy of the embedding when tied and pipelined) and the final norm.
@@ -78,6 +88,7 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
             model.lm_head_params() as f64 / t
         };
         dense += head + model.hidden as f64;
+        ends += head + model.hidden as f64;
     }
     // The ZeRO-3 gather unit: a layer of the rank's last kind (MoE layers follow the dense ones
     // and hold the experts), the dense-MLP layer on a rank without layers; with a layer pattern
@@ -100,6 +111,39 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
         dense,
         expert: stage.kinds.weighted_sum(&per_kind.map(|p| p.expert)),
         largest_layer,
+        ends,
+        adapter_dense: 0.0,
+        adapter_expert: 0.0,
+    }
+}
+
+/// [`stage_params`] with the LoRA adapters of `problem`'s workload (§2.7).
+pub fn stage_params_of(problem: &Problem, plan: &Plan, stage: &Stage) -> StageParams {
+    let model = &problem.model;
+    let mut out = stage_params(model, plan, stage);
+    if let Some(ad) = problem.workload.adapters() {
+        let shard = Shard::of(plan);
+        let mut per_kind = [LayerParams::default(); MAX_LAYER_KINDS];
+        for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+            per_kind[k] = adapter_params_per_rank(model, spec, &shard, &ad);
+        }
+        out.adapter_dense = stage.kinds.weighted_sum(&per_kind.map(|p| p.dense));
+        out.adapter_expert = stage.kinds.weighted_sum(&per_kind.map(|p| p.expert));
+    }
+    out
+}
+
+/// Whether the frozen base weights are dequantised to 16 bits before each GEMM: NF4 always,
+/// FP8 under 16-bit compute (FP8 GEMMs read FP8 weights directly), §2.7.
+pub fn dequantises(problem: &Problem) -> bool {
+    use crate::workload::BaseWeights;
+    match problem.workload.lora_base {
+        BaseWeights::Bf16 => false,
+        BaseWeights::Nf4 => true,
+        BaseWeights::Fp8 => matches!(
+            problem.workload.precision,
+            Precision::Bf16 | Precision::Fp16
+        ),
     }
 }
 
@@ -168,15 +212,34 @@ pub fn state_gib(
     let grad_bytes = problem.workload.grad_bytes as f64;
     let opt_bytes = problem.workload.optimizer.state_bytes_per_param();
     let (dense, expert) = if problem.workload.lora {
-        // LoRA: frozen 16-bit base weights only (sharded under ZeRO-3), no gradients or
-        // optimizer.
-        let frozen = |p: f64, group: u32| {
+        // LoRA (§2.7): frozen base weights only (the layers' in the base format, the embedding
+        // and LM head 16-bit; sharded under ZeRO-3), no gradients or optimizer for them; the
+        // adapters carry a working copy, gradients and optimizer state like trained weights,
+        // sharded over the same groups at the same ZeRO stage.
+        let base = problem.workload.base_weight_bytes();
+        let frozen = |layers: f64, ends: f64, group: u32| {
             let d = if zero >= 3 { group.max(1) as f64 } else { 1.0 };
-            ModelStates::new(WEIGHT_BYTES * p / d, 0.0, 0.0)
+            ModelStates::new((base * layers + WEIGHT_BYTES * ends) / d, 0.0, 0.0)
+        };
+        let with_adapters = |f: ModelStates, a: f64, group: u32| {
+            let s = state_bytes(a, group, zero, grad_bytes, opt_bytes);
+            ModelStates::new(f.weights + s.weights, s.gradients, s.optimizer)
         };
         (
-            frozen(params.dense, groups.dense_dp.size),
-            frozen(params.expert, groups.expert_dp.size),
+            with_adapters(
+                frozen(
+                    params.dense - params.ends,
+                    params.ends,
+                    groups.dense_dp.size,
+                ),
+                params.adapter_dense,
+                groups.dense_dp.size,
+            ),
+            with_adapters(
+                frozen(params.expert, 0.0, groups.expert_dp.size),
+                params.adapter_expert,
+                groups.expert_dp.size,
+            ),
         )
     } else {
         (
@@ -211,8 +274,9 @@ pub fn layer_activations(problem: &Problem, plan: &Plan) -> PerKind {
     let imbalance = problem.workload.moe_imbalance;
     let shard = Shard::of(plan);
     let mut out = [0.0; MAX_LAYER_KINDS];
+    let adapters = problem.workload.adapters();
     for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
-        out[k] = activation_bytes_per_token(model, spec, &shard, imbalance, li);
+        out[k] = activation_bytes_per_token(model, spec, &shard, imbalance, li, adapters.as_ref());
     }
     out
 }
@@ -303,9 +367,19 @@ pub fn transient_bytes(
         transient += tokens * rebuilt;
     }
     if plan.zero >= 3 {
-        // Current and prefetched gathered bf16 units plus one unsharded gradient (§2.6).
         let grad_bytes = problem.workload.grad_bytes as f64;
-        transient += params.largest_layer * (2.0 * WEIGHT_BYTES + grad_bytes);
+        if problem.workload.lora {
+            // Current and prefetched gathered units in the base format; the frozen base has no
+            // gradient to gather into (the adapters' are negligible beside it), §2.7.
+            transient += params.largest_layer * 2.0 * problem.workload.base_weight_bytes();
+        } else {
+            // Current and prefetched gathered bf16 units plus one unsharded gradient (§2.6).
+            transient += params.largest_layer * (2.0 * WEIGHT_BYTES + grad_bytes);
+        }
+    }
+    if problem.workload.lora && dequantises(problem) {
+        // The 16-bit copy of the widest base linear, dequantised just before its GEMM (§2.7).
+        transient += WEIGHT_BYTES * crate::layer::largest_linear_params(model, &Shard::of(plan));
     }
     transient
 }
@@ -340,7 +414,14 @@ mod tests {
 
     /// A dense layer's stored bytes per token, no recompute, 16-bit linear inputs.
     fn dense_bytes(m: &Model, plan: &Plan) -> f64 {
-        activation_bytes_per_token(m, &m.layer_kinds().specs()[0], &Shard::of(plan), 1.0, 2.0)
+        activation_bytes_per_token(
+            m,
+            &m.layer_kinds().specs()[0],
+            &Shard::of(plan),
+            1.0,
+            2.0,
+            None,
+        )
     }
 
     /// A dense layer's stored bytes per token under op-level selective checkpointing.
@@ -484,6 +565,54 @@ mod tests {
             (eager - fused - 6.0 * logits).abs() < 1.0,
             "{}",
             eager - fused
+        );
+    }
+
+    #[test]
+    fn lora_states_are_the_frozen_base_in_its_format_and_the_adapters_trained_states() {
+        let mut problem = crate::Problem::new(
+            llama2_7b(),
+            crate::hardware::Cluster {
+                gpu: crate::presets::gpu("h100-sxm").unwrap(),
+                num_gpus: 8,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            },
+            crate::Workload::new(8, 4096),
+        )
+        .unwrap();
+        problem.workload.lora = true;
+        problem.workload.lora_rank = 16;
+        problem.workload.lora_targets = vec![
+            crate::workload::LoraTarget::Q,
+            crate::workload::LoraTarget::K,
+            crate::workload::LoraTarget::V,
+        ];
+        let mut pl = plan(1, false);
+        pl.zero = 1;
+        let stage = crate::stages::stage_runs(&problem.model, 1, problem.workload.seq_len)[0].stage;
+        let params = stage_params_of(&problem, &pl, &stage);
+        // Llama-2-7B (MHA): three rank-16 adapters of 16·(4096 + 4096) per layer, 32 layers.
+        let adapters = 32.0 * 3.0 * 16.0 * 8192.0;
+        assert_eq!(params.adapter_dense, adapters);
+        assert_eq!(params.ends, 2.0 * 32000.0 * 4096.0 + 4096.0);
+        let groups = crate::layout::Groups::of(&pl, 8);
+        let gib = |p: &crate::Problem| state_gib(p, 1, &groups, &params);
+        let s = gib(&problem);
+        // 16-bit base and adapters; fp32 adapter gradients; Adam's 12 bytes over 8 ranks.
+        let total = params.dense;
+        assert!((s.weights * GIB - 2.0 * (total + adapters)).abs() < 1.0);
+        assert!((s.gradients * GIB - 4.0 * adapters).abs() < 1e-3);
+        assert!((s.optimizer * GIB - 12.0 * adapters / 8.0).abs() < 1e-3);
+        // NF4 base: the layers' weights at 4.127 bits, the embedding and head 16-bit.
+        problem.workload.lora_base = crate::workload::BaseWeights::Nf4;
+        let nf4 = gib(&problem);
+        let expected =
+            4.126953125 / 8.0 * (total - params.ends) + 2.0 * params.ends + 2.0 * adapters;
+        assert!(
+            (nf4.weights * GIB - expected).abs() < 1.0,
+            "{}",
+            nf4.weights * GIB - expected
         );
     }
 

@@ -178,6 +178,15 @@ impl<'a> TimeContext<'a> {
                 .replicated_elementwise_bytes_per_hidden,
             routed_copy_bytes_per_hidden: self.stack.routed_copy_bytes_per_hidden,
             expert_activation_bytes_per_width: self.stack.expert_activation_bytes_per_width,
+            adapters: self.problem.workload.adapters(),
+            dequant_bytes_per_param: if self.problem.workload.lora
+                && crate::memory::dequantises(self.problem)
+            {
+                // Read the stored format, write 16 bits (§2.7).
+                self.problem.workload.base_weight_bytes() + 2.0
+            } else {
+                0.0
+            },
         };
         layer_ops(
             model,
@@ -235,6 +244,26 @@ impl<'a> TimeContext<'a> {
         acc.fwd += f * instances;
         acc.dgrad += d * instances;
         acc.wgrad += w * instances;
+    }
+
+    /// Adds a LoRA adapter GEMM's forward, input-gradient and weight-gradient seconds to `acc`:
+    /// in 16 bits whatever the plan's precision, without FP8 casts — Megatron-Bridge's
+    /// `ParallelLinearAdapter` builds `linear_in`/`linear_out` from Megatron's own
+    /// `ColumnParallelLinear`/`RowParallelLinear`, not Transformer Engine's FP8 linears, and
+    /// torchtune's and PEFT's adapters are `nn.Linear` in the model's 16-bit dtype (§2.7).
+    fn adapter_linear(&self, acc: &mut LinearTimes, gemm: &Gemm) {
+        let Gemm { m, n, k, .. } = *gemm;
+        let (times, instances) = if gemm.grouped {
+            (
+                grouped_linear_s(&self.device.gemm16, gemm.repeat, m, n, k),
+                1.0,
+            )
+        } else {
+            (linear_s(&self.device.gemm16, m, n, k), gemm.repeat)
+        };
+        acc.fwd += times.fwd * instances;
+        acc.dgrad += times.dgrad * instances;
+        acc.wgrad += times.wgrad * instances;
     }
 
     /// One tensor-parallel "all-reduce point" on `bytes`: an all-reduce, or with sequence
@@ -320,14 +349,26 @@ impl<'a> TimeContext<'a> {
             } else {
                 1.0
             };
-        let fwd_compute = g.fwd + attn_fwd + elem_fwd + overhead;
+        let mut fwd_compute = g.fwd + attn_fwd + elem_fwd + overhead;
         // LoRA freezes the base weights: no weight-gradient GEMMs.
-        let wgrad = if self.problem.workload.lora {
+        let mut wgrad = if self.problem.workload.lora {
             0.0
         } else {
             g.wgrad
         };
-        let bwd_compute = g.dgrad + wgrad + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead;
+        let mut bwd_compute = g.dgrad + wgrad + attn_bwd + 2.0 * elem_fwd + 2.0 * overhead;
+        if self.problem.workload.lora {
+            // The adapters are trained: forward, input and weight gradients; a dequantised
+            // base is rebuilt once per pass (§2.7).
+            let mut a = LinearTimes::default();
+            for gemm in ops.adapter_gemms() {
+                self.adapter_linear(&mut a, gemm);
+            }
+            let dequant = ops.dequant_bytes / mem_bw;
+            fwd_compute += a.fwd + dequant;
+            bwd_compute += a.dgrad + a.wgrad + dequant;
+            wgrad += a.wgrad;
+        }
 
         // Tensor parallel (§3.4).
         let mut tp_fwd = if plan.tp > 1 {
@@ -502,7 +543,7 @@ impl<'a> TimeContext<'a> {
     /// out: their cost is zero.
     pub fn dp_collectives(&self, zero: u8, params: &StageParams, layers: u32) -> Vec<DpCollective> {
         if self.problem.workload.lora {
-            return Vec::new(); // only the (negligible) adapters are reduced
+            return self.lora_dp_collectives(zero, params, layers);
         }
         let gb = self.problem.workload.grad_bytes as f64;
         let wb = WIRE_BYTES;
@@ -551,12 +592,87 @@ impl<'a> TimeContext<'a> {
         out
     }
 
+    /// [`Self::dp_collectives`] under LoRA (§2.7): only the adapters' gradients are reduced
+    /// (all-reduced, or reduce-scattered with the updated adapters all-gathered under ZeRO-1/2),
+    /// in buckets as the full model's; under ZeRO-3 each unit still gathers its frozen base
+    /// weights (in their stored format) with its adapters, forward and backward, and
+    /// reduce-scatters the adapters' gradients.
+    fn lora_dp_collectives(
+        &self,
+        zero: u8,
+        params: &StageParams,
+        layers: u32,
+    ) -> Vec<DpCollective> {
+        let gb = self.problem.workload.grad_bytes as f64;
+        let wb = WIRE_BYTES;
+        let base = self.problem.workload.base_weight_bytes();
+        // (group, adapters, bytes of one full gather: base + adapters)
+        let groups = [
+            (
+                ParamGroup::Dense,
+                params.adapter_dense,
+                base * (params.dense - params.ends) + wb * (params.ends + params.adapter_dense),
+                self.groups.dense_dp,
+            ),
+            (
+                ParamGroup::Expert,
+                params.adapter_expert,
+                base * params.expert + wb * params.adapter_expert,
+                self.groups.expert_dp,
+            ),
+        ];
+        let units = layers.max(1) as f64 * self.stack.fsdp_units_per_layer;
+        // (phase, collective, bytes per step of the group: adapters' or gathered)
+        let phases: &[(DpPhase, Collective, bool, f64)] = match zero {
+            0 => &[(DpPhase::AllReduce, Collective::AllReduce, false, gb)],
+            1 | 2 => &[
+                (DpPhase::ReduceScatter, Collective::ReduceScatter, false, gb),
+                (DpPhase::AllGather, Collective::AllGather, false, wb),
+            ],
+            _ => &[
+                (DpPhase::UnitAllGather, Collective::AllGather, true, 1.0),
+                (
+                    DpPhase::UnitReduceScatter,
+                    Collective::ReduceScatter,
+                    false,
+                    gb,
+                ),
+            ],
+        };
+        let mut out = Vec::with_capacity(phases.len() * groups.len());
+        for &(phase, kind, gathers_base, per_param) in phases {
+            for &(pg, adapters, gathered, group) in &groups {
+                let bytes = if gathers_base {
+                    gathered
+                } else {
+                    adapters * per_param
+                };
+                let calls = if zero >= 3 {
+                    units
+                } else {
+                    (adapters / self.bucket_params(group)).ceil().max(1.0)
+                };
+                let bytes_per_call = bytes / calls;
+                if group.size <= 1 || bytes_per_call <= 0.0 {
+                    continue;
+                }
+                out.push(DpCollective {
+                    phase,
+                    params: pg,
+                    kind,
+                    group,
+                    calls,
+                    bytes_per_call,
+                    cost: self.fabric.collective(kind, bytes_per_call, group),
+                });
+            }
+        }
+        out
+    }
+
     /// The DP/ZeRO collectives of a stage holding `params` (`layers` layers) at ZeRO stage
     /// `zero`, per step and before any overlap (§3.6): [`Self::dp_collectives`] summed by phase.
     pub fn dp_comm(&self, zero: u8, params: &StageParams, layers: u32) -> DpComm {
-        if self.problem.workload.lora {
-            return DpComm::None;
-        }
         let inventory = self.dp_collectives(zero, params, layers);
         // ZeRO 0-2 phases: every call of a round; ZeRO-3: one unit's calls (the time model
         // multiplies by the units itself).
@@ -632,9 +748,6 @@ impl<'a> TimeContext<'a> {
     /// Optimizer-step seconds of a stage holding `params` at ZeRO stage `zero` (§3.9):
     /// memory-bound over the local optimizer shard.
     pub fn optimizer_with(&self, zero: u8, params: &StageParams) -> f64 {
-        if self.problem.workload.lora {
-            return 0.0; // only the (negligible) adapters are updated
-        }
         let shard = |p: f64, group: u32| {
             if zero >= 1 {
                 p / group.max(1) as f64
@@ -642,8 +755,14 @@ impl<'a> TimeContext<'a> {
                 p
             }
         };
-        let local = shard(params.dense, self.groups.dense_dp.size)
-            + shard(params.expert, self.groups.expert_dp.size);
+        // LoRA updates only the adapters (§2.7).
+        let (dense, expert) = if self.problem.workload.lora {
+            (params.adapter_dense, params.adapter_expert)
+        } else {
+            (params.dense, params.expert)
+        };
+        let local =
+            shard(dense, self.groups.dense_dp.size) + shard(expert, self.groups.expert_dp.size);
         let w = &self.problem.workload;
         local * optimizer_bytes_per_param(w.grad_bytes as f64, w.optimizer.state_bytes_per_param())
             / self.device.memory_bytes_per_s

@@ -155,6 +155,23 @@ pub struct CaseTraining {
     pub seq_len: u32,
     #[serde(default)]
     pub precision: Option<Precision>,
+    /// The adapters of a `task: "lora"` case, where the source states them; absent: the
+    /// workload's defaults (Megatron-Bridge's rank 32 on every linear, 16-bit base).
+    #[serde(default)]
+    pub lora: Option<CaseLora>,
+}
+
+/// A LoRA case's adapters (validation/README.md): `rank`, `targets` (`q`, `k`, `v`, `o`,
+/// `mlp`) and `base` (`bf16`, `fp8`, `nf4`), each optional.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaseLora {
+    #[serde(default)]
+    pub rank: Option<u32>,
+    #[serde(default)]
+    pub targets: Option<Vec<crate::workload::LoraTarget>>,
+    #[serde(default)]
+    pub base: Option<crate::workload::BaseWeights>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -432,6 +449,10 @@ struct SourceEntry {
     /// Tensor-parallel communication overlap (Transformer Engine userbuffers); `false` leaves
     /// every TP/SP collective exposed (the GPU's `tp_overlap` is 0 for these runs).
     tp_comm_overlap: Option<bool>,
+    /// LoRA rank of the source's `task: "lora"` runs where a case does not state it.
+    lora_rank: Option<u32>,
+    /// LoRA targets of the source's `task: "lora"` runs where a case does not state them.
+    lora_targets: Option<Vec<crate::workload::LoraTarget>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -456,6 +477,8 @@ struct SourceFacts {
     network_bandwidth_gbps: Option<f64>,
     grads_reduced_after_backward: bool,
     tp_comm_overlap: bool,
+    lora_rank: Option<u32>,
+    lora_targets: Option<&'static [crate::workload::LoraTarget]>,
 }
 
 impl SourceFacts {
@@ -475,6 +498,8 @@ impl SourceFacts {
         network_bandwidth_gbps: None,
         grads_reduced_after_backward: false,
         tp_comm_overlap: true,
+        lora_rank: None,
+        lora_targets: None,
     };
 
     /// The facts of the runs of `source`, whatever their ids.
@@ -514,6 +539,8 @@ impl SourceFacts {
                 .grads_reduced_after_backward
                 .unwrap_or(f.grads_reduced_after_backward);
             f.tp_comm_overlap = e.tp_comm_overlap.unwrap_or(f.tp_comm_overlap);
+            f.lora_rank = e.lora_rank.or(f.lora_rank);
+            f.lora_targets = e.lora_targets.as_deref().or(f.lora_targets);
             if let Some(causal) = e.causal_flops {
                 f.counting = if causal {
                     AttentionCounting::Causal
@@ -649,6 +676,23 @@ fn problem_of(
     let mut workload = Workload::new(global_batch, case.training.seq_len);
     workload.precision = precision;
     workload.lora = case.task.as_deref() == Some("lora");
+    if let Some(rank) = facts.lora_rank {
+        workload.lora_rank = rank;
+    }
+    if let Some(targets) = facts.lora_targets {
+        workload.lora_targets = targets.to_vec();
+    }
+    if let Some(l) = &case.training.lora {
+        if let Some(rank) = l.rank {
+            workload.lora_rank = rank;
+        }
+        if let Some(targets) = &l.targets {
+            workload.lora_targets = targets.clone();
+        }
+        if let Some(base) = l.base {
+            workload.lora_base = base;
+        }
+    }
     workload.grad_bytes = facts.grad_bytes;
     workload.flash_attention = facts.flash_attention;
     workload.fused_cross_entropy = facts.fused_cross_entropy;

@@ -43,11 +43,28 @@ pub struct Workload {
     /// Megatron's default with bf16) or 2 (`--no-grad-reduce-in-fp32`, DeepSpeed) [MEG-DISTOPT].
     #[serde(default = "default_grad_bytes")]
     pub grad_bytes: u32,
-    /// LoRA fine-tuning: the base weights are frozen, so there are no weight-gradient GEMMs,
-    /// no gradients or optimizer state for them and no data-parallel gradient reduction (the
-    /// adapters are small enough to neglect).
+    /// LoRA fine-tuning (docs/costmodel.md §2.7): the base weights are frozen (no
+    /// weight-gradient GEMMs, gradients or optimizer state for them; a frozen linear stores no
+    /// input for the backward unless an adapter reads it), and rank-`lora_rank` adapters on the
+    /// `lora_targets` linears are trained like any weight.
     #[serde(default)]
     pub lora: bool,
+    /// LoRA adapter rank `r` (read only under `lora`). Default 32: Megatron-Bridge's
+    /// `LoRA.dim` (src/megatron/bridge/peft/lora.py), the recipe of the LoRA runs in
+    /// validation/cases.json that do not state theirs.
+    #[serde(default = "default_lora_rank")]
+    pub lora_rank: u32,
+    /// Linears that carry an adapter (read only under `lora`). Default every linear of the
+    /// layers in Megatron's fused form (`qkv, o, fc1, fc2`): Megatron-Bridge's `target_modules`
+    /// `linear_qkv, linear_proj, linear_fc1, linear_fc2`; torchtune's `lora_attn_modules` and
+    /// `apply_lora_to_mlp` name separate ones (`q, k, v, o, mlp`).
+    #[serde(default = "default_lora_targets")]
+    pub lora_targets: Vec<LoraTarget>,
+    /// Storage of the frozen base weights of the layers' linears under `lora`: `bf16` (the
+    /// working copy), `fp8` (Transformer Engine `fp8_model_init`: FP8-only weights) or `nf4`
+    /// (QLoRA's 4-bit NormalFloat with double quantisation, 4.127 bits per parameter).
+    #[serde(default)]
+    pub lora_base: BaseWeights,
     /// Fused (flash) attention: no `a·s²` score tensors are stored or moved, and the causal
     /// mask halves the work. `false` models the unfused softmax of pre-2023 Megatron
     /// (Korthikanti et al. 2022 §4.1: `5·a·s²·b` bytes stored per layer).
@@ -77,6 +94,124 @@ pub struct Workload {
     /// at capacity factor 1. Scales the routed experts' GEMMs, activations and dispatch.
     #[serde(default = "default_moe_imbalance")]
     pub moe_imbalance: f64,
+}
+
+/// A linear (or fused linear) that can carry a LoRA adapter, in the two conventions the
+/// frameworks use: separate adapters on the query, key and value projections (`q`, `k`, `v`:
+/// HF PEFT's `q_proj`…, torchtune's `lora_attn_modules`) or one on the fused QKV projection
+/// (`qkv`: Megatron's `linear_qkv`); the output projection (`o`); separate adapters on the
+/// FFN's gate, up and down (`mlp`: torchtune's `apply_lora_to_mlp`, PEFT's `gate_proj`,
+/// `up_proj`, `down_proj`) or one on the fused gate/up (`fc1`: Megatron's `linear_fc1`) and one
+/// on the down projection (`fc2`: `linear_fc2`). FFN targets include the routed experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoraTarget {
+    Q,
+    K,
+    V,
+    Qkv,
+    O,
+    Mlp,
+    Fc1,
+    Fc2,
+}
+
+impl LoraTarget {
+    /// Every target, in order.
+    pub const ALL: [LoraTarget; 8] = [
+        LoraTarget::Q,
+        LoraTarget::K,
+        LoraTarget::V,
+        LoraTarget::Qkv,
+        LoraTarget::O,
+        LoraTarget::Mlp,
+        LoraTarget::Fc1,
+        LoraTarget::Fc2,
+    ];
+
+    /// Megatron-Bridge's default `target_modules`: `linear_qkv`, `linear_proj`, `linear_fc1`,
+    /// `linear_fc2` (src/megatron/bridge/peft/lora.py `LoRA`).
+    pub const MEGATRON_DEFAULT: [LoraTarget; 4] = [
+        LoraTarget::Qkv,
+        LoraTarget::O,
+        LoraTarget::Fc1,
+        LoraTarget::Fc2,
+    ];
+
+    /// The target's name (`q`, `k`, `v`, `qkv`, `o`, `mlp`, `fc1`, `fc2`).
+    pub fn name(self) -> &'static str {
+        match self {
+            LoraTarget::Q => "q",
+            LoraTarget::K => "k",
+            LoraTarget::V => "v",
+            LoraTarget::Qkv => "qkv",
+            LoraTarget::O => "o",
+            LoraTarget::Mlp => "mlp",
+            LoraTarget::Fc1 => "fc1",
+            LoraTarget::Fc2 => "fc2",
+        }
+    }
+
+    /// The target named `name`, or an error naming the allowed ones.
+    pub fn parse(name: &str) -> Result<Self> {
+        LoraTarget::ALL
+            .into_iter()
+            .find(|t| t.name() == name)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "workload.lora_targets",
+                    name,
+                    "q, k, v, qkv, o, mlp, fc1 or fc2",
+                )
+            })
+    }
+}
+
+/// How the frozen base weights of the layers' linears are stored under LoRA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BaseWeights {
+    /// The 16-bit working copy.
+    #[default]
+    Bf16,
+    /// FP8 only (Transformer Engine `fp8_model_init`, Megatron `--fp8-param-gather`): 1 byte.
+    Fp8,
+    /// 4-bit NormalFloat, blocks of 64 with an 8-bit absmax each and an fp32 scale per 256
+    /// blocks: `4 + 8/64 + 32/(64·256) = 4.127` bits (Dettmers et al. 2023, QLoRA §3 "Double
+    /// Quantization", arXiv:2305.14314; torchao `NF4Tensor` block 64, scaler block 256 in
+    /// torchtune's QLoRA).
+    Nf4,
+}
+
+impl BaseWeights {
+    /// Stored bytes per frozen base parameter.
+    pub fn bytes_per_param(self) -> f64 {
+        match self {
+            BaseWeights::Bf16 => 2.0,
+            BaseWeights::Fp8 => 1.0,
+            BaseWeights::Nf4 => (4.0 + 8.0 / 64.0 + 32.0 / (64.0 * 256.0)) / 8.0,
+        }
+    }
+
+    /// The format's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BaseWeights::Bf16 => "bf16",
+            BaseWeights::Fp8 => "fp8",
+            BaseWeights::Nf4 => "nf4",
+        }
+    }
+}
+
+/// Default LoRA rank (see [`Workload::lora_rank`]).
+pub const DEFAULT_LORA_RANK: u32 = 32;
+
+fn default_lora_rank() -> u32 {
+    DEFAULT_LORA_RANK
+}
+
+fn default_lora_targets() -> Vec<LoraTarget> {
+    LoraTarget::MEGATRON_DEFAULT.to_vec()
 }
 
 /// Default routing imbalance λ: the busiest EP rank gets 10 % more routed tokens than the mean
@@ -110,6 +245,9 @@ impl Workload {
             optimizer: Optimizer::Adam,
             grad_bytes: default_grad_bytes(),
             lora: false,
+            lora_rank: DEFAULT_LORA_RANK,
+            lora_targets: default_lora_targets(),
+            lora_base: BaseWeights::Bf16,
             flash_attention: true,
             fused_cross_entropy: true,
             stack: default_stack_name(),
@@ -124,6 +262,14 @@ impl Workload {
         limits::check("workload.seq_len", self.seq_len)?;
         limits::check("workload.grad_bytes", self.grad_bytes)?;
         limits::check_opt("workload.bucket_params", self.bucket_params)?;
+        limits::check("workload.lora_rank", self.lora_rank)?;
+        if self.lora && self.lora_targets.is_empty() {
+            return Err(Error::invalid(
+                "workload.lora_targets",
+                "[]",
+                "one or more of q, k, v, qkv, o, mlp, fc1, fc2",
+            ));
+        }
         crate::hardware::check_fraction(
             "workload.moe_imbalance",
             self.moe_imbalance,
@@ -148,8 +294,88 @@ impl Workload {
             .unwrap_or_else(|_| crate::stack::Stack::default_stack())
     }
 
+    /// The LoRA adapters of every layer, `None` for full training.
+    pub fn adapters(&self) -> Option<crate::layer::Adapters> {
+        if !self.lora {
+            return None;
+        }
+        let has = |t: LoraTarget| self.lora_targets.contains(&t);
+        Some(crate::layer::Adapters {
+            rank: self.lora_rank as f64,
+            q: has(LoraTarget::Q),
+            k: has(LoraTarget::K),
+            v: has(LoraTarget::V),
+            qkv: has(LoraTarget::Qkv),
+            o: has(LoraTarget::O),
+            mlp: has(LoraTarget::Mlp),
+            fc1: has(LoraTarget::Fc1),
+            fc2: has(LoraTarget::Fc2),
+        })
+    }
+
+    /// Bytes per frozen base parameter of the layers' linears (2 without LoRA).
+    pub fn base_weight_bytes(&self) -> f64 {
+        if self.lora {
+            self.lora_base.bytes_per_param()
+        } else {
+            2.0
+        }
+    }
+
     /// Tokens per optimizer step.
     pub fn tokens_per_step(&self) -> f64 {
         self.global_batch as f64 * self.seq_len as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nf4_stores_4_127_bits_per_weight() {
+        // QLoRA §3: 4 bits + 8/64 (8-bit absmax per block of 64) + 32/(64·256) (an fp32 scale
+        // per 256 blocks) = 4.127 bits.
+        assert_eq!(BaseWeights::Nf4.bytes_per_param(), 4.126953125 / 8.0);
+        assert_eq!(BaseWeights::Fp8.bytes_per_param(), 1.0);
+        assert_eq!(BaseWeights::Bf16.bytes_per_param(), 2.0);
+    }
+
+    #[test]
+    fn lora_fields_default_to_megatron_bridge_and_validate() {
+        let w: Workload =
+            serde_json::from_str(r#"{"global_batch": 8, "seq_len": 4096, "lora": true}"#).unwrap();
+        assert_eq!(w.lora_rank, 32);
+        assert_eq!(w.lora_targets, LoraTarget::MEGATRON_DEFAULT.to_vec());
+        assert_eq!(w.lora_base, BaseWeights::Bf16);
+        let ad = w.adapters().unwrap();
+        assert!(ad.qkv && ad.o && ad.fc1 && ad.fc2 && ad.rank == 32.0);
+        assert!(!ad.q && !ad.k && !ad.v && !ad.mlp);
+        assert!(Workload::new(8, 4096).adapters().is_none());
+        let mut bad = w.clone();
+        bad.lora_rank = 0;
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("workload.lora_rank"));
+        bad.lora_rank = 8;
+        bad.lora_targets.clear();
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("workload.lora_targets"));
+        assert!(LoraTarget::parse("x")
+            .unwrap_err()
+            .to_string()
+            .contains("qkv, o, mlp, fc1 or fc2"));
+        assert_eq!(LoraTarget::parse("fc1").unwrap(), LoraTarget::Fc1);
+        let q: Workload = serde_json::from_str(
+            r#"{"global_batch": 8, "seq_len": 4096, "lora": true, "lora_targets": ["q", "v"], "lora_base": "nf4"}"#,
+        )
+        .unwrap();
+        assert_eq!(q.lora_targets, vec![LoraTarget::Q, LoraTarget::V]);
+        assert_eq!(q.base_weight_bytes(), BaseWeights::Nf4.bytes_per_param());
     }
 }

@@ -159,6 +159,10 @@ fn problem_fields_at_the_edges() {
         ("workload.global_batch", |_, _, w, v| w.global_batch = v),
         ("workload.seq_len", |_, _, w, v| w.seq_len = v),
         ("workload.grad_bytes", |_, _, w, v| w.grad_bytes = v),
+        ("workload.lora_rank", |_, _, w, v| {
+            w.lora = true;
+            w.lora_rank = v
+        }),
     ];
     for (field, set) in fields {
         for v in U32_EDGES {

@@ -37,8 +37,10 @@ impl Ctx<'_> {
             ));
         }
         if w.lora {
-            a.notes.push("LoRA: the base weights are frozen, so there is no gradient reduction (the adapters are negligible)".into());
-            return self.finish(a, 0.0, 0.0);
+            a.notes.push(
+                "LoRA: the base weights are frozen; only the adapters' gradients are reduced"
+                    .into(),
+            );
         }
         if plan.zero > 0 {
             a.notes.push(format!(
@@ -161,8 +163,11 @@ impl Ctx<'_> {
         };
         let mut a = self.axis("zero", plan.zero as u32, state, g);
         if w.lora {
-            a.notes.push("LoRA: the base weights are frozen, so nothing is reduced or gathered (the adapters are negligible)".into());
-            return self.finish(a, 0.0, 0.0);
+            a.notes.push(if plan.zero >= 3 {
+                "LoRA: each unit gathers its frozen base weights (in their stored format) with its adapters; only the adapters' gradients are reduce-scattered".into()
+            } else {
+                "LoRA: the base weights are frozen; only the adapters' gradients and states are reduced and gathered".into()
+            });
         }
         let m = self.m;
         let (grads_once, grads_each) = if self.stack.overlap_grad_reduce {

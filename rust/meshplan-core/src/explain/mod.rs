@@ -34,7 +34,7 @@ use crate::hardware::Cluster;
 use crate::layer::LayerOps;
 use crate::layout::{domain_block, group, group_ranks, strides, Group, Groups};
 use crate::limits::{MAX_LISTED_RANKS, MAX_LISTED_STAGES};
-use crate::memory::stage_params;
+use crate::memory::stage_params_of;
 use crate::mesh::{group_axes, ExpertDim, ExpertMesh, GroupRole};
 use crate::model::Model;
 use crate::plan::{Axis, Dispatcher, Plan, RankOrder, Recompute, Schedule};
@@ -360,7 +360,7 @@ impl<'a> Ctx<'a> {
         let stage0 = &runs[0].stage;
         let dp_inventory = tc.dp_collectives(
             plan.zero,
-            &stage_params(&problem.model, plan, stage0),
+            &stage_params_of(problem, plan, stage0),
             stage0.layers(),
         );
         let tokens = plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64;

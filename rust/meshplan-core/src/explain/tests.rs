@@ -240,7 +240,7 @@ fn dp_reduction_uses_the_stage_parameters_and_zero_takes_it_over() {
     let dp = axis(&x, "dp");
     assert!(x.axes.iter().all(|a| a.axis != "zero"));
     let stage0 = stage_runs(&p.model, 2, p.workload.seq_len)[0].stage;
-    let params = stage_params(&p.model, &x.plan, &stage0);
+    let params = crate::memory::stage_params(&p.model, &x.plan, &stage0);
     let ar = &dp.collectives[0];
     assert_eq!(ar.op, "all-reduce");
     // One all-reduce per DDP bucket of at most 40M parameters (the stack's), as time charges.

@@ -158,6 +158,8 @@ impl<'a> TimeModel<'a> {
             replicated_elementwise_bytes_per_hidden: stack.replicated_elementwise_bytes_per_hidden,
             routed_copy_bytes_per_hidden: stack.routed_copy_bytes_per_hidden,
             expert_activation_bytes_per_width: stack.expert_activation_bytes_per_width,
+            adapters: None,
+            dequant_bytes_per_param: 0.0,
         };
         // The dense layer's two FFN GEMMs follow its attention GEMMs (layer_ops' order). Built
         // here, not taken from the kinds: a layer pattern's kind 0 may be an MoE layer, and
