@@ -53,7 +53,7 @@ def expect_one_line(call: Any, field: str, value: int) -> None:
     assert e.value.field == field
 
 
-PROBLEM_FIELDS = ["traffic.input_len", "traffic.output_len", "traffic.concurrency",
+PROBLEM_FIELDS = ["traffic.input_len", "traffic.output_len", "traffic.concurrency", "traffic.num_requests",
                   "cluster.num_gpus", "model.layers", "model.hidden"]
 PLAN_FIELDS = [f"serving_plan.{k}" for k in (
     "worker.tp", "worker.pp", "worker.attention_dp", "worker.ep", "worker.expert_tp",

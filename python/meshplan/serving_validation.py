@@ -5,8 +5,11 @@ measured, where the source publishes them; errors are summarised overall, by GPU
 kind. A case may also measure ``e2e_s`` (a fixed batch's end-to-end latency, as vLLM's latency
 benchmark reports), compared with the prediction's ``TTFT + (output_len - 1) * TPOT``.
 
-A case with a ``concurrency`` is a closed-loop run with that many requests in flight (for an
-open-loop run at a request rate, the source's in-flight count, which the case's notes derive).
+A case with a ``concurrency`` is a closed-loop run with that many requests in flight; a case with
+a ``request_rate`` and no concurrency an open-loop run (Poisson arrivals at that rate). The
+traffic's ``arrival`` (``spread``, ``waves``, ``poisson``) and ``num_requests`` (the benchmark's
+number of prompts) are the load parameters of the queue model (docs/serving.md §5.1), taken from
+the source's benchmark command.
 
 A case without a concurrency is an offline maximum-load run: the engine batches as many
 sequences as its KV cache holds, up to its ``max_batch_size`` (the file's ``engines`` table says
@@ -74,6 +77,8 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
         model, cluster, input_len=traffic["input_len"], output_len=traffic["output_len"],
         weight_precision=case.get("weight_precision", "bf16"), kv_precision=case.get("kv_precision", "bf16"),
         prefix_fraction=traffic.get("prefix_fraction", 0.0), concurrency=traffic.get("concurrency"),
+        request_rate=traffic.get("request_rate"), arrival=traffic.get("arrival"),
+        num_requests=traffic.get("num_requests"),
     )
     adp = int(plan.get("attention_dp", 1))
     stage = int(plan["tp"]) * adp

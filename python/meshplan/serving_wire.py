@@ -42,6 +42,8 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
             "prefix_fraction": _opt(t, "prefix_fraction") or 0.0,
             "concurrency": _opt(t, "concurrency"),
             "request_rate": _opt(t, "request_rate"),
+            "arrival": _opt(t, "arrival"),
+            "num_requests": _opt(t, "num_requests"),
         },
         "slo": {"ttft_s": _opt(s, "ttft_s"), "tpot_s": _opt(s, "tpot_s"), "e2e_s": _opt(s, "e2e_s")},
         "objective": _opt(msg, "objective") or "throughput",
@@ -160,7 +162,8 @@ def problem_message(problem: dict[str, Any]) -> pb.ServingProblem:
         traffic=pb.ServingTraffic(
             input_len=t["input_len"], output_len=t["output_len"],
             prefix_fraction=t["prefix_fraction"], concurrency=t["concurrency"],
-            request_rate=t["request_rate"],
+            request_rate=t["request_rate"], arrival=t.get("arrival"),
+            num_requests=t.get("num_requests"),
         ),
         slo=pb.ServingSlo(ttft_s=s["ttft_s"], tpot_s=s["tpot_s"], e2e_s=s["e2e_s"]),
         objective=problem["objective"],

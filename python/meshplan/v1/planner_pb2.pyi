@@ -1767,6 +1767,8 @@ class ServingTraffic(_message.Message):
     PREFIX_FRACTION_FIELD_NUMBER: _builtins.int
     CONCURRENCY_FIELD_NUMBER: _builtins.int
     REQUEST_RATE_FIELD_NUMBER: _builtins.int
+    ARRIVAL_FIELD_NUMBER: _builtins.int
+    NUM_REQUESTS_FIELD_NUMBER: _builtins.int
     input_len: _builtins.int
     """Prompt tokens per request (ISL)."""
     output_len: _builtins.int
@@ -1776,7 +1778,16 @@ class ServingTraffic(_message.Message):
     concurrency: _builtins.int
     """Requests in flight across the deployment; unset: as many as fit."""
     request_rate: _builtins.float
-    """Requests per second the deployment must sustain; unset: none."""
+    """Requests per second the deployment must sustain; unset: none. Without a concurrency it is
+    also an open loop's Poisson arrival rate (docs/serving.md §5.1).
+    """
+    arrival: _builtins.str
+    """The arrival process: "spread" (closed loop, varied lengths), "waves" (closed loop of
+    equal-length requests, or an offline batch) or "poisson" (open loop at request_rate);
+    unset: "poisson" for a request_rate without a concurrency, else "spread".
+    """
+    num_requests: _builtins.int
+    """Requests in the whole run (a benchmark's number of prompts); unset: an endless run."""
     def __init__(
         self,
         *,
@@ -1785,19 +1796,29 @@ class ServingTraffic(_message.Message):
         prefix_fraction: _builtins.float | None = ...,
         concurrency: _builtins.int | None = ...,
         request_rate: _builtins.float | None = ...,
+        arrival: _builtins.str | None = ...,
+        num_requests: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "concurrency", b"concurrency", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "concurrency", b"concurrency", "num_requests", b"num_requests", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "concurrency", b"concurrency", "input_len", b"input_len", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "concurrency", b"concurrency", "input_len", b"input_len", "num_requests", b"num_requests", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__arrival: _TypeAlias = _typing.Literal["arrival"]  # noqa: Y015
+    _WhichOneofArgType__arrival: _TypeAlias = _typing.Literal["_arrival", b"_arrival"]  # noqa: Y015
     _WhichOneofReturnType__concurrency: _TypeAlias = _typing.Literal["concurrency"]  # noqa: Y015
     _WhichOneofArgType__concurrency: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency"]  # noqa: Y015
+    _WhichOneofReturnType__num_requests: _TypeAlias = _typing.Literal["num_requests"]  # noqa: Y015
+    _WhichOneofArgType__num_requests: _TypeAlias = _typing.Literal["_num_requests", b"_num_requests"]  # noqa: Y015
     _WhichOneofReturnType__prefix_fraction: _TypeAlias = _typing.Literal["prefix_fraction"]  # noqa: Y015
     _WhichOneofArgType__prefix_fraction: _TypeAlias = _typing.Literal["_prefix_fraction", b"_prefix_fraction"]  # noqa: Y015
     _WhichOneofReturnType__request_rate: _TypeAlias = _typing.Literal["request_rate"]  # noqa: Y015
     _WhichOneofArgType__request_rate: _TypeAlias = _typing.Literal["_request_rate", b"_request_rate"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__arrival) -> _WhichOneofReturnType__arrival | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency) -> _WhichOneofReturnType__concurrency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__num_requests) -> _WhichOneofReturnType__num_requests | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__prefix_fraction) -> _WhichOneofReturnType__prefix_fraction | None: ...
     @_typing.overload

@@ -228,6 +228,7 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("traffic.input_len", up_to(MAX_SEQ_LEN)),
     ("traffic.output_len", up_to(MAX_SEQ_LEN)),
     ("traffic.concurrency", up_to(MAX_SEQUENCES)),
+    ("traffic.num_requests", up_to(MAX_SEQUENCES)),
     ("serving_plan.worker.tp", DEGREE),
     ("serving_plan.worker.pp", DEGREE),
     ("serving_plan.worker.attention_dp", DEGREE),

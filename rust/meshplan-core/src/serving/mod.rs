@@ -20,6 +20,7 @@ mod explain;
 mod memory;
 mod plan;
 mod problem;
+mod queue;
 mod search;
 mod time;
 
@@ -29,7 +30,7 @@ pub use evaluate::{evaluate_serving, evaluate_serving_with, ServingEvaluation, S
 pub use explain::{explain_serving, ServingAxis, ServingExplanation};
 pub use memory::ServingMemory;
 pub use plan::{ServingPlan, Worker};
-pub use problem::{bytes_per_element, Objective, ServingProblem, Slo, Traffic};
+pub use problem::{bytes_per_element, Arrival, Objective, ServingProblem, Slo, Traffic};
 pub use search::{search_serving, ServingSearchResult, ServingSearchStats, ServingSpace};
 pub use time::{PhaseTime, ServingTime};
 
