@@ -65,6 +65,9 @@ pub struct ServingConstants {
     pub prefill_layer_launch_us: f64,
     /// An MoE layer's launches relative to a dense one's.
     pub moe_layer_launch_factor: f64,
+    /// Fixed time per decode step of a layer with latent attention (MLA) and routed experts, µs
+    /// (in place of the launch time above).
+    pub mla_moe_layer_decode_us: f64,
     /// Fixed time of one KV transfer between pools, µs.
     pub kv_transfer_setup_us: f64,
 }
