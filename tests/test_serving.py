@@ -211,6 +211,21 @@ def test_the_queue_model_takes_the_arrival_process() -> None:
         mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=4", arrival="poisson", **kw)
 
 
+def test_a_worker_token_budget_is_spelled_and_exported() -> None:
+    plan = parse_serving_plan("tp=8,batch=64,tokens=16384")
+    assert plan["worker"]["max_batched_tokens"] == 16384
+    problem = serving_problem("llama3-70b", H100x8, input_len=1024, output_len=256)
+    for engine, flag in (("vllm", "--max-num-batched-tokens 16384"), ("sglang", "--chunked-prefill-size 16384"),
+                         ("trtllm", "--max_num_tokens 16384")):
+        assert flag in "\n".join(launch_commands(plan, problem, engine))
+    ev = mp.evaluate_serving("llama3-70b", H100x8, plan, input_len=1024, output_len=256)
+    assert "tok16384" in ev["label"] and ev["plan"]["worker"]["max_batched_tokens"] == 16384
+    # A bigger forward needs a bigger activation workspace.
+    default = mp.evaluate_serving("llama3-70b", H100x8, "tp=8,batch=64", input_len=1024, output_len=256)
+    assert ev["memory"]["workspace_gib"] > default["memory"]["workspace_gib"]
+    assert "max_batched_tokens" not in default["plan"]["worker"]
+
+
 def test_cli_takes_the_arrival_process() -> None:
     code, text = run_cli("inference", "evaluate", *PROBLEM, "--plan", "tp=1,batch=64,replicas=8",
                          "--concurrency", "1024", "--arrival", "waves", "--num-requests", "2048", "--json")

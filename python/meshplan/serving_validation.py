@@ -85,6 +85,8 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     ep = int(plan.get("ep", 1))
     worker = {"tp": plan["tp"], "pp": plan.get("pp", 1), "attention_dp": adp, "ep": ep,
               "expert_tp": plan.get("expert_tp", stage // ep), "max_sequences": adp}
+    if plan.get("max_batched_tokens") is not None:
+        worker["max_batched_tokens"] = int(plan["max_batched_tokens"])
     deployment = {"worker": worker, "replicas": plan.get("replicas", 1)}
     probe = _core.evaluate_serving(problem, deployment)
     fit = int(probe["memory"]["max_sequences_fit"])
@@ -110,7 +112,9 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     return {
         "id": case.get("id"), "gpu": case["gpu"], "model": case["model"], "engine": str(case.get("engine", "-")),
         "arch": "moe" if model.moe is not None else "dense",
-        "batch": batch, "kv_capacity_sequences": fit, "feasible": ev["feasible"],
+        # an open loop runs what its rate keeps in flight (the evaluation's own batch)
+        "batch": round(ev["sequences_per_worker"] * int(plan.get("replicas", 1))) if traffic.get("arrival") == "poisson"
+        else batch, "kv_capacity_sequences": fit, "feasible": ev["feasible"],
         "predicted": predicted, "measured": {k: measured.get(k) for k in METRICS}, "ape": ape,
     }
 

@@ -1933,6 +1933,7 @@ class ServingWorker(_message.Message):
     EP_FIELD_NUMBER: _builtins.int
     EXPERT_TP_FIELD_NUMBER: _builtins.int
     MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
+    MAX_BATCHED_TOKENS_FIELD_NUMBER: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
     """Unset: 1."""
@@ -1942,6 +1943,10 @@ class ServingWorker(_message.Message):
     """Unset: tp x attention_dp / ep."""
     max_sequences: _builtins.int
     """Most sequences the worker runs at once (a prefill worker: its batch of prompts)."""
+    max_batched_tokens: _builtins.int
+    """Most tokens of one forward per attention-DP rank (the prefill chunk); unset: the default
+    of data/serving.toml.
+    """
     def __init__(
         self,
         *,
@@ -1951,10 +1956,11 @@ class ServingWorker(_message.Message):
         ep: _builtins.int | None = ...,
         expert_tp: _builtins.int | None = ...,
         max_sequences: _builtins.int = ...,
+        max_batched_tokens: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "pp", b"pp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "max_batched_tokens", b"max_batched_tokens", "pp", b"pp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "max_sequences", b"max_sequences", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attention_dp: _TypeAlias = _typing.Literal["attention_dp"]  # noqa: Y015
     _WhichOneofArgType__attention_dp: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp"]  # noqa: Y015
@@ -1962,6 +1968,8 @@ class ServingWorker(_message.Message):
     _WhichOneofArgType__ep: _TypeAlias = _typing.Literal["_ep", b"_ep"]  # noqa: Y015
     _WhichOneofReturnType__expert_tp: _TypeAlias = _typing.Literal["expert_tp"]  # noqa: Y015
     _WhichOneofArgType__expert_tp: _TypeAlias = _typing.Literal["_expert_tp", b"_expert_tp"]  # noqa: Y015
+    _WhichOneofReturnType__max_batched_tokens: _TypeAlias = _typing.Literal["max_batched_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_batched_tokens: _TypeAlias = _typing.Literal["_max_batched_tokens", b"_max_batched_tokens"]  # noqa: Y015
     _WhichOneofReturnType__pp: _TypeAlias = _typing.Literal["pp"]  # noqa: Y015
     _WhichOneofArgType__pp: _TypeAlias = _typing.Literal["_pp", b"_pp"]  # noqa: Y015
     @_typing.overload
@@ -1970,6 +1978,8 @@ class ServingWorker(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep) -> _WhichOneofReturnType__ep | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expert_tp) -> _WhichOneofReturnType__expert_tp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_batched_tokens) -> _WhichOneofReturnType__max_batched_tokens | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pp) -> _WhichOneofReturnType__pp | None: ...
 

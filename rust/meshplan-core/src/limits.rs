@@ -235,6 +235,7 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("serving_plan.worker.ep", DEGREE),
     ("serving_plan.worker.expert_tp", DEGREE),
     ("serving_plan.worker.max_sequences", up_to(MAX_SEQUENCES)),
+    ("serving_plan.worker.max_batched_tokens", up_to(MAX_SEQ_LEN)),
     ("serving_plan.replicas", DEGREE),
     ("serving_plan.prefill.tp", DEGREE),
     ("serving_plan.prefill.pp", DEGREE),
@@ -242,6 +243,10 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("serving_plan.prefill.ep", DEGREE),
     ("serving_plan.prefill.expert_tp", DEGREE),
     ("serving_plan.prefill.max_sequences", up_to(MAX_SEQUENCES)),
+    (
+        "serving_plan.prefill.max_batched_tokens",
+        up_to(MAX_SEQ_LEN),
+    ),
     ("serving_plan.prefill_replicas", DEGREE),
     ("serving_space.top_k", up_to(MAX_TOP_K)),
     ("serving_space.max_tp", DEGREE),

@@ -81,11 +81,6 @@ pub fn evaluate_serving_with(
     Ok(score(&TimeModel::new(problem), plan, false))
 }
 
-/// Tokens per attention-DP rank of one prefill forward of an aggregated or prefill worker.
-fn forward_tokens() -> f64 {
-    constants().max_batched_tokens
-}
-
 /// Sequences a (decode or aggregated) worker runs: its `max_sequences`, or its share of the
 /// traffic's concurrency when that is smaller.
 pub(crate) fn sequences(p: &ServingProblem, plan: &ServingPlan) -> f64 {
@@ -129,7 +124,7 @@ pub(crate) fn score(
     let b = sequences(p, plan);
     let b_rank = b / w.attention_dp as f64;
     let context = isl + osl / 2.0;
-    let chunk = forward_tokens();
+    let chunk = w.forward_tokens();
     let mut violations = Vec::new();
     let (decode, tpot, prefill, mut ttft, kv_transfer, requests_per_s, prefill_memory);
     let arrival = p.traffic.arrival();
@@ -423,6 +418,7 @@ mod tests {
                 ep: 1,
                 expert_tp: tp,
                 max_sequences: batch,
+                max_batched_tokens: None,
             },
             replicas: 1,
             prefill: None,
@@ -462,8 +458,16 @@ mod tests {
         p.traffic.arrival = Some(Arrival::Spread);
         let spread = evaluate_serving(&p, &worker(1, 4)).unwrap();
         assert!(ev.time.tpot_s < spread.time.tpot_s);
-        // A run of 10 requests is three waves of 4, the last one half empty.
+        // A token budget of 2048 prefills the wave in two forwards of two prompts; the median
+        // (second) request's first token comes with the first of them.
         p.traffic.arrival = Some(Arrival::Waves);
+        let mut small = worker(1, 4);
+        small.worker.max_batched_tokens = Some(2048);
+        let chunked = evaluate_serving(&p, &small).unwrap();
+        assert_eq!(chunked.time.ttft_s, chunked.time.prefill.total_s);
+        assert!(chunked.time.ttft_s < ev.time.ttft_s);
+        assert_eq!(chunked.time.tpot_s, ev.time.tpot_s);
+        // A run of 10 requests is three waves of 4, the last one half empty.
         p.traffic.num_requests = Some(10);
         let run = evaluate_serving(&p, &worker(1, 4)).unwrap();
         assert!((run.requests_per_s - 10.0 / (3.0 * round)).abs() < 1e-9 * run.requests_per_s);

@@ -243,6 +243,7 @@ mod tests {
             ep: 1,
             expert_tp: tp,
             max_sequences: 1,
+            max_batched_tokens: None,
         }
     }
 

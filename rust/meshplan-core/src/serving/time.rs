@@ -531,6 +531,7 @@ mod tests {
             ep: 1,
             expert_tp: tp,
             max_sequences: 1,
+            max_batched_tokens: None,
         }
     }
 
@@ -616,6 +617,7 @@ mod tests {
             ep: 8,
             expert_tp: 1,
             max_sequences: 64,
+            max_batched_tokens: None,
         };
         let adp8 = Worker {
             tp: 1,
