@@ -59,7 +59,8 @@ pub enum Arrival {
     /// together, in waves of the running batch.
     Waves,
     /// Open loop: Poisson arrivals at `request_rate`; the running batch is what the rate keeps
-    /// in flight (Little's law) and prompts queue for prefill (M/D/1).
+    /// in flight (Little's law) and prompts queue for prefill (M/D/1). The deployment's
+    /// requests/s remain its capacity at its full batch.
     Poisson,
 }
 
