@@ -226,6 +226,11 @@ def test_a_worker_token_budget_is_spelled_and_exported() -> None:
     default = mp.evaluate_serving("llama3-70b", H100x8, "tp=8,batch=64", input_len=1024, output_len=256)
     assert ev["memory"]["workspace_gib"] > default["memory"]["workspace_gib"]
     assert "max_batched_tokens" not in default["plan"]["worker"]
+    # The engine's own KV size, where known, sets how many sequences fit.
+    held = mp.evaluate_serving("llama3-70b", H100x8, "tp=8,batch=64,kv_tokens=100000", input_len=1024,
+                               output_len=256)
+    assert held["memory"]["kv_capacity_tokens"] == 100000
+    assert held["memory"]["max_sequences_fit"] == 100000 // (1024 + 256)
 
 
 def test_cli_takes_the_arrival_process() -> None:

@@ -49,6 +49,7 @@ _WORKER_KEYS = {
     "batch": "max_sequences",
     "max_batched_tokens": "max_batched_tokens",
     "tokens": "max_batched_tokens",
+    "kv_tokens": "kv_tokens",
 }
 
 
@@ -202,7 +203,8 @@ def parse_serving_plan(plan: PlanLike, prefill: Optional[PlanLike] = None) -> di
     """A deployment dict from a dict or ``tp=8,batch=16,replicas=2`` (plus, for a
     disaggregated one, ``prefill`` as ``tp=4,batch=4,replicas=1``). Keys: tp, pp, attention_dp
     (adp), ep, expert_tp (etp; default: the stage's GPUs over ep), max_sequences (batch),
-    max_batched_tokens (tokens: one forward's tokens per attention-DP rank), replicas."""
+    max_batched_tokens (tokens: one forward's tokens per attention-DP rank), kv_tokens (the KV
+    cache's tokens per rank as the engine reports them), replicas."""
     if isinstance(plan, dict):
         if prefill is not None:
             raise InvalidInputError("invalid prefill: give the prefill pool inside the plan dict")

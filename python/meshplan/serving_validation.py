@@ -85,8 +85,9 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     ep = int(plan.get("ep", 1))
     worker = {"tp": plan["tp"], "pp": plan.get("pp", 1), "attention_dp": adp, "ep": ep,
               "expert_tp": plan.get("expert_tp", stage // ep), "max_sequences": adp}
-    if plan.get("max_batched_tokens") is not None:
-        worker["max_batched_tokens"] = int(plan["max_batched_tokens"])
+    for key in ("max_batched_tokens", "kv_tokens"):
+        if plan.get(key) is not None:
+            worker[key] = int(plan[key])
     deployment = {"worker": worker, "replicas": plan.get("replicas", 1)}
     probe = _core.evaluate_serving(problem, deployment)
     fit = int(probe["memory"]["max_sequences_fit"])

@@ -1934,6 +1934,7 @@ class ServingWorker(_message.Message):
     EXPERT_TP_FIELD_NUMBER: _builtins.int
     MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
     MAX_BATCHED_TOKENS_FIELD_NUMBER: _builtins.int
+    KV_TOKENS_FIELD_NUMBER: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
     """Unset: 1."""
@@ -1947,6 +1948,10 @@ class ServingWorker(_message.Message):
     """Most tokens of one forward per attention-DP rank (the prefill chunk); unset: the default
     of data/serving.toml.
     """
+    kv_tokens: _builtins.int
+    """KV-cache tokens of each attention-DP rank as the engine reports them; unset: the memory
+    model's.
+    """
     def __init__(
         self,
         *,
@@ -1957,10 +1962,11 @@ class ServingWorker(_message.Message):
         expert_tp: _builtins.int | None = ...,
         max_sequences: _builtins.int = ...,
         max_batched_tokens: _builtins.int | None = ...,
+        kv_tokens: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "max_batched_tokens", b"max_batched_tokens", "pp", b"pp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "pp", b"pp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attention_dp: _TypeAlias = _typing.Literal["attention_dp"]  # noqa: Y015
     _WhichOneofArgType__attention_dp: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp"]  # noqa: Y015
@@ -1968,6 +1974,8 @@ class ServingWorker(_message.Message):
     _WhichOneofArgType__ep: _TypeAlias = _typing.Literal["_ep", b"_ep"]  # noqa: Y015
     _WhichOneofReturnType__expert_tp: _TypeAlias = _typing.Literal["expert_tp"]  # noqa: Y015
     _WhichOneofArgType__expert_tp: _TypeAlias = _typing.Literal["_expert_tp", b"_expert_tp"]  # noqa: Y015
+    _WhichOneofReturnType__kv_tokens: _TypeAlias = _typing.Literal["kv_tokens"]  # noqa: Y015
+    _WhichOneofArgType__kv_tokens: _TypeAlias = _typing.Literal["_kv_tokens", b"_kv_tokens"]  # noqa: Y015
     _WhichOneofReturnType__max_batched_tokens: _TypeAlias = _typing.Literal["max_batched_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_batched_tokens: _TypeAlias = _typing.Literal["_max_batched_tokens", b"_max_batched_tokens"]  # noqa: Y015
     _WhichOneofReturnType__pp: _TypeAlias = _typing.Literal["pp"]  # noqa: Y015
@@ -1978,6 +1986,8 @@ class ServingWorker(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep) -> _WhichOneofReturnType__ep | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expert_tp) -> _WhichOneofReturnType__expert_tp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_tokens) -> _WhichOneofReturnType__kv_tokens | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_batched_tokens) -> _WhichOneofReturnType__max_batched_tokens | None: ...
     @_typing.overload

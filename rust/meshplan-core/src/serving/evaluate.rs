@@ -426,6 +426,7 @@ mod tests {
                 expert_tp: tp,
                 max_sequences: batch,
                 max_batched_tokens: None,
+                kv_tokens: None,
             },
             replicas: 1,
             prefill: None,

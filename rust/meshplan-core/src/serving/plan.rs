@@ -43,6 +43,11 @@ pub struct Worker {
     /// the activation workspace; `None`: `max_batched_tokens` of `data/serving.toml`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_batched_tokens: Option<u32>,
+    /// Tokens the KV cache of each attention-DP rank holds, as the engine reports it at start
+    /// (vLLM "GPU KV cache size: N tokens", SGLang "max_total_num_tokens"); `None`: what the
+    /// memory model leaves for it (docs/serving.md §4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_tokens: Option<u32>,
 }
 
 impl Worker {
@@ -120,6 +125,7 @@ impl Worker {
         }
         limits::check(&field("max_sequences"), self.max_sequences)?;
         limits::check_opt(&field("max_batched_tokens"), self.max_batched_tokens)?;
+        limits::check_opt(&field("kv_tokens"), self.kv_tokens)?;
         let stage = self.stage_gpus();
         if self.ep as u64 * self.expert_tp as u64 != stage {
             return Err(Error::invalid(

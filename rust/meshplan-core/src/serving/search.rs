@@ -238,6 +238,7 @@ pub fn search_serving(
                         expert_tp: etp,
                         max_sequences: adp,
                         max_batched_tokens: None,
+                        kv_tokens: None,
                     };
                     let mut cap =
                         worker_memory(problem, &shape, adp as f64, chunk).max_sequences_fit;
@@ -265,6 +266,7 @@ pub fn search_serving(
                         let pw = Worker {
                             max_sequences: bp as u32,
                             max_batched_tokens: None,
+                            kv_tokens: None,
                             ..shape
                         };
                         let batch = Batch {
@@ -372,6 +374,7 @@ fn aggregated(
                     worker: Worker {
                         max_sequences: b,
                         max_batched_tokens: None,
+                        kv_tokens: None,
                         ..*shape
                     },
                     replicas: most as u32,
@@ -394,6 +397,7 @@ fn aggregated(
                         worker: Worker {
                             max_sequences: b as u32,
                             max_batched_tokens: None,
+                            kv_tokens: None,
                             ..*shape
                         },
                         replicas: r as u32,
@@ -486,6 +490,7 @@ fn disaggregated(
             let decode = Worker {
                 max_sequences: b as u32,
                 max_batched_tokens: None,
+                kv_tokens: None,
                 ..*shape
             };
             let step = Batch {

@@ -532,6 +532,7 @@ mod tests {
             expert_tp: tp,
             max_sequences: 1,
             max_batched_tokens: None,
+            kv_tokens: None,
         }
     }
 
@@ -618,6 +619,7 @@ mod tests {
             expert_tp: 1,
             max_sequences: 64,
             max_batched_tokens: None,
+            kv_tokens: None,
         };
         let adp8 = Worker {
             tp: 1,
