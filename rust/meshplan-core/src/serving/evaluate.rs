@@ -243,7 +243,9 @@ pub(crate) fn score(
                         Some(wq) if n < cap || mu >= lambda => wq,
                         _ => {
                             let served = mu.min(1.0 / service * w.attention_dp as f64);
-                            run.map_or(0.0, |n| queue::overload_wait(n, served, lambda))
+                            run.map_or(0.0, |requests| {
+                                queue::overload_wait(requests, served, lambda)
+                            })
                         }
                     };
                     ttft = own + queue_s;
