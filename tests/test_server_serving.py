@@ -66,6 +66,22 @@ def test_evaluate_serving_round_trips_a_disaggregated_plan(stub: pb_grpc.Planner
     assert ev.ttft_s == pytest.approx(local["time"]["ttft_s"])
 
 
+def test_the_arrival_process_travels_over_grpc(stub: pb_grpc.PlannerStub) -> None:
+    plan = pb.ServingPlan(worker=pb.ServingWorker(tp=2, max_sequences=64), replicas=4)
+    for traffic, local_kw in (
+        ({"concurrency": 512, "arrival": "waves", "num_requests": 1000},
+         {"concurrency": 512, "arrival": "waves", "num_requests": 1000}),
+        ({"request_rate": 3.0}, {"request_rate": 3.0}),
+    ):
+        response = stub.EvaluateServing(pb.EvaluateServingRequest(problem=problem(**traffic), plan=plan), timeout=60)
+        local = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=64,replicas=4",
+                                    input_len=1024, output_len=256, **local_kw)
+        ev = response.evaluation
+        assert ev.ttft_s == pytest.approx(local["time"]["ttft_s"])
+        assert ev.requests_per_s == pytest.approx(local["requests_per_s"])
+        assert json.loads(ev.extra_json)["queue_s"] == pytest.approx(local["queue_s"])
+
+
 @pytest.mark.parametrize("value", [0, 2**31, 2**32, 2**63 - 1])
 def test_bad_integers_are_invalid_argument_naming_the_field(stub: pb_grpc.PlannerStub, value: int) -> None:
     with pytest.raises(grpc.RpcError) as e:

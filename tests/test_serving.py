@@ -190,6 +190,59 @@ def test_cli_evaluate_explain_export(capsys: pytest.CaptureFixture[str]) -> None
                            "(allowed: 1..=1048576)")
 
 
+def test_the_queue_model_takes_the_arrival_process() -> None:
+    # Closed loop: 96 in flight on a worker of 64 slots; the 32 others wait 32/X for one.
+    kw = dict(input_len=1024, output_len=256)
+    alone = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=64", concurrency=64, **kw)
+    queued = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=64", concurrency=96, **kw)
+    x = 64 / (256 * queued["time"]["tpot_s"])
+    assert alone["queue_s"] == 0
+    assert queued["queue_s"] == pytest.approx(32 / x)
+    assert queued["time"]["ttft_s"] == pytest.approx(alone["time"]["ttft_s"] + 32 / x)
+    # Open loop at 2 requests/s: the rate keeps n = λ·OSL·TPOT running, with some prefill queueing;
+    # the deployment's capacity (its full batch) is above the rate.
+    ev = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=256", request_rate=2.0, **kw)
+    assert ev["sequences_per_worker"] == pytest.approx(2.0 * 256 * ev["time"]["tpot_s"], rel=1e-3)
+    assert ev["requests_per_s"] > 2.0 and 0 < ev["queue_s"] < ev["time"]["ttft_s"]
+    # Waves: a batch submitted at once is prefilled, then decoded alone (no prefill in its steps).
+    waves = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=4", concurrency=4,
+                                arrival="waves", num_requests=4, **kw)
+    spread = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=4", concurrency=4, **kw)
+    assert waves["time"]["tpot_s"] < spread["time"]["tpot_s"]
+    with pytest.raises(mp.errors.InvalidInputError, match="traffic.arrival"):
+        mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=4", arrival="poisson", **kw)
+
+
+def test_a_worker_token_budget_is_spelled_and_exported() -> None:
+    plan = parse_serving_plan("tp=8,batch=64,tokens=16384")
+    assert plan["worker"]["max_batched_tokens"] == 16384
+    problem = serving_problem("llama3-70b", H100x8, input_len=1024, output_len=256)
+    for engine, flag in (("vllm", "--max-num-batched-tokens 16384"), ("sglang", "--chunked-prefill-size 16384"),
+                         ("trtllm", "--max_num_tokens 16384")):
+        assert flag in "\n".join(launch_commands(plan, problem, engine))
+    ev = mp.evaluate_serving("llama3-70b", H100x8, plan, input_len=1024, output_len=256)
+    assert "tok16384" in ev["label"] and ev["plan"]["worker"]["max_batched_tokens"] == 16384
+    # A bigger forward needs a bigger activation workspace.
+    default = mp.evaluate_serving("llama3-70b", H100x8, "tp=8,batch=64", input_len=1024, output_len=256)
+    assert ev["memory"]["workspace_gib"] > default["memory"]["workspace_gib"]
+    assert "max_batched_tokens" not in default["plan"]["worker"]
+    # The engine's own KV size, where known, sets how many sequences fit.
+    held = mp.evaluate_serving("llama3-70b", H100x8, "tp=8,batch=64,kv_tokens=100000", input_len=1024,
+                               output_len=256)
+    assert held["memory"]["kv_capacity_tokens"] == 100000
+    assert held["memory"]["max_sequences_fit"] == 100000 // (1024 + 256)
+
+
+def test_cli_takes_the_arrival_process() -> None:
+    code, text = run_cli("inference", "evaluate", *PROBLEM, "--plan", "tp=1,batch=64,replicas=8",
+                         "--concurrency", "1024", "--arrival", "waves", "--num-requests", "2048", "--json")
+    ev = json.loads(text)
+    assert code == 0 and ev["queue_s"] > 0
+    code, text = run_cli("inference", "evaluate", *PROBLEM, "--plan", "tp=1,batch=64,replicas=8",
+                         "--request-rate", "4")
+    assert code == 0 and "queueing" in text
+
+
 def test_cli_plot_pareto(tmp_path: object) -> None:
     pytest.importorskip("matplotlib")
     from pathlib import Path

@@ -53,12 +53,13 @@ def expect_one_line(call: Any, field: str, value: int) -> None:
     assert e.value.field == field
 
 
-PROBLEM_FIELDS = ["traffic.input_len", "traffic.output_len", "traffic.concurrency",
+PROBLEM_FIELDS = ["traffic.input_len", "traffic.output_len", "traffic.concurrency", "traffic.num_requests",
                   "cluster.num_gpus", "model.layers", "model.hidden"]
 PLAN_FIELDS = [f"serving_plan.{k}" for k in (
     "worker.tp", "worker.pp", "worker.attention_dp", "worker.ep", "worker.expert_tp",
-    "worker.max_sequences", "replicas", "prefill.tp", "prefill.pp", "prefill.attention_dp",
-    "prefill.ep", "prefill.expert_tp", "prefill.max_sequences", "prefill_replicas")]
+    "worker.max_sequences", "worker.max_batched_tokens", "worker.kv_tokens", "replicas", "prefill.tp",
+    "prefill.pp", "prefill.attention_dp", "prefill.ep", "prefill.expert_tp", "prefill.max_sequences",
+    "prefill.max_batched_tokens", "prefill.kv_tokens", "prefill_replicas")]
 SPACE_FIELDS = ["serving_space.top_k", "serving_space.max_tp", "serving_space.max_pp",
                 "serving_space.max_attention_dp", "serving_space.max_sequences",
                 "serving_space.max_candidates"]

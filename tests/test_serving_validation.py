@@ -35,8 +35,10 @@ def test_every_case_is_sourced_and_exact() -> None:
         t = c["traffic"]
         assert t["input_len"] >= 1 and t["output_len"] >= 1, c["id"]
         if c["measured"].get("tpot_s") or c["measured"].get("e2e_s"):
-            # a latency is only comparable at a stated load
-            assert t.get("concurrency"), c["id"]
+            # a latency is only comparable at a stated load: a closed loop's concurrency or an
+            # open loop's request rate
+            assert t.get("concurrency") or t.get("request_rate"), c["id"]
+            assert t.get("arrival") in (None, "spread", "waves", "poisson"), c["id"]
         assert c["plan"]["tp"] * c["plan"].get("pp", 1) * c["plan"].get("attention_dp", 1) \
             * c["plan"].get("replicas", 1) == c["num_gpus"], c["id"]
     for engine in data["engines"].values():

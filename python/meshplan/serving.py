@@ -47,6 +47,9 @@ _WORKER_KEYS = {
     "etp": "expert_tp",
     "max_sequences": "max_sequences",
     "batch": "max_sequences",
+    "max_batched_tokens": "max_batched_tokens",
+    "tokens": "max_batched_tokens",
+    "kv_tokens": "kv_tokens",
 }
 
 
@@ -76,6 +79,8 @@ def serving_problem(
     prefix_fraction: float = 0.0,
     concurrency: Optional[int] = None,
     request_rate: Optional[float] = None,
+    arrival: Optional[str] = None,
+    num_requests: Optional[int] = None,
     ttft_s: Optional[float] = None,
     tpot_s: Optional[float] = None,
     e2e_s: Optional[float] = None,
@@ -93,6 +98,8 @@ def serving_problem(
             "prefix_fraction": prefix_fraction,
             "concurrency": concurrency,
             "request_rate": request_rate,
+            "arrival": arrival,
+            "num_requests": num_requests,
         },
         "slo": {"ttft_s": ttft_s, "tpot_s": tpot_s, "e2e_s": e2e_s},
         "objective": objective,
@@ -196,7 +203,8 @@ def parse_serving_plan(plan: PlanLike, prefill: Optional[PlanLike] = None) -> di
     """A deployment dict from a dict or ``tp=8,batch=16,replicas=2`` (plus, for a
     disaggregated one, ``prefill`` as ``tp=4,batch=4,replicas=1``). Keys: tp, pp, attention_dp
     (adp), ep, expert_tp (etp; default: the stage's GPUs over ep), max_sequences (batch),
-    replicas."""
+    max_batched_tokens (tokens: one forward's tokens per attention-DP rank), kv_tokens (the KV
+    cache's tokens per rank as the engine reports them), replicas."""
     if isinstance(plan, dict):
         if prefill is not None:
             raise InvalidInputError("invalid prefill: give the prefill pool inside the plan dict")
@@ -239,6 +247,7 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
     tp, pp = int(w["tp"]), int(w.get("pp", 1))
     adp, ep = int(w.get("attention_dp", 1)), int(w.get("ep", 1))
     batch = int(w["max_sequences"])
+    tokens = w.get("max_batched_tokens")
     weights, kv = problem.get("weight_precision", "bf16"), problem.get("kv_precision", "bf16")
     flags: list[str] = []
     if engine == "vllm":
@@ -249,6 +258,8 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
             flags += ["--enable-expert-parallel"]
         # vLLM's limit is per engine (each data-parallel rank runs its own scheduler).
         flags += ["--max-num-seqs", str(max(1, batch // adp))]
+        if tokens is not None:
+            flags += ["--max-num-batched-tokens", str(tokens)]
         flags += ["--kv-cache-dtype", _VLLM_KV.get(kv, "auto")]
         if weights in _VLLM_QUANT:
             flags += ["--quantization", _VLLM_QUANT[weights]]
@@ -262,6 +273,8 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
         if ep > 1:
             flags += ["--ep-size", str(ep)]
         flags += ["--max-running-requests", str(batch)]
+        if tokens is not None:
+            flags += ["--chunked-prefill-size", str(tokens)]
         flags += ["--kv-cache-dtype", _SGLANG_KV.get(kv, "auto")]
         if weights in _SGLANG_QUANT:
             flags += ["--quantization", _SGLANG_QUANT[weights]]
@@ -270,6 +283,8 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
     else:
         flags += ["--tp_size", str(tp * adp), "--pp_size", str(pp), "--ep_size", str(ep)]
         flags += ["--max_batch_size", str(batch)]
+        if tokens is not None:
+            flags += ["--max_num_tokens", str(tokens)]
         if adp > 1:
             flags += ["--extra_llm_api_options", "attention_dp.yaml"]
     return flags

@@ -5,8 +5,11 @@ measured, where the source publishes them; errors are summarised overall, by GPU
 kind. A case may also measure ``e2e_s`` (a fixed batch's end-to-end latency, as vLLM's latency
 benchmark reports), compared with the prediction's ``TTFT + (output_len - 1) * TPOT``.
 
-A case with a ``concurrency`` is a closed-loop run with that many requests in flight (for an
-open-loop run at a request rate, the source's in-flight count, which the case's notes derive).
+A case with a ``concurrency`` is a closed-loop run with that many requests in flight; a case with
+a ``request_rate`` and no concurrency an open-loop run (Poisson arrivals at that rate). The
+traffic's ``arrival`` (``spread``, ``waves``, ``poisson``) and ``num_requests`` (the benchmark's
+number of prompts) are the load parameters of the queue model (docs/serving.md §5.1), taken from
+the source's benchmark command.
 
 A case without a concurrency is an offline maximum-load run: the engine batches as many
 sequences as its KV cache holds, up to its ``max_batch_size`` (the file's ``engines`` table says
@@ -74,12 +77,17 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
         model, cluster, input_len=traffic["input_len"], output_len=traffic["output_len"],
         weight_precision=case.get("weight_precision", "bf16"), kv_precision=case.get("kv_precision", "bf16"),
         prefix_fraction=traffic.get("prefix_fraction", 0.0), concurrency=traffic.get("concurrency"),
+        request_rate=traffic.get("request_rate"), arrival=traffic.get("arrival"),
+        num_requests=traffic.get("num_requests"),
     )
     adp = int(plan.get("attention_dp", 1))
     stage = int(plan["tp"]) * adp
     ep = int(plan.get("ep", 1))
     worker = {"tp": plan["tp"], "pp": plan.get("pp", 1), "attention_dp": adp, "ep": ep,
               "expert_tp": plan.get("expert_tp", stage // ep), "max_sequences": adp}
+    for key in ("max_batched_tokens", "kv_tokens"):
+        if plan.get(key) is not None:
+            worker[key] = int(plan[key])
     deployment = {"worker": worker, "replicas": plan.get("replicas", 1)}
     probe = _core.evaluate_serving(problem, deployment)
     fit = int(probe["memory"]["max_sequences_fit"])
@@ -105,7 +113,9 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     return {
         "id": case.get("id"), "gpu": case["gpu"], "model": case["model"], "engine": str(case.get("engine", "-")),
         "arch": "moe" if model.moe is not None else "dense",
-        "batch": batch, "kv_capacity_sequences": fit, "feasible": ev["feasible"],
+        # an open loop runs what its rate keeps in flight (the evaluation's own batch)
+        "batch": round(ev["sequences_per_worker"] * int(plan.get("replicas", 1))) if traffic.get("arrival") == "poisson"
+        else batch, "kv_capacity_sequences": fit, "feasible": ev["feasible"],
         "predicted": predicted, "measured": {k: measured.get(k) for k in METRICS}, "ape": ape,
     }
 

@@ -42,6 +42,8 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
             "prefix_fraction": _opt(t, "prefix_fraction") or 0.0,
             "concurrency": _opt(t, "concurrency"),
             "request_rate": _opt(t, "request_rate"),
+            "arrival": _opt(t, "arrival"),
+            "num_requests": _opt(t, "num_requests"),
         },
         "slo": {"ttft_s": _opt(s, "ttft_s"), "tpot_s": _opt(s, "tpot_s"), "e2e_s": _opt(s, "e2e_s")},
         "objective": _opt(msg, "objective") or "throughput",
@@ -50,7 +52,7 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
 
 def _worker_from(msg: pb.ServingWorker) -> dict[str, Any]:
     w: dict[str, Any] = {"tp": msg.tp, "max_sequences": msg.max_sequences}
-    for name in ("pp", "attention_dp", "ep", "expert_tp"):
+    for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens"):
         if msg.HasField(name):
             w[name] = getattr(msg, name)
     if "expert_tp" not in w:
@@ -93,7 +95,8 @@ def space_from(msg: pb.ServingSpace, max_candidates: Optional[int] = None) -> di
 
 def _worker_message(w: dict[str, Any]) -> pb.ServingWorker:
     return pb.ServingWorker(tp=w["tp"], pp=w["pp"], attention_dp=w["attention_dp"], ep=w["ep"],
-                            expert_tp=w["expert_tp"], max_sequences=w["max_sequences"])
+                            expert_tp=w["expert_tp"], max_sequences=w["max_sequences"],
+                            max_batched_tokens=w.get("max_batched_tokens"), kv_tokens=w.get("kv_tokens"))
 
 
 def evaluation_message(ev: dict[str, Any]) -> pb.ServingEvaluation:
@@ -160,7 +163,8 @@ def problem_message(problem: dict[str, Any]) -> pb.ServingProblem:
         traffic=pb.ServingTraffic(
             input_len=t["input_len"], output_len=t["output_len"],
             prefix_fraction=t["prefix_fraction"], concurrency=t["concurrency"],
-            request_rate=t["request_rate"],
+            request_rate=t["request_rate"], arrival=t.get("arrival"),
+            num_requests=t.get("num_requests"),
         ),
         slo=pb.ServingSlo(ttft_s=s["ttft_s"], tpot_s=s["tpot_s"], e2e_s=s["e2e_s"]),
         objective=problem["objective"],
@@ -178,7 +182,7 @@ def plan_message(plan: dict[str, Any]) -> pb.ServingPlan:
 
 def _request_worker(w: dict[str, Any]) -> pb.ServingWorker:
     msg = pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"])
-    for name in ("pp", "attention_dp", "ep", "expert_tp"):
+    for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens"):
         if w.get(name) is not None:
             setattr(msg, name, w[name])
     return msg
@@ -211,6 +215,11 @@ def search_response(raw: dict[str, Any]) -> pb.SearchServingResponse:
 def evaluation_from(msg: pb.ServingEvaluation) -> dict[str, Any]:
     """A serving evaluation message back as a flat dict (the client's view)."""
     out: dict[str, Any] = wire.plain(msg)
+    # An unset token budget or KV size is absent, as in the core's plan (not a 0).
+    for name in ("worker", "prefill"):
+        for key in ("max_batched_tokens", "kv_tokens"):
+            if isinstance(out["plan"].get(name), dict) and not getattr(msg.plan, name).HasField(key):
+                out["plan"][name].pop(key, None)
     extra: Optional[str] = out.pop("extra_json", None)
     if extra:
         out.update(json.loads(extra))

@@ -22,7 +22,7 @@ PLAN_HELP = "e.g. tp=8,pp=1,adp=1,ep=1,etp=8,batch=64,replicas=1"
 # Flat columns of one deployment (table, CSV).
 COLUMNS = (
     "rank", "deployment", "gpus", "tp", "pp", "attention_dp", "ep", "expert_tp", "max_sequences",
-    "replicas", "prefill", "prefill_replicas", "ttft_ms", "tpot_ms", "e2e_s",
+    "replicas", "prefill", "prefill_replicas", "ttft_ms", "queue_ms", "tpot_ms", "e2e_s",
     "tokens_per_s_per_gpu", "tokens_per_s_per_user", "output_tokens_per_s", "requests_per_s",
     "memory_gib", "kv_capacity_sequences",
 )
@@ -46,7 +46,13 @@ def _flags() -> Parser:
     g.add_argument("--output-len", required=True, type=int, metavar="T", help="output tokens per request (OSL)")
     g.add_argument("--prefix-fraction", type=float, default=0.0, metavar="F", help="shared, cached prompt prefix (0-0.99)")
     g.add_argument("--concurrency", type=int, metavar="N", help="requests in flight across the deployment")
-    g.add_argument("--request-rate", type=float, metavar="R", help="requests/s the deployment must sustain")
+    g.add_argument("--request-rate", type=float, metavar="R",
+                   help="requests/s the deployment must sustain; without --concurrency also the Poisson arrival rate")
+    g.add_argument("--arrival", choices=("spread", "waves", "poisson"),
+                   help="arrival process of the queue model: spread (closed loop, varied lengths), waves (closed "
+                        "loop of equal lengths, or an offline batch), poisson (open loop at --request-rate); "
+                        "default: poisson with a rate and no concurrency, else spread")
+    g.add_argument("--num-requests", type=int, metavar="N", help="requests in the whole run (a benchmark's prompts)")
     g.add_argument("--ttft-ms", type=float, metavar="MS", help="SLO: time to first token")
     g.add_argument("--tpot-ms", type=float, metavar="MS", help="SLO: time per output token after the first")
     g.add_argument("--e2e-s", type=float, metavar="S", help="SLO: end-to-end latency")
@@ -96,6 +102,8 @@ def _problem(args: argparse.Namespace) -> dict[str, Any]:
         "prefix_fraction": args.prefix_fraction,
         "concurrency": args.concurrency,
         "request_rate": args.request_rate,
+        "arrival": args.arrival,
+        "num_requests": args.num_requests,
         "ttft_s": None if args.ttft_ms is None else args.ttft_ms * ms,
         "tpot_s": None if args.tpot_ms is None else args.tpot_ms * ms,
         "e2e_s": args.e2e_s,
@@ -116,6 +124,7 @@ def row(ev: dict[str, Any], rank: Optional[int] = None) -> dict[str, Any]:
         "prefill": "" if pw is None else f"tp{pw['tp']}·adp{pw['attention_dp']}·ep{pw['ep']}·pp{pw['pp']} b{pw['max_sequences']}",
         "prefill_replicas": plan.get("prefill_replicas", 0),
         "ttft_ms": round(t["ttft_s"] * 1e3, 2),
+        "queue_ms": round(ev.get("queue_s", 0.0) * 1e3, 2),
         "tpot_ms": round(t["tpot_s"] * 1e3, 2),
         "e2e_s": round(t["e2e_s"], 3),
         "tokens_per_s_per_gpu": round(ev["tokens_per_s_per_gpu"], 1),
@@ -213,7 +222,8 @@ def evaluation_text(ev: dict[str, Any]) -> str:
     m, t = ev["memory"], ev["time"]
     lines = [
         f"deployment  {ev['label']}  on {ev['gpus']} GPUs: {'feasible' if ev['feasible'] else 'NOT feasible'}",
-        f"TTFT {r['ttft_ms']:.1f} ms   TPOT {r['tpot_ms']:.2f} ms   e2e {r['e2e_s']:.3f} s",
+        f"TTFT {r['ttft_ms']:.1f} ms (queueing {r['queue_ms']:.1f})   TPOT {r['tpot_ms']:.2f} ms   "
+        f"e2e {r['e2e_s']:.3f} s",
         f"{r['tokens_per_s_per_gpu']:.1f} tok/s/GPU   {r['tokens_per_s_per_user']:.1f} tok/s/user   "
         f"{r['output_tokens_per_s']:.0f} tok/s   {r['requests_per_s']:.3f} req/s",
         f"memory per GPU {m['total_gib']:.1f} GiB of {m['budget_gib']:.1f}: weights {m['weights_gib']:.1f}, "

@@ -1792,6 +1792,8 @@ class ServingTraffic(_message.Message):
     PREFIX_FRACTION_FIELD_NUMBER: _builtins.int
     CONCURRENCY_FIELD_NUMBER: _builtins.int
     REQUEST_RATE_FIELD_NUMBER: _builtins.int
+    ARRIVAL_FIELD_NUMBER: _builtins.int
+    NUM_REQUESTS_FIELD_NUMBER: _builtins.int
     input_len: _builtins.int
     """Prompt tokens per request (ISL)."""
     output_len: _builtins.int
@@ -1801,7 +1803,16 @@ class ServingTraffic(_message.Message):
     concurrency: _builtins.int
     """Requests in flight across the deployment; unset: as many as fit."""
     request_rate: _builtins.float
-    """Requests per second the deployment must sustain; unset: none."""
+    """Requests per second the deployment must sustain; unset: none. Without a concurrency it is
+    also an open loop's Poisson arrival rate (docs/serving.md §5.1).
+    """
+    arrival: _builtins.str
+    """The arrival process: "spread" (closed loop, varied lengths), "waves" (closed loop of
+    equal-length requests, or an offline batch) or "poisson" (open loop at request_rate);
+    unset: "poisson" for a request_rate without a concurrency, else "spread".
+    """
+    num_requests: _builtins.int
+    """Requests in the whole run (a benchmark's number of prompts); unset: an endless run."""
     def __init__(
         self,
         *,
@@ -1810,19 +1821,29 @@ class ServingTraffic(_message.Message):
         prefix_fraction: _builtins.float | None = ...,
         concurrency: _builtins.int | None = ...,
         request_rate: _builtins.float | None = ...,
+        arrival: _builtins.str | None = ...,
+        num_requests: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "concurrency", b"concurrency", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "concurrency", b"concurrency", "num_requests", b"num_requests", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "concurrency", b"concurrency", "input_len", b"input_len", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "concurrency", b"concurrency", "input_len", b"input_len", "num_requests", b"num_requests", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__arrival: _TypeAlias = _typing.Literal["arrival"]  # noqa: Y015
+    _WhichOneofArgType__arrival: _TypeAlias = _typing.Literal["_arrival", b"_arrival"]  # noqa: Y015
     _WhichOneofReturnType__concurrency: _TypeAlias = _typing.Literal["concurrency"]  # noqa: Y015
     _WhichOneofArgType__concurrency: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency"]  # noqa: Y015
+    _WhichOneofReturnType__num_requests: _TypeAlias = _typing.Literal["num_requests"]  # noqa: Y015
+    _WhichOneofArgType__num_requests: _TypeAlias = _typing.Literal["_num_requests", b"_num_requests"]  # noqa: Y015
     _WhichOneofReturnType__prefix_fraction: _TypeAlias = _typing.Literal["prefix_fraction"]  # noqa: Y015
     _WhichOneofArgType__prefix_fraction: _TypeAlias = _typing.Literal["_prefix_fraction", b"_prefix_fraction"]  # noqa: Y015
     _WhichOneofReturnType__request_rate: _TypeAlias = _typing.Literal["request_rate"]  # noqa: Y015
     _WhichOneofArgType__request_rate: _TypeAlias = _typing.Literal["_request_rate", b"_request_rate"]  # noqa: Y015
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__arrival) -> _WhichOneofReturnType__arrival | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency) -> _WhichOneofReturnType__concurrency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__num_requests) -> _WhichOneofReturnType__num_requests | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__prefix_fraction) -> _WhichOneofReturnType__prefix_fraction | None: ...
     @_typing.overload
@@ -1937,6 +1958,8 @@ class ServingWorker(_message.Message):
     EP_FIELD_NUMBER: _builtins.int
     EXPERT_TP_FIELD_NUMBER: _builtins.int
     MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
+    MAX_BATCHED_TOKENS_FIELD_NUMBER: _builtins.int
+    KV_TOKENS_FIELD_NUMBER: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
     """Unset: 1."""
@@ -1946,6 +1969,14 @@ class ServingWorker(_message.Message):
     """Unset: tp x attention_dp / ep."""
     max_sequences: _builtins.int
     """Most sequences the worker runs at once (a prefill worker: its batch of prompts)."""
+    max_batched_tokens: _builtins.int
+    """Most tokens of one forward per attention-DP rank (the prefill chunk); unset: the default
+    of data/serving.toml.
+    """
+    kv_tokens: _builtins.int
+    """KV-cache tokens of each attention-DP rank as the engine reports them; unset: the memory
+    model's.
+    """
     def __init__(
         self,
         *,
@@ -1955,10 +1986,12 @@ class ServingWorker(_message.Message):
         ep: _builtins.int | None = ...,
         expert_tp: _builtins.int | None = ...,
         max_sequences: _builtins.int = ...,
+        max_batched_tokens: _builtins.int | None = ...,
+        kv_tokens: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "pp", b"pp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "pp", b"pp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "max_sequences", b"max_sequences", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attention_dp: _TypeAlias = _typing.Literal["attention_dp"]  # noqa: Y015
     _WhichOneofArgType__attention_dp: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp"]  # noqa: Y015
@@ -1966,6 +1999,10 @@ class ServingWorker(_message.Message):
     _WhichOneofArgType__ep: _TypeAlias = _typing.Literal["_ep", b"_ep"]  # noqa: Y015
     _WhichOneofReturnType__expert_tp: _TypeAlias = _typing.Literal["expert_tp"]  # noqa: Y015
     _WhichOneofArgType__expert_tp: _TypeAlias = _typing.Literal["_expert_tp", b"_expert_tp"]  # noqa: Y015
+    _WhichOneofReturnType__kv_tokens: _TypeAlias = _typing.Literal["kv_tokens"]  # noqa: Y015
+    _WhichOneofArgType__kv_tokens: _TypeAlias = _typing.Literal["_kv_tokens", b"_kv_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__max_batched_tokens: _TypeAlias = _typing.Literal["max_batched_tokens"]  # noqa: Y015
+    _WhichOneofArgType__max_batched_tokens: _TypeAlias = _typing.Literal["_max_batched_tokens", b"_max_batched_tokens"]  # noqa: Y015
     _WhichOneofReturnType__pp: _TypeAlias = _typing.Literal["pp"]  # noqa: Y015
     _WhichOneofArgType__pp: _TypeAlias = _typing.Literal["_pp", b"_pp"]  # noqa: Y015
     @_typing.overload
@@ -1974,6 +2011,10 @@ class ServingWorker(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep) -> _WhichOneofReturnType__ep | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__expert_tp) -> _WhichOneofReturnType__expert_tp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_tokens) -> _WhichOneofReturnType__kv_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_batched_tokens) -> _WhichOneofReturnType__max_batched_tokens | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pp) -> _WhichOneofReturnType__pp | None: ...
 

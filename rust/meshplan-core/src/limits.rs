@@ -88,6 +88,8 @@ pub const MAX_LISTED_STAGES: usize = 1 << 10;
 /// Sequences one serving worker runs at once, and requests in flight across a deployment:
 /// 2^24 = 16,777,216 (the largest engines batch a few thousand sequences per GPU).
 pub const MAX_SEQUENCES: u32 = 1 << 24;
+/// Most KV-cache tokens of one rank a serving plan may state (2^31 − 1: far beyond any GPU's HBM).
+pub const MAX_KV_TOKENS: u32 = (1 << 31) - 1;
 
 /// Inclusive bounds of one integer field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,12 +231,15 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("traffic.input_len", up_to(MAX_SEQ_LEN)),
     ("traffic.output_len", up_to(MAX_SEQ_LEN)),
     ("traffic.concurrency", up_to(MAX_SEQUENCES)),
+    ("traffic.num_requests", up_to(MAX_SEQUENCES)),
     ("serving_plan.worker.tp", DEGREE),
     ("serving_plan.worker.pp", DEGREE),
     ("serving_plan.worker.attention_dp", DEGREE),
     ("serving_plan.worker.ep", DEGREE),
     ("serving_plan.worker.expert_tp", DEGREE),
     ("serving_plan.worker.max_sequences", up_to(MAX_SEQUENCES)),
+    ("serving_plan.worker.max_batched_tokens", up_to(MAX_SEQ_LEN)),
+    ("serving_plan.worker.kv_tokens", up_to(MAX_KV_TOKENS)),
     ("serving_plan.replicas", DEGREE),
     ("serving_plan.prefill.tp", DEGREE),
     ("serving_plan.prefill.pp", DEGREE),
@@ -242,6 +247,11 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("serving_plan.prefill.ep", DEGREE),
     ("serving_plan.prefill.expert_tp", DEGREE),
     ("serving_plan.prefill.max_sequences", up_to(MAX_SEQUENCES)),
+    (
+        "serving_plan.prefill.max_batched_tokens",
+        up_to(MAX_SEQ_LEN),
+    ),
+    ("serving_plan.prefill.kv_tokens", up_to(MAX_KV_TOKENS)),
     ("serving_plan.prefill_replicas", DEGREE),
     ("serving_space.top_k", up_to(MAX_TOP_K)),
     ("serving_space.max_tp", DEGREE),

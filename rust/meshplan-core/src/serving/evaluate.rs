@@ -18,7 +18,8 @@ use crate::Control;
 use super::constants;
 use super::memory::{kv_bytes_per_token_per_layer, stage_counts, worker_memory, ServingMemory};
 use super::plan::{ServingPlan, Worker};
-use super::problem::ServingProblem;
+use super::problem::{Arrival, ServingProblem};
+use super::queue;
 use super::time::{worker_groups, Batch, ServingTime, TimeModel};
 
 /// Why a deployment does not serve the problem as asked.
@@ -43,6 +44,9 @@ pub struct ServingEvaluation {
     pub gpus: u64,
     /// Sequences each (decode or aggregated) worker runs in steady state.
     pub sequences_per_worker: f64,
+    /// Seconds of the TTFT spent queueing (docs/serving.md §5.1): for a slot in a closed loop,
+    /// for prefill (M/D/1) or behind an overload in an open one.
+    pub queue_s: f64,
     /// Memory per GPU of the (decode or aggregated) worker.
     pub memory: ServingMemory,
     /// Memory per GPU of the prefill worker (disaggregated).
@@ -75,11 +79,6 @@ pub fn evaluate_serving_with(
     plan.validate(&problem.model, problem.cluster.num_gpus)?;
     control.check(started)?;
     Ok(score(&TimeModel::new(problem), plan, false))
-}
-
-/// Tokens per attention-DP rank of one prefill forward of an aggregated or prefill worker.
-fn forward_tokens() -> f64 {
-    constants().max_batched_tokens
 }
 
 /// Sequences a (decode or aggregated) worker runs: its `max_sequences`, or its share of the
@@ -125,39 +124,143 @@ pub(crate) fn score(
     let b = sequences(p, plan);
     let b_rank = b / w.attention_dp as f64;
     let context = isl + osl / 2.0;
-    let chunk = forward_tokens();
+    let chunk = w.forward_tokens();
     let mut violations = Vec::new();
-    let (decode, tpot, prefill, ttft, kv_transfer, requests_per_s, prefill_memory);
+    let (decode, tpot, prefill, mut ttft, kv_transfer, requests_per_s, prefill_memory);
+    let arrival = p.traffic.arrival();
+    let replicas = plan.replicas as f64;
+    // Requests in flight per worker in a closed loop, arrivals per second per worker in an
+    // open one, requests per worker over the run.
+    let in_flight = p.traffic.concurrency.map(|c| c as f64 / replicas);
+    let lambda = p.traffic.request_rate.map(|r| r / replicas);
+    let run = p.traffic.num_requests.map(|n| n as f64 / replicas);
+    let queue_s;
+    // Completions per second of the whole deployment over the run, where a finite run of
+    // waves differs from the steady state.
+    let mut run_rate = None;
+    let mut b = b;
     match &plan.prefill {
         None => {
-            // Every step decodes b_rank tokens and prefills the prompts of the b_rank/OSL
-            // requests that replace the finishing ones.
-            let step = Batch {
-                decode_seqs: b_rank,
-                decode_context: context,
-                prefill_seqs: b_rank / osl,
-                prefill_new: new,
-                prefill_cached: cached,
-            };
-            let (d, period) = tm.forward(w, &step, true);
             // A new prompt rides on steps in chunks of what the running decodes leave free.
-            let room = (chunk - b_rank).max(chunk / 2.0);
-            let chunks = (new / room).ceil().max(1.0);
-            let piece = new / chunks;
-            let first = Batch {
-                decode_seqs: (b_rank - 1.0).max(0.0),
-                decode_context: context,
-                prefill_seqs: 1.0,
-                prefill_new: piece,
-                prefill_cached: cached + (new - piece) / 2.0,
+            let mixed = |b: f64| {
+                let b_rank = b / w.attention_dp as f64;
+                let step = Batch {
+                    decode_seqs: b_rank,
+                    decode_context: context,
+                    prefill_seqs: b_rank / osl,
+                    prefill_new: new,
+                    prefill_cached: cached,
+                };
+                let (d, period) = tm.forward(w, &step, true);
+                let room = (chunk - b_rank).max(chunk / 2.0);
+                let chunks = (new / room).ceil().max(1.0);
+                let piece = new / chunks;
+                let first = Batch {
+                    decode_seqs: (b_rank - 1.0).max(0.0),
+                    decode_context: context,
+                    prefill_seqs: 1.0,
+                    prefill_new: piece,
+                    prefill_cached: cached + (new - piece) / 2.0,
+                };
+                let (f, _) = tm.forward(w, &first, false);
+                (d, period, f, chunks, room)
             };
-            let (f, _) = tm.forward(w, &first, false);
-            decode = d;
-            tpot = period;
-            prefill = f;
-            ttft = chunks * f.total_s;
+            match arrival {
+                Arrival::Waves => {
+                    // The wave's prompts are prefilled together in forwards of `chunk` tokens
+                    // per rank, then the wave decodes alone: TPOT is a pure decode step.
+                    let b_rank = b / w.attention_dp as f64;
+                    let step = Batch {
+                        decode_seqs: b_rank,
+                        decode_context: context,
+                        prefill_seqs: 0.0,
+                        prefill_new: 0.0,
+                        prefill_cached: 0.0,
+                    };
+                    let (d, period) = tm.forward(w, &step, true);
+                    let (all, median) = queue::wave_forwards(b_rank, new, chunk);
+                    let per_forward = (b_rank * new / all).max(1.0);
+                    let wave = Batch {
+                        decode_seqs: 0.0,
+                        decode_context: 0.0,
+                        prefill_seqs: per_forward / new,
+                        prefill_new: new,
+                        prefill_cached: cached,
+                    };
+                    let (f, fperiod) = tm.forward(w, &wave, false);
+                    let wave_s = f.total_s + (all - 1.0) * fperiod;
+                    let round = wave_s + (osl - 1.0) * period;
+                    let x = b / round;
+                    decode = d;
+                    tpot = period;
+                    prefill = f;
+                    queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x);
+                    ttft = f.total_s + (median - 1.0) * fperiod + queue_s;
+                    requests_per_s = replicas * x;
+                    if let Some(n) = run {
+                        // Whole waves: the last one may be partly empty.
+                        let rounds = (n / b).ceil().max(1.0);
+                        run_rate = Some(replicas * n / (rounds * round));
+                    }
+                }
+                Arrival::Spread => {
+                    let (d, period, f, chunks, _) = mixed(b);
+                    decode = d;
+                    tpot = period;
+                    prefill = f;
+                    let x = b / (osl * tpot);
+                    queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x);
+                    ttft = chunks * f.total_s + queue_s;
+                    requests_per_s = replicas * x;
+                }
+                Arrival::Poisson => {
+                    // The running batch is what the rate keeps in flight (Little's law on the
+                    // decode slots, n = λ·OSL·TPOT(n)), at most the worker's batch.
+                    let lambda = lambda.unwrap_or(0.0);
+                    let cap = b;
+                    let mut n = 1.0_f64.max(w.attention_dp as f64).min(cap);
+                    for _ in 0..32 {
+                        let (_, period, _, _, _) = mixed(n);
+                        let next = (lambda * osl * period).max(w.attention_dp as f64).min(cap);
+                        if (next - n).abs() < 1e-6 * n {
+                            n = next;
+                            break;
+                        }
+                        n = next;
+                    }
+                    b = n;
+                    let (d, period, f, chunks, room) = mixed(n);
+                    decode = d;
+                    tpot = period;
+                    prefill = f;
+                    let mu = n / (osl * period);
+                    // Each rank's prefill serves its share of the arrivals; a prompt takes
+                    // new/room steps' worth of the step's prefill budget (M/D/1).
+                    let rank_lambda = lambda / w.attention_dp as f64;
+                    let service = new / room * period;
+                    let own = chunks * f.total_s;
+                    queue_s = match queue::md1_wait(rank_lambda, service) {
+                        Some(wq) if n < cap || mu >= lambda => wq,
+                        _ => {
+                            let served = mu.min(1.0 / service * w.attention_dp as f64);
+                            run.map_or(0.0, |requests| {
+                                queue::overload_wait(requests, served, lambda)
+                            })
+                        }
+                    };
+                    ttft = own + queue_s;
+                    // The deployment's rate is its capacity, what its full batch completes (as
+                    // for a closed loop); TTFT and TPOT are those at the offered load.
+                    let capacity = if n < cap {
+                        let (_, full, _, _, _) = mixed(cap);
+                        cap / (osl * full)
+                    } else {
+                        mu
+                    };
+                    requests_per_s = replicas * capacity;
+                }
+            }
             kv_transfer = 0.0;
-            requests_per_s = plan.replicas as f64 * b / (osl * tpot);
             prefill_memory = None;
         }
         Some(pw) => {
@@ -187,6 +290,21 @@ pub(crate) fn score(
             let prefill_rate = plan.prefill_replicas as f64 * bp / prefill_period;
             let decode_rate = plan.replicas as f64 * b / (osl * tpot);
             requests_per_s = prefill_rate.min(decode_rate);
+            // Closed loop: requests beyond the decode slots wait for one; open loop: prompts
+            // queue for the prefill pool, a server of one prompt per 1/prefill_rate (M/D/1).
+            queue_s = match arrival {
+                Arrival::Poisson => {
+                    let lambda = lambda.unwrap_or(0.0) * replicas;
+                    queue::md1_wait(lambda, 1.0 / prefill_rate).unwrap_or_else(|| {
+                        let served = requests_per_s;
+                        p.traffic
+                            .num_requests
+                            .map_or(0.0, |n| queue::overload_wait(n as f64, served, lambda))
+                    })
+                }
+                _ => queue::slot_wait(in_flight.unwrap_or(b), b, decode_rate / replicas),
+            };
+            ttft += queue_s;
             let pm = worker_memory(p, pw, bp, bp / pw.attention_dp as f64 * new);
             if (pm.max_sequences_fit as f64) < bp {
                 violations.push(ServingViolation {
@@ -268,6 +386,7 @@ pub(crate) fn score(
         }
     }
     let gpus = plan.gpus();
+    let requests_per_s = run_rate.unwrap_or(requests_per_s);
     let output_tokens_per_s = requests_per_s * osl;
     ServingEvaluation {
         plan: *plan,
@@ -276,6 +395,7 @@ pub(crate) fn score(
         violations,
         gpus,
         sequences_per_worker: b,
+        queue_s,
         memory,
         prefill_memory,
         time: ServingTime {
@@ -290,5 +410,105 @@ pub(crate) fn score(
         tokens_per_s_per_gpu: output_tokens_per_s / gpus.max(1) as f64,
         tokens_per_s_per_user: 1.0 / tpot,
         requests_per_s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serving::problem::tests::problem;
+
+    fn worker(tp: u32, batch: u32) -> ServingPlan {
+        ServingPlan {
+            worker: Worker {
+                tp,
+                pp: 1,
+                attention_dp: 1,
+                ep: 1,
+                expert_tp: tp,
+                max_sequences: batch,
+                max_batched_tokens: None,
+                kv_tokens: None,
+            },
+            replicas: 1,
+            prefill: None,
+            prefill_replicas: 0,
+        }
+    }
+
+    #[test]
+    fn a_closed_loop_beyond_the_batch_waits_its_turn() {
+        // 64 running of 96 in flight: the 32 others wait 32 / X, X = 64 / (OSL · TPOT).
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.concurrency = Some(64);
+        let alone = evaluate_serving(&p, &worker(1, 64)).unwrap();
+        assert_eq!(alone.queue_s, 0.0);
+        p.traffic.concurrency = Some(96);
+        let queued = evaluate_serving(&p, &worker(1, 64)).unwrap();
+        let x = 64.0 / (256.0 * queued.time.tpot_s);
+        assert!((queued.queue_s - 32.0 / x).abs() < 1e-9 * queued.queue_s);
+        assert!((queued.time.ttft_s - alone.time.ttft_s - queued.queue_s).abs() < 1e-9);
+        // The same 64 run: TPOT and throughput do not change, only the wait.
+        assert_eq!(queued.time.tpot_s, alone.time.tpot_s);
+        assert_eq!(queued.requests_per_s, alone.requests_per_s);
+    }
+
+    #[test]
+    fn a_wave_is_prefilled_then_decoded_alone() {
+        // 4 prompts of 1024 tokens fit one forward of 8192: every first token comes after it,
+        // and the wave then decodes 255 pure decode steps.
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.concurrency = Some(4);
+        p.traffic.arrival = Some(Arrival::Waves);
+        let ev = evaluate_serving(&p, &worker(1, 4)).unwrap();
+        assert_eq!(ev.time.ttft_s, ev.time.prefill.total_s);
+        let round = ev.time.ttft_s + 255.0 * ev.time.tpot_s;
+        assert!((ev.requests_per_s - 4.0 / round).abs() < 1e-9 * ev.requests_per_s);
+        // A pure decode step is shorter than the steady state's mixed one.
+        p.traffic.arrival = Some(Arrival::Spread);
+        let spread = evaluate_serving(&p, &worker(1, 4)).unwrap();
+        assert!(ev.time.tpot_s < spread.time.tpot_s);
+        // A token budget of 2048 prefills the wave in two forwards of two prompts; the median
+        // (second) request's first token comes with the first of them.
+        p.traffic.arrival = Some(Arrival::Waves);
+        let mut small = worker(1, 4);
+        small.worker.max_batched_tokens = Some(2048);
+        let chunked = evaluate_serving(&p, &small).unwrap();
+        assert_eq!(chunked.time.ttft_s, chunked.time.prefill.total_s);
+        assert!(chunked.time.ttft_s < ev.time.ttft_s);
+        assert_eq!(chunked.time.tpot_s, ev.time.tpot_s);
+        // A run of 10 requests is three waves of 4, the last one half empty.
+        p.traffic.num_requests = Some(10);
+        let run = evaluate_serving(&p, &worker(1, 4)).unwrap();
+        assert!((run.requests_per_s - 10.0 / (3.0 * round)).abs() < 1e-9 * run.requests_per_s);
+    }
+
+    #[test]
+    fn an_open_loop_runs_what_its_rate_keeps_in_flight() {
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.request_rate = Some(2.0);
+        assert_eq!(p.traffic.arrival(), Arrival::Poisson);
+        let ev = evaluate_serving(&p, &worker(1, 256)).unwrap();
+        // Little's law on the decode slots: n = λ · OSL · TPOT(n), fewer than the 256 slots,
+        // which could complete more than λ (the deployment's rate is that capacity).
+        let n = ev.sequences_per_worker;
+        assert!((n - 2.0 * 256.0 * ev.time.tpot_s).abs() < 1e-3 * n, "{n}");
+        assert!(n < 256.0 && ev.requests_per_s > 2.0 && ev.feasible);
+        assert!(ev.queue_s > 0.0 && ev.queue_s < ev.time.ttft_s);
+        // Overloaded (more arrivals than the 4 slots complete): the median of 1000 requests
+        // waits N/2 · (1/μ − 1/λ).
+        p.traffic.request_rate = Some(50.0);
+        p.traffic.num_requests = Some(1000);
+        let over = evaluate_serving(&p, &worker(1, 4)).unwrap();
+        let mu = over.requests_per_s;
+        assert!(mu < 50.0 && !over.feasible);
+        assert!((over.queue_s - 500.0 * (1.0 / mu - 1.0 / 50.0)).abs() < 1e-6 * over.queue_s);
+        // Poisson without a rate is named.
+        p.traffic.request_rate = None;
+        p.traffic.arrival = Some(Arrival::Poisson);
+        assert!(evaluate_serving(&p, &worker(1, 4))
+            .unwrap_err()
+            .to_string()
+            .contains("traffic.arrival"));
     }
 }

@@ -14,7 +14,7 @@ use crate::layout::Group;
 use crate::traffic::{wire_bytes, WIRE_BYTES};
 use crate::Control;
 
-use super::evaluate::{evaluate_serving_with, sequences, ServingEvaluation};
+use super::evaluate::{evaluate_serving_with, ServingEvaluation};
 use super::memory::stage_counts;
 use super::plan::ServingPlan;
 use super::problem::ServingProblem;
@@ -110,7 +110,8 @@ pub fn explain_serving(
     let w = &plan.worker;
     let g = worker_groups(w, tm.domain);
     let h = model.hidden as f64;
-    let tok = sequences(problem, plan) / w.attention_dp as f64 / w.pp as f64;
+    // The sequences the evaluation runs (an open loop: what its rate keeps in flight).
+    let tok = evaluation.sequences_per_worker / w.attention_dp as f64 / w.pp as f64;
     let stages = stage_counts(model, w.pp);
     let layers = stages.iter().map(|c| c.total()).max().unwrap_or(0) as f64;
     let moe_layers = stages.iter().map(|c| c.0[1]).max().unwrap_or(0) as f64;

@@ -190,7 +190,11 @@ pub fn worker_memory(
         let workspace = act + logits;
         let total = weights + kv + workspace + fixed;
         let free = (budget - weights - workspace - fixed).max(0.0);
-        let capacity_tokens = free / kv_per_token.max(1e-30);
+        // The engine's own figure where the plan states it, else what the budget leaves.
+        let capacity_tokens = match w.kv_tokens {
+            Some(t) => t as f64,
+            None => free / kv_per_token.max(1e-30),
+        };
         let fit_rank = ((capacity_tokens - prefix) / own).floor().max(0.0);
         let fit = (fit_rank as u64).saturating_mul(w.attention_dp as u64);
         let m = ServingMemory {
@@ -243,6 +247,8 @@ mod tests {
             ep: 1,
             expert_tp: tp,
             max_sequences: 1,
+            max_batched_tokens: None,
+            kv_tokens: None,
         }
     }
 

@@ -20,6 +20,7 @@ mod explain;
 mod memory;
 mod plan;
 mod problem;
+mod queue;
 mod search;
 mod time;
 
@@ -29,7 +30,7 @@ pub use evaluate::{evaluate_serving, evaluate_serving_with, ServingEvaluation, S
 pub use explain::{explain_serving, ServingAxis, ServingExplanation};
 pub use memory::ServingMemory;
 pub use plan::{ServingPlan, Worker};
-pub use problem::{bytes_per_element, Objective, ServingProblem, Slo, Traffic};
+pub use problem::{bytes_per_element, Arrival, Objective, ServingProblem, Slo, Traffic};
 pub use search::{search_serving, ServingSearchResult, ServingSearchStats, ServingSpace};
 pub use time::{PhaseTime, ServingTime};
 
@@ -64,6 +65,9 @@ pub struct ServingConstants {
     pub prefill_layer_launch_us: f64,
     /// An MoE layer's launches relative to a dense one's.
     pub moe_layer_launch_factor: f64,
+    /// Fixed time per decode step of a layer with latent attention (MLA) and routed experts, µs
+    /// (in place of the launch time above).
+    pub mla_moe_layer_decode_us: f64,
     /// Fixed time of one KV transfer between pools, µs.
     pub kv_transfer_setup_us: f64,
 }

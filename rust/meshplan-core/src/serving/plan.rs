@@ -38,6 +38,16 @@ pub struct Worker {
     /// Most sequences the worker runs at once (decode batch; for a prefill worker, the
     /// requests of one prefill batch).
     pub max_sequences: u32,
+    /// Most tokens of one forward per attention-DP rank (vLLM `--max-num-batched-tokens`,
+    /// SGLang `--chunked-prefill-size`, TensorRT-LLM `--max_num_tokens`): the prefill chunk and
+    /// the activation workspace; `None`: `max_batched_tokens` of `data/serving.toml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batched_tokens: Option<u32>,
+    /// Tokens the KV cache of each attention-DP rank holds, as the engine reports it at start
+    /// (vLLM "GPU KV cache size: N tokens", SGLang "max_total_num_tokens"); `None`: what the
+    /// memory model leaves for it (docs/serving.md §4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_tokens: Option<u32>,
 }
 
 impl Worker {
@@ -60,6 +70,13 @@ impl Worker {
             etp: None,
             sequence_parallel: false,
         }
+    }
+
+    /// Tokens of one forward per attention-DP rank: [`Worker::max_batched_tokens`] or the
+    /// serving default.
+    pub fn forward_tokens(&self) -> f64 {
+        self.max_batched_tokens
+            .map_or(super::constants().max_batched_tokens, |t| t as f64)
     }
 
     /// GPUs of one pipeline stage, `tp × attention_dp`.
@@ -87,6 +104,9 @@ impl Worker {
         if self.pp > 1 {
             s += &format!("·pp{}", self.pp);
         }
+        if let Some(t) = self.max_batched_tokens {
+            s += &format!("·tok{t}");
+        }
         s + &format!(" b{}", self.max_sequences)
     }
 
@@ -104,6 +124,8 @@ impl Worker {
             limits::check(&field(name), v)?;
         }
         limits::check(&field("max_sequences"), self.max_sequences)?;
+        limits::check_opt(&field("max_batched_tokens"), self.max_batched_tokens)?;
+        limits::check_opt(&field("kv_tokens"), self.kv_tokens)?;
         let stage = self.stage_gpus();
         if self.ep as u64 * self.expert_tp as u64 != stage {
             return Err(Error::invalid(

@@ -28,9 +28,62 @@ pub struct Traffic {
     /// `None`: as many as the memory and the SLOs allow.
     #[serde(default)]
     pub concurrency: Option<u32>,
-    /// Requests per second the deployment must sustain; `None`: no throughput floor.
+    /// Requests per second the deployment must sustain; `None`: no throughput floor. Without a
+    /// `concurrency` (or with `arrival: poisson`) it is also the offered load of an open loop:
+    /// Poisson arrivals at this rate, queueing for prefill (docs/serving.md §5.1).
     #[serde(default)]
     pub request_rate: Option<f64>,
+    /// How requests arrive ([`Arrival`]); `None`: `poisson` when a `request_rate` is given
+    /// without a `concurrency`, else `spread`.
+    #[serde(default)]
+    pub arrival: Option<Arrival>,
+    /// Requests in the whole run (a benchmark's `--num-prompts`): a closed loop's waves round
+    /// up to whole waves of it, an overloaded open loop's queue grows over it; `None`: the
+    /// steady state of an endless run.
+    #[serde(default)]
+    pub num_requests: Option<u32>,
+}
+
+/// The arrival process of the requests (docs/serving.md §5.1), an input of the queue model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Arrival {
+    /// Closed loop of requests whose lengths differ: completions, and so the next arrivals,
+    /// spread over the run; each new prompt's prefill rides in chunks on the running decode
+    /// steps, and requests beyond the running batch wait for a slot.
+    #[default]
+    Spread,
+    /// Closed loop of equal-length requests (a benchmark's fixed lengths, e.g. bench_serving's
+    /// `--random-range-ratio 1`, or an offline batch submitted at once): the requests in flight
+    /// arrive together, are prefilled together in forwards of `max_batched_tokens` and finish
+    /// together, in waves of the running batch.
+    Waves,
+    /// Open loop: Poisson arrivals at `request_rate`; the running batch is what the rate keeps
+    /// in flight (Little's law) and prompts queue for prefill (M/D/1). The deployment's
+    /// requests/s remain its capacity at its full batch.
+    Poisson,
+}
+
+impl Arrival {
+    pub fn name(self) -> &'static str {
+        match self {
+            Arrival::Spread => "spread",
+            Arrival::Waves => "waves",
+            Arrival::Poisson => "poisson",
+        }
+    }
+}
+
+impl Traffic {
+    /// The arrival process: the explicit one, else `poisson` for a rate without a
+    /// concurrency, else `spread`.
+    pub fn arrival(&self) -> Arrival {
+        match (self.arrival, self.concurrency, self.request_rate) {
+            (Some(a), _, _) => a,
+            (None, None, Some(_)) => Arrival::Poisson,
+            _ => Arrival::Spread,
+        }
+    }
 }
 
 /// Service-level objectives, each optional (docs/serving.md §2 defines the metrics).
@@ -110,8 +163,16 @@ impl ServingProblem {
         limits::check("traffic.input_len", t.input_len)?;
         limits::check("traffic.output_len", t.output_len)?;
         limits::check_opt("traffic.concurrency", t.concurrency)?;
+        limits::check_opt("traffic.num_requests", t.num_requests)?;
         check_fraction("traffic.prefix_fraction", t.prefix_fraction, 0.0, 0.99)?;
         check_positive_opt("traffic.request_rate", t.request_rate)?;
+        if t.arrival() == Arrival::Poisson && t.request_rate.is_none() {
+            return Err(Error::invalid(
+                "traffic.arrival",
+                "poisson",
+                "poisson needs a traffic.request_rate (the arrival rate)",
+            ));
+        }
         check_positive_opt("slo.ttft_s", self.slo.ttft_s)?;
         check_positive_opt("slo.tpot_s", self.slo.tpot_s)?;
         check_positive_opt("slo.e2e_s", self.slo.e2e_s)?;
@@ -185,6 +246,8 @@ pub(crate) mod tests {
                 prefix_fraction: 0.0,
                 concurrency: None,
                 request_rate: None,
+                arrival: None,
+                num_requests: None,
             },
             slo: Slo::default(),
             objective: Objective::Throughput,

@@ -237,6 +237,8 @@ pub fn search_serving(
                         ep,
                         expert_tp: etp,
                         max_sequences: adp,
+                        max_batched_tokens: None,
+                        kv_tokens: None,
                     };
                     let mut cap =
                         worker_memory(problem, &shape, adp as f64, chunk).max_sequences_fit;
@@ -263,6 +265,8 @@ pub fn search_serving(
                         let bp = round_up(((chunk / new).floor() as u64).max(1), adp).min(cap);
                         let pw = Worker {
                             max_sequences: bp as u32,
+                            max_batched_tokens: None,
+                            kv_tokens: None,
                             ..shape
                         };
                         let batch = Batch {
@@ -369,6 +373,8 @@ fn aggregated(
                 let plan = ServingPlan {
                     worker: Worker {
                         max_sequences: b,
+                        max_batched_tokens: None,
+                        kv_tokens: None,
                         ..*shape
                     },
                     replicas: most as u32,
@@ -390,6 +396,8 @@ fn aggregated(
                     let plan = ServingPlan {
                         worker: Worker {
                             max_sequences: b as u32,
+                            max_batched_tokens: None,
+                            kv_tokens: None,
                             ..*shape
                         },
                         replicas: r as u32,
@@ -481,6 +489,8 @@ fn disaggregated(
         for (y_fixed, b) in pools {
             let decode = Worker {
                 max_sequences: b as u32,
+                max_batched_tokens: None,
+                kv_tokens: None,
                 ..*shape
             };
             let step = Batch {

@@ -410,7 +410,15 @@ impl<'a> TimeModel<'a> {
             } else {
                 1.0
             };
-            t.overhead_s += n * launch * factor * 1e-6;
+            // A decode step of a DeepSeek-style layer (latent attention and routed experts) has
+            // a measured fixed time of its own: its many small kernels (docs/serving.md §5).
+            let latent_moe = matches!(spec.mixer, Mixer::Latent(_)) && spec.moe().is_some();
+            let layer_us = if decode && latent_moe {
+                c.mla_moe_layer_decode_us
+            } else {
+                launch * factor
+            };
+            t.overhead_s += n * layer_us * 1e-6;
         }
         if last {
             let (head_s, gather_s, head_bytes) = self.lm_head(w, g, batch.sampled());
@@ -525,6 +533,8 @@ mod tests {
             ep: 1,
             expert_tp: tp,
             max_sequences: 1,
+            max_batched_tokens: None,
+            kv_tokens: None,
         }
     }
 
@@ -610,6 +620,8 @@ mod tests {
             ep: 8,
             expert_tp: 1,
             max_sequences: 64,
+            max_batched_tokens: None,
+            kv_tokens: None,
         };
         let adp8 = Worker {
             tp: 1,

@@ -1,0 +1,102 @@
+//! The queue model of serving under load (docs/serving.md §5.1): how long a request waits
+//! before its prompt is prefilled, given the arrival process ([`super::Arrival`]).
+//!
+//! - **Closed loop** (a benchmark's `--max-concurrency c`, no think time): a worker runs at most
+//!   `b` sequences at once; the `c − b` others wait for a slot. By Little's law on the closed
+//!   system (Lazowska, Zahorjan, Graham, Sevcik, *Quantitative System Performance*, 1984,
+//!   §3.2 and the asymptotic bounds of §5.2: `R = N/X − Z`, here `Z = 0`), a request's response
+//!   time is `c/X` for throughput `X`; the part of it spent waiting for a slot is
+//!   `(c − b)/X` ([`slot_wait`]).
+//! - **Open loop** (Poisson arrivals at rate λ): the prefill of each prompt is a server of
+//!   deterministic service time `S`; the mean wait in queue is the Pollaczek–Khinchine formula
+//!   for M/D/1, `W = ρS / (2(1 − ρ))`, `ρ = λS` (Kleinrock, *Queueing Systems* vol. 1, 1975,
+//!   §5.7, eq. 5.73 with `E[S²] = S²`) ([`md1_wait`]).
+//! - **Overload** (λ above what the worker completes, μ): the queue grows at `λ − μ`; over a
+//!   run of `N` requests the `k`-th arrives at `k/λ` and starts at `k/μ`, so the median request
+//!   (`k = N/2`) waits `N/2 · (1/μ − 1/λ)` ([`overload_wait`], the fluid approximation of a
+//!   transient queue, Kleinrock vol. 2, 1976, §2.8).
+//! - **Waves** (a closed loop of equal-length requests, or an offline batch): the requests of a
+//!   wave arrive together and are prefilled in forwards of a token budget, in order; a request's
+//!   first token comes with the forward that finishes its prompt ([`wave_forwards`]).
+
+/// Seconds a request waits for a running slot in a closed loop: `(in_flight − running)/X`,
+/// with `X` the completions per second of the `running` sequences (0 when all run).
+pub fn slot_wait(in_flight: f64, running: f64, completions_per_s: f64) -> f64 {
+    if in_flight <= running || completions_per_s <= 0.0 {
+        0.0
+    } else {
+        (in_flight - running) / completions_per_s
+    }
+}
+
+/// Mean seconds in queue of M/D/1 at arrival rate `lambda` and service time `service`
+/// (Pollaczek–Khinchine); `None` when the server is saturated (`ρ ≥ 1`).
+pub fn md1_wait(lambda: f64, service: f64) -> Option<f64> {
+    let rho = lambda * service;
+    if rho >= 1.0 {
+        None
+    } else {
+        Some(rho * service / (2.0 * (1.0 - rho)))
+    }
+}
+
+/// Seconds the median of `num_requests` arrivals at `lambda`/s waits when the worker completes
+/// only `mu`/s: `N/2 · (1/μ − 1/λ)` (0 when `mu ≥ lambda`).
+pub fn overload_wait(num_requests: f64, mu: f64, lambda: f64) -> f64 {
+    if mu >= lambda || mu <= 0.0 {
+        0.0
+    } else {
+        num_requests / 2.0 * (1.0 / mu - 1.0 / lambda)
+    }
+}
+
+/// Forwards of a wave of `seqs` prompts of `tokens` each, in forwards of at most `budget`
+/// tokens: `(all, median)` — the forwards of the whole wave, and those until the median
+/// request's prompt (the `⌈seqs/2⌉`-th) is done.
+pub fn wave_forwards(seqs: f64, tokens: f64, budget: f64) -> (f64, f64) {
+    let per_forward = budget.min(seqs * tokens).max(1.0);
+    let all = (seqs * tokens / per_forward).ceil().max(1.0);
+    let median = ((seqs / 2.0).ceil().max(1.0) * tokens / per_forward)
+        .ceil()
+        .clamp(1.0, all);
+    (all, median)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_closed_loop_beyond_the_batch_waits_for_slots() {
+        // 128 in flight, 50 running, 1 completion/s: 78 s waiting (Little's law).
+        assert_eq!(slot_wait(128.0, 50.0, 1.0), 78.0);
+        assert_eq!(slot_wait(32.0, 50.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn md1_is_pollaczek_khinchine() {
+        // λ = 2/s, S = 0.25 s: ρ = 0.5, W = 0.5·0.25/(2·0.5) = 0.125 s.
+        assert_eq!(md1_wait(2.0, 0.25), Some(0.125));
+        // ρ = 0.9: W = 0.9·0.1/(2·0.1) = 0.45 s.
+        assert!((md1_wait(9.0, 0.1).unwrap() - 0.45).abs() < 1e-12);
+        assert_eq!(md1_wait(4.0, 0.25), None);
+    }
+
+    #[test]
+    fn an_overloaded_queue_grows_over_the_run() {
+        // 600 requests at 2/s against 1/s served: the 300th arrives at 150 s, starts at 300 s.
+        assert_eq!(overload_wait(600.0, 1.0, 2.0), 150.0);
+        assert_eq!(overload_wait(600.0, 3.0, 2.0), 0.0);
+    }
+
+    #[test]
+    fn a_wave_is_prefilled_in_token_budget_forwards() {
+        // 64 prompts of 3200 tokens in forwards of 8192: 25 forwards; the 32nd prompt ends at
+        // token 102400, in the 13th.
+        assert_eq!(wave_forwards(64.0, 3200.0, 8192.0), (25.0, 13.0));
+        // A wave that fits one forward: everyone's first token after it.
+        assert_eq!(wave_forwards(4.0, 3200.0, 16384.0), (1.0, 1.0));
+        // A prompt longer than the budget takes several forwards of its own.
+        assert_eq!(wave_forwards(1.0, 20000.0, 8192.0), (3.0, 3.0));
+    }
+}
