@@ -933,6 +933,8 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         mamba: hybrid.mamba,
         linear_attention: hybrid.linear_attention,
         sliding_window: hybrid.sliding_window,
+        mtp_layers: None,
+        mtp_pattern: None,
     };
     model.validate().map_err(as_hf_error)?;
     Ok(model)

@@ -247,6 +247,17 @@ pub struct Model {
     /// Tokens each query of an `S`/`s` layer attends (itself included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<u32>,
+    /// Multi-token-prediction depths the model trains with (Megatron-Core `mtp_num_layers`;
+    /// DeepSeek-V3's MTP, Nemotron 3's repeated MTP block): each runs the MTP block on the last
+    /// pipeline rank, with its `eh_proj` (`2h → h`) and another pass through the shared LM head
+    /// and loss (docs/costmodel.md §1.4). `None`: no MTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp_layers: Option<u32>,
+    /// The MTP block's layers in [`Model::layer_pattern`] notation (Nemotron 3's
+    /// `mtp_hybrid_override_pattern`, `"*E"`), each character one the main pattern has; `None`:
+    /// one layer like the stack's last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp_pattern: Option<String>,
 }
 
 impl Model {
@@ -296,7 +307,9 @@ impl Model {
             limits::check("model.linear_attention.chunk", la.chunk)?;
         }
         limits::check_opt("model.sliding_window", self.sliding_window)?;
+        limits::check_opt("model.mtp_layers", self.mtp_layers)?;
         self.validate_pattern()?;
+        self.validate_mtp()?;
         if self.head_dim.is_none() && self.mla.is_none() && self.hidden % self.heads != 0 {
             return Err(Error::invalid(
                 "model.head_dim",
@@ -341,6 +354,49 @@ impl Model {
             ));
         }
         Ok(())
+    }
+
+    /// Checks [`Model::mtp_pattern`]: only with MTP depths, and only characters of the main
+    /// layer pattern (so that the MTP block's layers are layer kinds of the model).
+    fn validate_mtp(&self) -> Result<()> {
+        let Some(mtp) = &self.mtp_pattern else {
+            return Ok(());
+        };
+        if self.mtp_layers.is_none() {
+            return Err(Error::invalid(
+                "model.mtp_pattern",
+                format!("{mtp:?}"),
+                "null without mtp_layers",
+            ));
+        }
+        let main = self.layer_pattern.as_deref().unwrap_or("");
+        if mtp.is_empty() || mtp.chars().any(|c| !main.contains(c)) {
+            return Err(Error::invalid(
+                "model.mtp_pattern",
+                format!("{mtp:?}"),
+                format!("one or more characters of layer_pattern {main:?}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The layer kinds of one MTP depth's block ([`Model::mtp_pattern`], else the stack's last
+    /// layer), in order; empty without MTP.
+    pub fn mtp_kinds(&self) -> Vec<crate::layer::LayerKind> {
+        if self.mtp_layers.is_none() {
+            return Vec::new();
+        }
+        let kinds = self.layer_kinds();
+        match &self.mtp_pattern {
+            Some(p) => p
+                .chars()
+                .filter_map(|c| {
+                    let spec = self.pattern_spec(c)?;
+                    kinds.specs().iter().position(|s| *s == spec)
+                })
+                .collect(),
+            None => self.layer_stack().last().map(|&(k, _)| k).into_iter().collect(),
+        }
     }
 
     /// Checks [`Model::layer_pattern`]: one known character per layer, and the parts its
@@ -655,6 +711,8 @@ mod tests {
             mamba: None,
             linear_attention: None,
             sliding_window: None,
+            mtp_layers: None,
+            mtp_pattern: None,
         }
     }
 
@@ -687,6 +745,8 @@ mod tests {
             mamba: None,
             linear_attention: None,
             sliding_window: None,
+            mtp_layers: None,
+            mtp_pattern: None,
         };
         let p = m.total_params() as f64 / 1e9;
         assert!((p - 6.738).abs() < 0.001, "{p}");

@@ -63,6 +63,8 @@ fn moe_400b() -> Model {
         mamba: None,
         linear_attention: None,
         sliding_window: None,
+        mtp_layers: None,
+        mtp_pattern: None,
     }
 }
 
