@@ -689,6 +689,30 @@ impl Model {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_mtp_block_is_made_of_the_main_patterns_layer_kinds() {
+        let mut m = crate::presets::model("nemotron-3-nano-30b-a3b").unwrap();
+        assert!(m.mtp_kinds().is_empty());
+        m.mtp_layers = Some(2);
+        // Without a pattern: one layer like the stack's last (Nano ends with an MoE layer, kind 1).
+        assert_eq!(m.mtp_kinds(), vec![1]);
+        // "*E": the attention layer (kind 2 in order of first appearance) and the MoE layer.
+        m.mtp_pattern = Some("*E".into());
+        m.validate().unwrap();
+        assert_eq!(m.mtp_kinds(), vec![2, 1]);
+        // A character the main pattern lacks has no layer kind: refused, naming the field.
+        m.mtp_pattern = Some("*-".into());
+        let e = m.validate().unwrap_err().to_string();
+        assert!(e.contains("model.mtp_pattern") && e.contains("layer_pattern"), "{e}");
+        // A pattern without depths is refused; depths are bounded.
+        m.mtp_pattern = Some("*E".into());
+        m.mtp_layers = None;
+        assert!(m.validate().unwrap_err().to_string().contains("mtp_layers"));
+        m.mtp_layers = Some(0);
+        assert!(m.validate().unwrap_err().to_string().contains("model.mtp_layers"));
+    }
+
     use super::*;
 
     pub(crate) fn llama3_70b() -> Model {
