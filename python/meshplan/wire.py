@@ -189,6 +189,8 @@ def dims_message(model: Model) -> pb.ModelDims:
         mamba=mamba,
         linear_attention=linear,
         sliding_window=model.sliding_window,
+        mtp_layers=model.mtp_layers,
+        mtp_pattern=model.mtp_pattern,
     )
 
 
@@ -231,6 +233,7 @@ def workload_message(workload: object) -> pb.Workload:
         stack=w.stack,
         bucket_params=w.bucket_params,
         moe_imbalance=w.moe_imbalance,
+        precision_recipe=w.precision_recipe,
     )
 
 
@@ -376,6 +379,8 @@ def _model_from_dims(d: pb.ModelDims) -> Model:
         mamba=mamba,
         linear_attention=linear,
         sliding_window=_opt(d, "sliding_window"),
+        mtp_layers=_opt(d, "mtp_layers"),
+        mtp_pattern=_opt(d, "mtp_pattern"),
     )
 
 
@@ -410,7 +415,8 @@ def workload_from(msg: Any) -> Workload:
     given = {
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
-                     "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance")
+                     "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance",
+                     "precision_recipe")
         if msg.HasField(name)
     }
     return Workload(msg.global_batch, msg.seq_len, lora=msg.lora, **given)

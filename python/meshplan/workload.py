@@ -46,6 +46,11 @@ class Workload:
     for aux-loss balanced dropless training, 1.0 where routing is force-balanced (Megatron-Bridge
     benchmarks) or tokens are dropped at capacity factor 1. Scales the routed experts' GEMMs,
     activation memory and dispatch time."""
+    precision_recipe: Optional[str] = None
+    """Low-precision recipe (a table of the core's ``data/precision.toml``): which linear layers
+    an FP8/FP4 run keeps in BF16 or runs in MXFP8, e.g. ``"nemotron3-super-nvfp4"`` (attention,
+    latent projections and the LM head BF16, Mamba-2 ``out_proj`` MXFP8, the last 14 layers
+    BF16) or ``"nemotron3-fp8"``. None: every linear of the layers at ``precision``."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
@@ -63,6 +68,8 @@ class Workload:
             "stack": self.stack,
             **({} if self.bucket_params is None else {"bucket_params": self.bucket_params}),
             "moe_imbalance": self.moe_imbalance,
+            **({} if self.precision_recipe is None
+               else {"precision_recipe": self.precision_recipe}),
         }
 
     @classmethod
@@ -76,5 +83,6 @@ _KINDS = {
     "stack": "str",
     "bucket_params": "int?",
     "moe_imbalance": "number",
+    "precision_recipe": "str?",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""
