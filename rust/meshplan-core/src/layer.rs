@@ -522,7 +522,13 @@ pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerP
         Mlp::Moe(m) => {
             let experts_per_rank = m.num_experts as f64 / shard.ep as f64;
             LayerParams {
-                dense: attn + moe_dense_part_params(model, m) as f64 / t,
+                // A latent MoE's projections are duplicated on every TP rank (Megatron-Core
+                // `MoELayer`: `TELinear(parallel_mode="duplicated")`); the rest splits over TP.
+                dense: attn
+                    + (moe_dense_part_params(model, m) - latent_projection_params(model, m))
+                        as f64
+                        / t
+                    + latent_projection_params(model, m) as f64,
                 expert: experts_per_rank * expert_params(model, m) as f64
                     / shard.expert_tp() as f64,
             }
@@ -620,7 +626,8 @@ pub fn activation_bytes_per_token(
                 * shard.routed_share()
                 * (li * w + per_f * m.expert_ffn_hidden as f64 / et);
             let shared = per_f * m.shared_ffn_hidden() as f64 / t;
-            let latent = m.latent_size.map_or(0.0, |l| li * l as f64 / t);
+            // Duplicated on the TP ranks, each over its own (sequence-parallel) tokens.
+            let latent = m.latent_size.map_or(0.0, |l| li * l as f64 / sp_div);
             router + routed + shared + latent
         }
         Mlp::Dense { ffn_hidden } => per_f * *ffn_hidden as f64 / t,
@@ -678,7 +685,7 @@ pub fn selective_op_bytes_per_token(
                 * (in_proj * m.expert_ffn_hidden as f64 / shard.expert_tp() as f64
                     + m.expert_width(model.hidden) as f64)
                 + in_proj * m.shared_ffn_hidden() as f64 / t
-                + m.latent_size.map_or(0.0, |l| 2.0 * l as f64 / t)
+                + m.latent_size.map_or(0.0, |l| 2.0 * l as f64 / sp_div)
                 + h / sp_div,
             FP32_BYTES * m.num_experts as f64 / sp_div,
         ),
@@ -1089,15 +1096,20 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             // The width the experts and the dispatch see: a latent MoE's `ℓ`, else `h`.
             let w = m.expert_width(model.hidden) as f64;
             ops.push(tok / shard.sp_div(), m.num_experts as f64, h, 1.0);
+            // A latent MoE's projections are duplicated on the TP ranks (Megatron-Core `MoELayer`
+            // builds `fc1_latent_proj`/`fc2_latent_proj` as `TELinear(parallel_mode=
+            // "duplicated")`): each rank projects its own tokens (its sequence shard under SP,
+            // all of them without) at the full latent width.
+            let own = tok / shard.sp_div();
             if let Some(l) = m.latent_size {
-                // The latent MoE's down projection `h → ℓ` (column-parallel over TP).
-                ops.push_as(GemmRole::LatentProjection, tok, l as f64 / t, h, 1.0);
+                // The down projection `h → ℓ` before the dispatch.
+                ops.push_as(GemmRole::LatentProjection, own, l as f64, h, 1.0);
             }
             ops.push_grouped(per_expert, gate_up * fe / et, w, local_experts);
             ops.push_grouped(per_expert, w, fe / et, local_experts);
             if let Some(l) = m.latent_size {
-                // ... and its up projection `ℓ → h` of the combined output (row-parallel).
-                ops.push_as(GemmRole::LatentProjection, tok, h, l as f64 / t, 1.0);
+                // ... and the up projection `ℓ → h` of the combined output.
+                ops.push_as(GemmRole::LatentProjection, own, h, l as f64, 1.0);
             }
             let fsh = m.shared_ffn_hidden() as f64;
             if fsh > 0.0 {
@@ -1116,8 +1128,11 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
                 (None, None) => ops.comm.tp_points = mixer_points + m.top_k,
                 // Folded, or latent copies narrower than `h`: the copies gather over the
                 // expert-TP group (the TP group when unfolded) at the experts' width (§3.7).
+                // The shared expert is column- then row-parallel over TP: one point of its own
+                // (all-gather in, reduce-scatter out under SP), which the unfolded copies' points
+                // above carry along.
                 (etp, _) => {
-                    ops.comm.tp_points = mixer_points;
+                    ops.comm.tp_points = mixer_points + (m.shared_ffn_hidden() > 0) as u32;
                     if etp.unwrap_or(shard.tp) > 1 {
                         ops.comm.etp_points = m.top_k;
                         ops.comm.etp_bytes = tok * shard.routed_share() * w * WIRE_BYTES;
@@ -1236,6 +1251,58 @@ mod tests {
         assert_eq!(b.params.expert * 4.0, a.params.expert);
         assert_eq!(b.params.dense - a.params.dense, 2.0 * 4096.0 * 1024.0);
         assert!(b.routed_elementwise_bytes < a.routed_elementwise_bytes);
+    }
+
+    #[test]
+    fn a_latent_moes_projections_are_duplicated_on_the_tp_ranks() {
+        let mut m = crate::presets::model("nemotron-3-nano-30b-a3b").unwrap();
+        m.moe.as_mut().unwrap().latent_size = Some(1024);
+        // Kind 1 is Nano's "E" layer: MoE alone, shared expert 3712 wide.
+        let spec = m.layer_kinds().specs()[1];
+        let shard = |tp, sequence_parallel| Shard {
+            tp,
+            ep: 8,
+            etp: Some(1),
+            sequence_parallel,
+        };
+        let one = layer_ops(&m, &spec, &shard(1, false), &ctx(8192.0));
+        let two = layer_ops(&m, &spec, &shard(2, true), &ctx(8192.0));
+        let latent = |o: &LayerOps| {
+            o.gemms()
+                .iter()
+                .filter(|g| g.role == GemmRole::LatentProjection)
+                .map(|g| (g.m, g.n, g.k))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            latent(&one),
+            vec![(8192.0, 1024.0, 2688.0), (8192.0, 2688.0, 1024.0)]
+        );
+        // TP 2 with SP: each rank projects its 4096 tokens at the full latent width.
+        assert_eq!(
+            latent(&two),
+            vec![(4096.0, 1024.0, 2688.0), (4096.0, 2688.0, 1024.0)]
+        );
+        // The projections' 2·2688·1024 parameters whole on each rank; the rest split.
+        let proj = 2.0 * 2688.0 * 1024.0;
+        assert_eq!(two.params.dense - proj, (one.params.dense - proj) / 2.0);
+        // The combined latent the up projection keeps: 1024 per own token, 1 B (FP8 linears).
+        let act = |sh: &Shard| activation_bytes_per_token(&m, &spec, sh, 1.0, 1.0);
+        let no_latent = {
+            let mut plain = m.clone();
+            plain.moe.as_mut().unwrap().latent_size = None;
+            let s = plain.layer_kinds().specs()[1];
+            move |sh: &Shard| activation_bytes_per_token(&plain, &s, sh, 1.0, 1.0)
+        };
+        // Each of the 6 copies keeps its input at the experts' width (1 B) and 3 B per unit of
+        // the 1856-wide squared-ReLU intermediate.
+        let routed = |sh: &Shard, w: f64| 6.0 * sh.routed_share() * (w + 3.0 * 1856.0);
+        assert_eq!(
+            act(&shard(2, true)) - routed(&shard(2, true), 1024.0),
+            no_latent(&shard(2, true)) - routed(&shard(2, true), 2688.0) + 1024.0 / 2.0
+        );
+        // One TP point, the shared expert's (no mixer; etp = 1 gathers no copies).
+        assert_eq!((two.comm.tp_points, two.comm.etp_points), (1, 0));
     }
 
     #[test]
