@@ -1128,11 +1128,8 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
                 (None, None) => ops.comm.tp_points = mixer_points + m.top_k,
                 // Folded, or latent copies narrower than `h`: the copies gather over the
                 // expert-TP group (the TP group when unfolded) at the experts' width (§3.7).
-                // The shared expert is column- then row-parallel over TP: one point of its own
-                // (all-gather in, reduce-scatter out under SP), which the unfolded copies' points
-                // above carry along.
                 (etp, _) => {
-                    ops.comm.tp_points = mixer_points + (m.shared_ffn_hidden() > 0) as u32;
+                    ops.comm.tp_points = mixer_points;
                     if etp.unwrap_or(shard.tp) > 1 {
                         ops.comm.etp_points = m.top_k;
                         ops.comm.etp_bytes = tok * shard.routed_share() * w * WIRE_BYTES;
@@ -1301,8 +1298,9 @@ mod tests {
             act(&shard(2, true)) - routed(&shard(2, true), 1024.0),
             no_latent(&shard(2, true)) - routed(&shard(2, true), 2688.0) + 1024.0 / 2.0
         );
-        // One TP point, the shared expert's (no mixer; etp = 1 gathers no copies).
-        assert_eq!((two.comm.tp_points, two.comm.etp_points), (1, 0));
+        // No TP point (no mixer; etp = 1 gathers no copies). The shared expert's own all-gather
+        // and reduce-scatter are not counted in any MoE layer (docs/costmodel.md §9).
+        assert_eq!((two.comm.tp_points, two.comm.etp_points), (0, 0));
     }
 
     #[test]
