@@ -216,6 +216,9 @@ class Model:
     mtp_pattern: Optional[str] = None
     """The MTP block's layers in ``layer_pattern`` notation (Nemotron 3: ``"*E"``), characters
     of ``layer_pattern``; None: one layer like the stack's last."""
+    attention_output_gate: bool = False
+    """Softmax attention's output gated per channel by a sigmoid of a second query-sized
+    projection (Qwen3-Next's gated attention)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model", {
@@ -223,7 +226,7 @@ class Model:
             "ffn_hidden": "int", "vocab": "int", "activation": "str", "head_dim": "int?",
             "norm": "str", "tied_embeddings": "bool", "dropout": "bool",
             "layer_pattern": "str?", "sliding_window": "int?", "mtp_layers": "int?",
-            "mtp_pattern": "str?",
+            "mtp_pattern": "str?", "attention_output_gate": "bool",
         })
         # The parts may come as dicts (the core's shape); anything else is an error here.
         parts: tuple[tuple[str, Any], ...] = (
@@ -260,6 +263,7 @@ class Model:
             **({} if self.sliding_window is None else {"sliding_window": self.sliding_window}),
             **({} if self.mtp_layers is None else {"mtp_layers": self.mtp_layers}),
             **({} if self.mtp_pattern is None else {"mtp_pattern": self.mtp_pattern}),
+            **({"attention_output_gate": True} if self.attention_output_gate else {}),
         }
 
     @classmethod

@@ -191,6 +191,7 @@ def dims_message(model: Model) -> pb.ModelDims:
         sliding_window=model.sliding_window,
         mtp_layers=model.mtp_layers,
         mtp_pattern=model.mtp_pattern,
+        attention_output_gate=model.attention_output_gate,
     )
 
 
@@ -381,6 +382,7 @@ def _model_from_dims(d: pb.ModelDims) -> Model:
         sliding_window=_opt(d, "sliding_window"),
         mtp_layers=_opt(d, "mtp_layers"),
         mtp_pattern=_opt(d, "mtp_pattern"),
+        attention_output_gate=d.attention_output_gate,
     )
 
 

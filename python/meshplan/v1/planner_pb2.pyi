@@ -105,6 +105,7 @@ class ModelDims(_message.Message):
     SLIDING_WINDOW_FIELD_NUMBER: _builtins.int
     MTP_LAYERS_FIELD_NUMBER: _builtins.int
     MTP_PATTERN_FIELD_NUMBER: _builtins.int
+    ATTENTION_OUTPUT_GATE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     layers: _builtins.int
     hidden: _builtins.int
@@ -142,6 +143,8 @@ class ModelDims(_message.Message):
     """The MTP block's layers in layer_pattern notation (Nemotron 3: "*E"), characters of
     layer_pattern; unset: one layer like the stack's last.
     """
+    attention_output_gate: _builtins.bool
+    """Softmax attention's output gated per channel (Qwen3-Next: q_proj projects query and gate)."""
     @_builtins.property
     def moe(self) -> Global___Moe:
         """Present for a mixture-of-experts model."""
@@ -181,10 +184,11 @@ class ModelDims(_message.Message):
         sliding_window: _builtins.int | None = ...,
         mtp_layers: _builtins.int | None = ...,
         mtp_pattern: _builtins.str | None = ...,
+        attention_output_gate: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_mtp_layers", b"_mtp_layers", "_mtp_pattern", b"_mtp_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "head_dim", b"head_dim", "layer_pattern", b"layer_pattern", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "mtp_layers", b"mtp_layers", "mtp_pattern", b"mtp_pattern", "norm", b"norm", "sliding_window", b"sliding_window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_mtp_layers", b"_mtp_layers", "_mtp_pattern", b"_mtp_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "dropout", b"dropout", "ffn_hidden", b"ffn_hidden", "head_dim", b"head_dim", "heads", b"heads", "hidden", b"hidden", "kv_heads", b"kv_heads", "layer_pattern", b"layer_pattern", "layers", b"layers", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "mtp_layers", b"mtp_layers", "mtp_pattern", b"mtp_pattern", "name", b"name", "norm", b"norm", "sliding_window", b"sliding_window", "tied_embeddings", b"tied_embeddings", "vocab", b"vocab"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_mtp_layers", b"_mtp_layers", "_mtp_pattern", b"_mtp_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "attention_output_gate", b"attention_output_gate", "dropout", b"dropout", "ffn_hidden", b"ffn_hidden", "head_dim", b"head_dim", "heads", b"heads", "hidden", b"hidden", "kv_heads", b"kv_heads", "layer_pattern", b"layer_pattern", "layers", b"layers", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "mtp_layers", b"mtp_layers", "mtp_pattern", b"mtp_pattern", "name", b"name", "norm", b"norm", "sliding_window", b"sliding_window", "tied_embeddings", b"tied_embeddings", "vocab", b"vocab"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation: _TypeAlias = _typing.Literal["activation"]  # noqa: Y015
     _WhichOneofArgType__activation: _TypeAlias = _typing.Literal["_activation", b"_activation"]  # noqa: Y015

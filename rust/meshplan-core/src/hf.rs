@@ -41,8 +41,8 @@
 //!   full attention, the rest gated DeltaNet: `linear_num_key_heads`, `linear_key_head_dim`,
 //!   `linear_num_value_heads`, `linear_value_head_dim`, `linear_conv_kernel_dim`); MoE layers
 //!   as Qwen3-MoE's (`decoder_sparse_step`, `mlp_only_layers`, one shared expert of
-//!   `shared_expert_intermediate_size`). The attention output gate (a second query-sized
-//!   projection) is not modelled.
+//!   `shared_expert_intermediate_size`); its attention layers' output gate
+//!   (`attention_output_gate`: `Qwen3NextAttention`'s `q_proj` projects query and gate).
 //!
 //! The bare tokens `Infinity`, `-Infinity` and `NaN` that Python's `json` writes (Nemotron-H's
 //! `time_step_limit`) are read as `null`.
@@ -720,6 +720,7 @@ struct Hybrid {
     sliding_window: Option<u32>,
     mtp_layers: Option<u32>,
     mtp_pattern: Option<String>,
+    attention_output_gate: bool,
 }
 
 /// Parses the text of a `config.json`; `name` overrides the name taken from the file
@@ -902,6 +903,8 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
                 });
             }
             hybrid.layer_pattern = Some(pattern);
+            // HF `Qwen3NextAttention` always gates its output (`q_proj` of `2·a·d`).
+            hybrid.attention_output_gate = true;
             (moe, None)
         }
         "qwen2_moe" | "qwen3_moe" => {
@@ -962,6 +965,7 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         sliding_window: hybrid.sliding_window,
         mtp_layers: hybrid.mtp_layers,
         mtp_pattern: hybrid.mtp_pattern,
+        attention_output_gate: hybrid.attention_output_gate,
     };
     model.validate().map_err(as_hf_error)?;
     Ok(model)

@@ -174,7 +174,7 @@ pub fn mixer_matmul_params(model: &Model, mixer: &Mixer) -> u64 {
         Mixer::Attention { .. } | Mixer::Latent(_) => model.attention_params(),
         Mixer::SlidingWindow { kv_heads, .. } => {
             let (a, d, g) = (model.heads as u64, model.qk_head_dim(), *kv_heads as u64);
-            h * a * d + 2 * h * g * d + a * d * h
+            h * a * d + 2 * h * g * d + a * d * h + model.output_gate_params()
         }
         Mixer::Mamba(m) => h * mamba_in_proj_width(m) + m.inner() * h,
         Mixer::DeltaNet(la) => h * deltanet_in_proj_width(la) + la.value_dim() * h,
@@ -496,7 +496,8 @@ pub fn attention_params_per_rank(model: &Model, mixer: &Mixer, tp: u32) -> f64 {
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let d = model.qk_head_dim() as f64;
             let g_local = (*kv_heads as f64 / t).max(1.0);
-            2.0 * h * a * d / t + 2.0 * h * g_local * d
+            // Q, O (and an output gate, split like Q) over `t`.
+            (2.0 + model.output_gates()) * h * a * d / t + 2.0 * h * g_local * d
         }
         // Megatron-Core's MambaMixer splits in_proj by columns (z, x, B, C, dt each over `t`:
         // heads and groups), the convolution, dt/A/D and the gated norm with them, and
@@ -588,7 +589,9 @@ pub fn activation_bytes_per_token(
         }
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let g_local = (*kv_heads as f64 / t).max(1.0);
+            // An output gate keeps its pre-sigmoid values and the ungated output (16-bit).
             ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk) + li * a_local * dqk
+                + ACT_BYTES * 2.0 * model.output_gates() * a_local * dqk
         }
         // Megatron-Core MambaMixer: the in_proj output (z, x, B, C, dt; the gate and the
         // convolution's input), the convolution output (the scan's input), the scan output (the
@@ -668,7 +671,9 @@ pub fn selective_op_bytes_per_token(
                 + h / sp_div
         }
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
-            a_local * dqk + 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk + h / sp_div
+            a_local * (1.0 + model.output_gates()) * dqk
+                + 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk
+                + h / sp_div
         }
         Mixer::Mamba(m) => mamba_in_proj_width(m) as f64 / t + h / sp_div,
         Mixer::DeltaNet(la) => deltanet_in_proj_width(la) as f64 / t + h / sp_div,
@@ -1034,7 +1039,10 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let g_local = (*kv_heads as f64 / t).max(1.0);
             let attn = GemmRole::AttentionProjection;
-            ops.push_as(attn, tok, (a_local + 2.0 * g_local) * dqk, h, 1.0);
+            // Qwen3-Next's output gate doubles the query projection (HF `Qwen3NextAttention`:
+            // `q_proj` of `2·a·d`, query and gate).
+            let q = a_local * (1.0 + model.output_gates());
+            ops.push_as(attn, tok, (q + 2.0 * g_local) * dqk, h, 1.0);
             ops.push_as(attn, tok, h, a_local * dqk, 1.0);
         }
         Mixer::Mamba(m) => {
@@ -1079,6 +1087,11 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
         }
         Mixer::DeltaNet(la) => {
             2.0 * (2 * la.key_dim() + la.value_dim()) as f64 + 3.0 * la.value_dim() as f64
+        }
+        // An output gate: the sigmoid of the gate times the attention output, read both and
+        // write the product.
+        Mixer::Attention { .. } | Mixer::SlidingWindow { .. } if model.attention_output_gate => {
+            3.0 * model.heads as f64 * model.qk_head_dim() as f64
         }
         _ => 0.0,
     };
@@ -1579,5 +1592,31 @@ mod tests {
         // qkvz, ba, out; router, routed gate/up and down, shared gate/up and down.
         assert_eq!(ops.gemms().len(), 8);
         assert_eq!(ops.comm.tp_points, 1 + 10);
+        // The attention layers' output gate: q_proj projects query and gate (2·16·256), K and V
+        // 2·2·256, O 16·256 → h: 2048·(2·4096 + 1024) + 4096·2048 = 27,262,976 parameters.
+        let attn = kinds.specs()[1];
+        assert!(m.attention_output_gate);
+        assert_eq!(mixer_matmul_params(&m, &attn.mixer), 27_262_976);
+        let shard2 = Shard {
+            tp: 2,
+            ep: 8,
+            etp: None,
+            sequence_parallel: true,
+        };
+        let a = layer_ops(&m, &attn, &shard2, &ctx(4096.0));
+        // tp = 2: 8 query heads with their gates and one K/V head pair: (16 + 2)·256 = 4608.
+        assert_eq!((a.gemms()[0].n, a.gemms()[0].k), (4608.0, 2048.0));
+        assert_eq!((a.gemms()[1].n, a.gemms()[1].k), (2048.0, 2048.0));
+        let mut plain = m.clone();
+        plain.attention_output_gate = false;
+        let p = layer_ops(&plain, &plain.layer_kinds().specs()[1], &shard2, &ctx(4096.0));
+        assert_eq!(p.gemms()[0].n, 2560.0);
+        // The gate product reads the output and the gate and writes the result: 3·16·256 16-bit
+        // values per token, split over TP.
+        assert_eq!(
+            a.elementwise_bytes - p.elementwise_bytes,
+            2.0 * 3.0 * 4096.0 / 2.0 * 4096.0
+        );
+        assert_eq!(a.params.dense - p.params.dense, 2048.0 * 4096.0 / 2.0);
     }
 }

@@ -400,6 +400,7 @@ mod tests {
             sliding_window: None,
             mtp_layers: None,
             mtp_pattern: None,
+            attention_output_gate: false,
         }
     }
 

@@ -258,6 +258,11 @@ pub struct Model {
     /// one layer like the stack's last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mtp_pattern: Option<String>,
+    /// Softmax attention's output is gated per channel by `sigmoid(x·W_g)` (Qwen3-Next, HF
+    /// `Qwen3NextAttention`: `q_proj` projects `2·a·d`, query and gate): one more query-sized
+    /// projection and an element-wise product per attention layer (docs/costmodel.md §1.4).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_output_gate: bool,
 }
 
 impl Model {
@@ -580,6 +585,20 @@ impl Model {
     }
 
     /// Attention projection parameters of one layer (Q, K, V, O; MLA down/up projections).
+    /// Parameters of an attention layer's output gate (`h × a·d`, Qwen3-Next), 0 without one.
+    pub fn output_gate_params(&self) -> u64 {
+        if self.attention_output_gate && self.mla.is_none() {
+            self.hidden as u64 * self.heads as u64 * self.qk_head_dim()
+        } else {
+            0
+        }
+    }
+
+    /// 1 with an attention output gate, else 0 (the gate's share of a query-sized width).
+    pub fn output_gates(&self) -> f64 {
+        (self.attention_output_gate && self.mla.is_none()) as u8 as f64
+    }
+
     pub fn attention_params(&self) -> u64 {
         let h = self.hidden as u64;
         let a = self.heads as u64;
@@ -599,7 +618,7 @@ impl Model {
             None => {
                 let d = self.qk_head_dim();
                 let g = self.kv_heads as u64;
-                h * a * d + 2 * h * g * d + a * d * h
+                h * a * d + 2 * h * g * d + a * d * h + self.output_gate_params()
             }
         }
     }
@@ -737,6 +756,7 @@ mod tests {
             sliding_window: None,
             mtp_layers: None,
             mtp_pattern: None,
+            attention_output_gate: false,
         }
     }
 
@@ -771,6 +791,7 @@ mod tests {
             sliding_window: None,
             mtp_layers: None,
             mtp_pattern: None,
+            attention_output_gate: false,
         };
         let p = m.total_params() as f64 / 1e9;
         assert!((p - 6.738).abs() < 0.001, "{p}");

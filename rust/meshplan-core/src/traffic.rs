@@ -77,6 +77,7 @@ mod tests {
             sliding_window: None,
             mtp_layers: None,
             mtp_pattern: None,
+            attention_output_gate: false,
         };
         assert_eq!(tp_decode_allreduce_bytes_per_token(&m, 4), 3_932_160.0);
     }

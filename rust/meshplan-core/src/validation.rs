@@ -591,6 +591,7 @@ fn problem_of(
         sliding_window: m.sliding_window,
         mtp_layers: m.mtp_layers,
         mtp_pattern: m.mtp_pattern.clone(),
+        attention_output_gate: false,
     };
     let mut gpu = presets::gpu(&case.cluster.gpu)?;
     if let Some(o) = overrides {

@@ -541,8 +541,15 @@ fn qwen3_next_interleaves_gated_deltanet_and_full_attention() {
         (moe.num_experts, moe.top_k, moe.shared_experts),
         (512, 10, 1)
     );
-    // Qwen: 80 B total.
+    // Qwen: 80 B total, the 12 attention layers' output gates (2048 × 16·256 each) included.
+    assert!(m.attention_output_gate);
     assert_size("Qwen3-Next-80B", billions(m.total_params()), 80.0, 0.01);
+    let mut ungated = m.clone();
+    ungated.attention_output_gate = false;
+    assert_eq!(
+        m.total_params() - ungated.total_params(),
+        12 * 2048 * 16 * 256
+    );
 }
 
 #[test]

@@ -65,6 +65,7 @@ fn moe_400b() -> Model {
         sliding_window: None,
         mtp_layers: None,
         mtp_pattern: None,
+        attention_output_gate: false,
     }
 }
 
