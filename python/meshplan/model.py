@@ -209,13 +209,24 @@ class Model:
     """The gated DeltaNet mixer of the ``G``/``g`` layers."""
     sliding_window: Optional[int] = None
     """Tokens each query of an ``S``/``s`` layer attends."""
+    mtp_layers: Optional[int] = None
+    """Multi-token-prediction depths the model trains with (Megatron ``mtp_num_layers``): each
+    runs the MTP block, ``eh_proj`` and the LM head and loss again on the last pipeline rank
+    (time only). None: no MTP."""
+    mtp_pattern: Optional[str] = None
+    """The MTP block's layers in ``layer_pattern`` notation (Nemotron 3: ``"*E"``), characters
+    of ``layer_pattern``; None: one layer like the stack's last."""
+    attention_output_gate: bool = False
+    """Softmax attention's output gated per channel by a sigmoid of a second query-sized
+    projection (Qwen3-Next's gated attention)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "model", {
             "name": "str", "layers": "int", "hidden": "int", "heads": "int", "kv_heads": "int",
             "ffn_hidden": "int", "vocab": "int", "activation": "str", "head_dim": "int?",
             "norm": "str", "tied_embeddings": "bool", "dropout": "bool",
-            "layer_pattern": "str?", "sliding_window": "int?",
+            "layer_pattern": "str?", "sliding_window": "int?", "mtp_layers": "int?",
+            "mtp_pattern": "str?", "attention_output_gate": "bool",
         })
         # The parts may come as dicts (the core's shape); anything else is an error here.
         parts: tuple[tuple[str, Any], ...] = (
@@ -250,6 +261,9 @@ class Model:
             **({} if self.linear_attention is None
                else {"linear_attention": self.linear_attention.to_dict()}),
             **({} if self.sliding_window is None else {"sliding_window": self.sliding_window}),
+            **({} if self.mtp_layers is None else {"mtp_layers": self.mtp_layers}),
+            **({} if self.mtp_pattern is None else {"mtp_pattern": self.mtp_pattern}),
+            **({"attention_output_gate": True} if self.attention_output_gate else {}),
         }
 
     @classmethod

@@ -189,6 +189,9 @@ def dims_message(model: Model) -> pb.ModelDims:
         mamba=mamba,
         linear_attention=linear,
         sliding_window=model.sliding_window,
+        mtp_layers=model.mtp_layers,
+        mtp_pattern=model.mtp_pattern,
+        attention_output_gate=model.attention_output_gate,
     )
 
 
@@ -234,6 +237,7 @@ def workload_message(workload: object) -> pb.Workload:
         lora_rank=w.lora_rank,
         lora_targets=list(w.lora_targets),
         lora_base=w.lora_base,
+        precision_recipe=w.precision_recipe,
     )
 
 
@@ -379,6 +383,9 @@ def _model_from_dims(d: pb.ModelDims) -> Model:
         mamba=mamba,
         linear_attention=linear,
         sliding_window=_opt(d, "sliding_window"),
+        mtp_layers=_opt(d, "mtp_layers"),
+        mtp_pattern=_opt(d, "mtp_pattern"),
+        attention_output_gate=d.attention_output_gate,
     )
 
 
@@ -414,7 +421,7 @@ def workload_from(msg: Any) -> Workload:
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
                      "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance",
-                     "lora_rank", "lora_base")
+                     "lora_rank", "lora_base", "precision_recipe")
         if msg.HasField(name)
     }
     if msg.lora_targets:

@@ -69,6 +69,11 @@ class Workload:
     lora_base: str = "bf16"
     """Storage of the frozen base weights of the layers' linears under ``lora``: ``bf16``,
     ``fp8`` (Transformer Engine FP8-only weights) or ``nf4`` (QLoRA, 4.127 bits per weight)."""
+    precision_recipe: Optional[str] = None
+    """Low-precision recipe (a table of the core's ``data/precision.toml``): which linear layers
+    an FP8/FP4 run keeps in BF16 or runs in MXFP8, e.g. ``"nemotron3-super-nvfp4"`` (attention,
+    latent projections and the LM head BF16, Mamba-2 ``out_proj`` MXFP8, the last 14 layers
+    BF16) or ``"nemotron3-fp8"``. None: every linear of the layers at ``precision``."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
@@ -95,6 +100,8 @@ class Workload:
             "lora_rank": self.lora_rank,
             "lora_targets": list(self.lora_targets),
             "lora_base": self.lora_base,
+            **({} if self.precision_recipe is None
+               else {"precision_recipe": self.precision_recipe}),
         }
 
     @classmethod
@@ -110,5 +117,6 @@ _KINDS = {
     "moe_imbalance": "number",
     "lora_rank": "int",
     "lora_base": "str",
+    "precision_recipe": "str?",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

@@ -81,6 +81,11 @@ def problem_flags() -> Parser:
         help="MoE routing imbalance: busiest expert rank's routed tokens over the mean, 1-100 "
         "(default 1.1, aux-loss balanced; 1.0 for force-balanced routing)",
     )
+    g.add_argument(
+        "--precision-recipe", default=None, metavar="NAME",
+        help="low-precision recipe of an fp8/mxfp8/nvfp4 run (data/precision.toml): which linears "
+        "stay BF16 or run MXFP8, e.g. nemotron3-super-nvfp4, nemotron3-fp8 (default: none)",
+    )
     g.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
     lora_flags(g)
     g.add_argument(
@@ -255,6 +260,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
         args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
         args.lora, args.flash_attention, args.fused_cross_entropy, args.stack, args.bucket_params,
         args.moe_imbalance, args.lora_rank, lora_targets(args), args.lora_base,
+        args.precision_recipe,
     )
 
 

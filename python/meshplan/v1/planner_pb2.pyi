@@ -103,6 +103,9 @@ class ModelDims(_message.Message):
     MAMBA_FIELD_NUMBER: _builtins.int
     LINEAR_ATTENTION_FIELD_NUMBER: _builtins.int
     SLIDING_WINDOW_FIELD_NUMBER: _builtins.int
+    MTP_LAYERS_FIELD_NUMBER: _builtins.int
+    MTP_PATTERN_FIELD_NUMBER: _builtins.int
+    ATTENTION_OUTPUT_GATE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     layers: _builtins.int
     hidden: _builtins.int
@@ -132,6 +135,16 @@ class ModelDims(_message.Message):
     """
     sliding_window: _builtins.int
     """Tokens each query of an "S"/"s" layer attends."""
+    mtp_layers: _builtins.int
+    """Multi-token-prediction depths the model trains with (Megatron `mtp_num_layers`), each on the
+    last pipeline rank; unset: none.
+    """
+    mtp_pattern: _builtins.str
+    """The MTP block's layers in layer_pattern notation (Nemotron 3: "*E"), characters of
+    layer_pattern; unset: one layer like the stack's last.
+    """
+    attention_output_gate: _builtins.bool
+    """Softmax attention's output gated per channel (Qwen3-Next: q_proj projects query and gate)."""
     @_builtins.property
     def moe(self) -> Global___Moe:
         """Present for a mixture-of-experts model."""
@@ -169,10 +182,13 @@ class ModelDims(_message.Message):
         mamba: Global___Mamba | None = ...,
         linear_attention: Global___LinearAttention | None = ...,
         sliding_window: _builtins.int | None = ...,
+        mtp_layers: _builtins.int | None = ...,
+        mtp_pattern: _builtins.str | None = ...,
+        attention_output_gate: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "head_dim", b"head_dim", "layer_pattern", b"layer_pattern", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "norm", b"norm", "sliding_window", b"sliding_window"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_mtp_layers", b"_mtp_layers", "_mtp_pattern", b"_mtp_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "head_dim", b"head_dim", "layer_pattern", b"layer_pattern", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "mtp_layers", b"mtp_layers", "mtp_pattern", b"mtp_pattern", "norm", b"norm", "sliding_window", b"sliding_window"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "dropout", b"dropout", "ffn_hidden", b"ffn_hidden", "head_dim", b"head_dim", "heads", b"heads", "hidden", b"hidden", "kv_heads", b"kv_heads", "layer_pattern", b"layer_pattern", "layers", b"layers", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "name", b"name", "norm", b"norm", "sliding_window", b"sliding_window", "tied_embeddings", b"tied_embeddings", "vocab", b"vocab"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_activation", b"_activation", "_head_dim", b"_head_dim", "_layer_pattern", b"_layer_pattern", "_mtp_layers", b"_mtp_layers", "_mtp_pattern", b"_mtp_pattern", "_norm", b"_norm", "_sliding_window", b"_sliding_window", "activation", b"activation", "attention_output_gate", b"attention_output_gate", "dropout", b"dropout", "ffn_hidden", b"ffn_hidden", "head_dim", b"head_dim", "heads", b"heads", "hidden", b"hidden", "kv_heads", b"kv_heads", "layer_pattern", b"layer_pattern", "layers", b"layers", "linear_attention", b"linear_attention", "mamba", b"mamba", "mla", b"mla", "moe", b"moe", "mtp_layers", b"mtp_layers", "mtp_pattern", b"mtp_pattern", "name", b"name", "norm", b"norm", "sliding_window", b"sliding_window", "tied_embeddings", b"tied_embeddings", "vocab", b"vocab"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__activation: _TypeAlias = _typing.Literal["activation"]  # noqa: Y015
     _WhichOneofArgType__activation: _TypeAlias = _typing.Literal["_activation", b"_activation"]  # noqa: Y015
@@ -180,6 +196,10 @@ class ModelDims(_message.Message):
     _WhichOneofArgType__head_dim: _TypeAlias = _typing.Literal["_head_dim", b"_head_dim"]  # noqa: Y015
     _WhichOneofReturnType__layer_pattern: _TypeAlias = _typing.Literal["layer_pattern"]  # noqa: Y015
     _WhichOneofArgType__layer_pattern: _TypeAlias = _typing.Literal["_layer_pattern", b"_layer_pattern"]  # noqa: Y015
+    _WhichOneofReturnType__mtp_layers: _TypeAlias = _typing.Literal["mtp_layers"]  # noqa: Y015
+    _WhichOneofArgType__mtp_layers: _TypeAlias = _typing.Literal["_mtp_layers", b"_mtp_layers"]  # noqa: Y015
+    _WhichOneofReturnType__mtp_pattern: _TypeAlias = _typing.Literal["mtp_pattern"]  # noqa: Y015
+    _WhichOneofArgType__mtp_pattern: _TypeAlias = _typing.Literal["_mtp_pattern", b"_mtp_pattern"]  # noqa: Y015
     _WhichOneofReturnType__norm: _TypeAlias = _typing.Literal["norm"]  # noqa: Y015
     _WhichOneofArgType__norm: _TypeAlias = _typing.Literal["_norm", b"_norm"]  # noqa: Y015
     _WhichOneofReturnType__sliding_window: _TypeAlias = _typing.Literal["sliding_window"]  # noqa: Y015
@@ -190,6 +210,10 @@ class ModelDims(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__head_dim) -> _WhichOneofReturnType__head_dim | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__layer_pattern) -> _WhichOneofReturnType__layer_pattern | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mtp_layers) -> _WhichOneofReturnType__mtp_layers | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__mtp_pattern) -> _WhichOneofReturnType__mtp_pattern | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__norm) -> _WhichOneofReturnType__norm | None: ...
     @_typing.overload
@@ -411,6 +435,7 @@ class Workload(_message.Message):
     LORA_RANK_FIELD_NUMBER: _builtins.int
     LORA_TARGETS_FIELD_NUMBER: _builtins.int
     LORA_BASE_FIELD_NUMBER: _builtins.int
+    PRECISION_RECIPE_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -443,6 +468,11 @@ class Workload(_message.Message):
     """LoRA adapter rank (read when lora is set); default 32."""
     lora_base: _builtins.str
     """Storage of the frozen base weights under LoRA: "bf16" (default), "fp8" or "nf4"."""
+    precision_recipe: _builtins.str
+    """Low-precision recipe (a table of the core's data/precision.toml, e.g.
+    "nemotron3-super-nvfp4"): which linear layers an FP8/FP4 run keeps in BF16 or runs in MXFP8;
+    default none (every linear of the layers at `precision`).
+    """
     @_builtins.property
     def lora_targets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Linears with a LoRA adapter: any of "q", "k", "v" (separate), "qkv" (fused), "o", "mlp"
@@ -467,10 +497,11 @@ class Workload(_message.Message):
         lora_rank: _builtins.int | None = ...,
         lora_targets: _abc.Iterable[_builtins.str] | None = ...,
         lora_base: _builtins.str | None = ...,
+        precision_recipe: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "lora_targets", b"lora_targets", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "lora_targets", b"lora_targets", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
     _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
@@ -490,6 +521,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__optimizer: _TypeAlias = _typing.Literal["_optimizer", b"_optimizer"]  # noqa: Y015
     _WhichOneofReturnType__precision: _TypeAlias = _typing.Literal["precision"]  # noqa: Y015
     _WhichOneofArgType__precision: _TypeAlias = _typing.Literal["_precision", b"_precision"]  # noqa: Y015
+    _WhichOneofReturnType__precision_recipe: _TypeAlias = _typing.Literal["precision_recipe"]  # noqa: Y015
+    _WhichOneofArgType__precision_recipe: _TypeAlias = _typing.Literal["_precision_recipe", b"_precision_recipe"]  # noqa: Y015
     _WhichOneofReturnType__stack: _TypeAlias = _typing.Literal["stack"]  # noqa: Y015
     _WhichOneofArgType__stack: _TypeAlias = _typing.Literal["_stack", b"_stack"]  # noqa: Y015
     @_typing.overload
@@ -510,6 +543,8 @@ class Workload(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__optimizer) -> _WhichOneofReturnType__optimizer | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__precision) -> _WhichOneofReturnType__precision | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__precision_recipe) -> _WhichOneofReturnType__precision_recipe | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__stack) -> _WhichOneofReturnType__stack | None: ...
 

@@ -174,6 +174,9 @@ mod tests {
             mamba: None,
             linear_attention: None,
             sliding_window: None,
+            mtp_layers: None,
+            mtp_pattern: None,
+            attention_output_gate: false,
         };
         let (l, h, s, v) = (96.0, 12288.0, 2048.0, 51200.0);
         let expected = 72.0 * l * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * l * h));

@@ -33,13 +33,16 @@
 //!   `attention_head_dim`; `mlp_hidden_act` (plain MLP, `relu2`); MoE layers from
 //!   `n_routed_experts`, `num_experts_per_tok`, `moe_intermediate_size`, `n_shared_experts`,
 //!   `moe_shared_expert_intermediate_size`, and a latent MoE's `moe_latent_size` (Nemotron 3
-//!   Super/Ultra: experts in a projected latent space);
+//!   Super/Ultra: experts in a projected latent space); multi-token prediction from
+//!   `num_nextn_predict_layers` (the model's MTP depths; a training recipe may run more, as
+//!   Megatron-Bridge's Nemotron 3 recipes run 2) with its block `mtp_hybrid_override_pattern`
+//!   or `mtp_layers_block_type`;
 //! * `qwen3_next`: `layer_types` or, without it, `full_attention_interval` (every n-th layer
 //!   full attention, the rest gated DeltaNet: `linear_num_key_heads`, `linear_key_head_dim`,
 //!   `linear_num_value_heads`, `linear_value_head_dim`, `linear_conv_kernel_dim`); MoE layers
 //!   as Qwen3-MoE's (`decoder_sparse_step`, `mlp_only_layers`, one shared expert of
-//!   `shared_expert_intermediate_size`). The attention output gate (a second query-sized
-//!   projection) is not modelled.
+//!   `shared_expert_intermediate_size`); its attention layers' output gate
+//!   (`attention_output_gate`: `Qwen3NextAttention`'s `q_proj` projects query and gate).
 //!
 //! The bare tokens `Infinity`, `-Infinity` and `NaN` that Python's `json` writes (Nemotron-H's
 //! `time_step_limit`) are read as `null`.
@@ -530,9 +533,28 @@ fn string_list<'a>(cfg: &'a Config, key: &str) -> Result<Option<Vec<&'a str>>> {
 /// Nemotron-H's layer pattern: `hybrid_override_pattern`, or the newer `layers_block_type`
 /// list mapped onto the same characters. Every character must be one of `M*-E`.
 fn nemotron_h_pattern(cfg: &Config) -> Result<String> {
-    let (key, pattern) = if let Some(p) = cfg.opt_str("hybrid_override_pattern")? {
-        ("hybrid_override_pattern", p.to_string())
-    } else if let Some(list) = string_list(cfg, "layers_block_type")? {
+    nemotron_h_layers(cfg, "hybrid_override_pattern", "layers_block_type")?
+        .ok_or_else(|| cfg.missing("hybrid_override_pattern"))
+}
+
+/// Nemotron-H's MTP: `num_nextn_predict_layers` depths of the block `mtp_hybrid_override_pattern`
+/// (or `mtp_layers_block_type`); `(None, None)` without MTP.
+fn nemotron_h_mtp(cfg: &Config) -> Result<(Option<u32>, Option<String>)> {
+    match cfg.opt_count("num_nextn_predict_layers")? {
+        Some(depths) if depths > 0 => Ok((
+            Some(depths),
+            nemotron_h_layers(cfg, "mtp_hybrid_override_pattern", "mtp_layers_block_type")?,
+        )),
+        _ => Ok((None, None)),
+    }
+}
+
+/// A Nemotron-H pattern string under `pattern_key`, or the list of layer types under `list_key`
+/// mapped onto its characters; `None` when the file has neither.
+fn nemotron_h_layers(cfg: &Config, pattern_key: &str, list_key: &str) -> Result<Option<String>> {
+    let (key, pattern) = if let Some(p) = cfg.opt_str(pattern_key)? {
+        (pattern_key, p.to_string())
+    } else if let Some(list) = string_list(cfg, list_key)? {
         let mut p = String::with_capacity(list.len());
         for t in list {
             p.push(match t {
@@ -542,7 +564,7 @@ fn nemotron_h_pattern(cfg: &Config) -> Result<String> {
                 "moe" => 'E',
                 other => {
                     return Err(hf_error(
-                        "layers_block_type",
+                        list_key,
                         format!(
                             "unknown layer type '{}' (known: mamba, attention, mlp, moe)",
                             crate::error::echo(other)
@@ -551,9 +573,9 @@ fn nemotron_h_pattern(cfg: &Config) -> Result<String> {
                 }
             });
         }
-        ("layers_block_type", p)
+        (list_key, p)
     } else {
-        return Err(cfg.missing("hybrid_override_pattern"));
+        return Ok(None);
     };
     if let Some(c) = pattern.chars().find(|c| !"M*-E".contains(*c)) {
         return Err(hf_error(
@@ -564,7 +586,7 @@ fn nemotron_h_pattern(cfg: &Config) -> Result<String> {
             ),
         ));
     }
-    Ok(pattern)
+    Ok(Some(pattern))
 }
 
 /// The Mamba-2 mixer of a Nemotron-H file.
@@ -672,6 +694,8 @@ fn json_key(model_field: &str) -> &str {
         "model.moe.first_dense_layers" => "first_k_dense_replace",
         "model.layer_pattern" => "hybrid_override_pattern",
         "model.sliding_window" => "sliding_window",
+        "model.mtp_layers" => "num_nextn_predict_layers",
+        "model.mtp_pattern" => "mtp_hybrid_override_pattern",
         "model.mamba.heads" => "mamba_num_heads",
         "model.mamba.head_dim" => "mamba_head_dim",
         "model.mamba.state" => "ssm_state_size",
@@ -694,6 +718,9 @@ struct Hybrid {
     mamba: Option<Mamba>,
     linear_attention: Option<LinearAttention>,
     sliding_window: Option<u32>,
+    mtp_layers: Option<u32>,
+    mtp_pattern: Option<String>,
+    attention_output_gate: bool,
 }
 
 /// Parses the text of a `config.json`; `name` overrides the name taken from the file
@@ -819,6 +846,7 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
             }
             let moe = nemotron_h_moe(&cfg, &pattern)?;
             hybrid.layer_pattern = Some(pattern);
+            (hybrid.mtp_layers, hybrid.mtp_pattern) = nemotron_h_mtp(&cfg)?;
             (moe, None)
         }
         "qwen3_next" => {
@@ -875,6 +903,8 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
                 });
             }
             hybrid.layer_pattern = Some(pattern);
+            // HF `Qwen3NextAttention` always gates its output (`q_proj` of `2·a·d`).
+            hybrid.attention_output_gate = true;
             (moe, None)
         }
         "qwen2_moe" | "qwen3_moe" => {
@@ -933,6 +963,9 @@ pub fn model_from_hf_config(json_text: &str, name: Option<&str>) -> Result<Model
         mamba: hybrid.mamba,
         linear_attention: hybrid.linear_attention,
         sliding_window: hybrid.sliding_window,
+        mtp_layers: hybrid.mtp_layers,
+        mtp_pattern: hybrid.mtp_pattern,
+        attention_output_gate: hybrid.attention_output_gate,
     };
     model.validate().map_err(as_hf_error)?;
     Ok(model)

@@ -174,7 +174,7 @@ pub fn mixer_matmul_params(model: &Model, mixer: &Mixer) -> u64 {
         Mixer::Attention { .. } | Mixer::Latent(_) => model.attention_params(),
         Mixer::SlidingWindow { kv_heads, .. } => {
             let (a, d, g) = (model.heads as u64, model.qk_head_dim(), *kv_heads as u64);
-            h * a * d + 2 * h * g * d + a * d * h
+            h * a * d + 2 * h * g * d + a * d * h + model.output_gate_params()
         }
         Mixer::Mamba(m) => h * mamba_in_proj_width(m) + m.inner() * h,
         Mixer::DeltaNet(la) => h * deltanet_in_proj_width(la) + la.value_dim() * h,
@@ -704,7 +704,8 @@ pub fn attention_params_per_rank(model: &Model, mixer: &Mixer, tp: u32) -> f64 {
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let d = model.qk_head_dim() as f64;
             let g_local = (*kv_heads as f64 / t).max(1.0);
-            2.0 * h * a * d / t + 2.0 * h * g_local * d
+            // Q, O (and an output gate, split like Q) over `t`.
+            (2.0 + model.output_gates()) * h * a * d / t + 2.0 * h * g_local * d
         }
         // Megatron-Core's MambaMixer splits in_proj by columns (z, x, B, C, dt each over `t`:
         // heads and groups), the convolution, dt/A/D and the gated norm with them, and
@@ -730,7 +731,13 @@ pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerP
         Mlp::Moe(m) => {
             let experts_per_rank = m.num_experts as f64 / shard.ep as f64;
             LayerParams {
-                dense: attn + moe_dense_part_params(model, m) as f64 / t,
+                // A latent MoE's projections are duplicated on every TP rank (Megatron-Core
+                // `MoELayer`: `TELinear(parallel_mode="duplicated")`); the rest splits over TP.
+                dense: attn
+                    + (moe_dense_part_params(model, m) - latent_projection_params(model, m))
+                        as f64
+                        / t
+                    + latent_projection_params(model, m) as f64,
                 expert: experts_per_rank * expert_params(model, m) as f64
                     / shard.expert_tp() as f64,
             }
@@ -812,7 +819,9 @@ pub fn activation_bytes_per_token(
         }
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let g_local = (*kv_heads as f64 / t).max(1.0);
+            // An output gate keeps its pre-sigmoid values and the ungated output (16-bit).
             ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk) + li * a_local * dqk
+                + ACT_BYTES * 2.0 * model.output_gates() * a_local * dqk
         }
         // Megatron-Core MambaMixer: the in_proj output (z, x, B, C, dt; the gate and the
         // convolution's input), the convolution output (the scan's input), the scan output (the
@@ -854,8 +863,9 @@ pub fn activation_bytes_per_token(
                 * (li_ffn * w + per_f * m.expert_ffn_hidden as f64 / et);
             let shared = per_f * m.shared_ffn_hidden() as f64 / t;
             // The latent up projection carries no adapter: its input is kept only when trained.
+            // Duplicated on the TP ranks, each over its own (sequence-parallel) tokens.
             let li_latent = if adapters.is_some() { 0.0 } else { li };
-            let latent = m.latent_size.map_or(0.0, |l| li_latent * l as f64 / t);
+            let latent = m.latent_size.map_or(0.0, |l| li_latent * l as f64 / sp_div);
             router + routed + shared + latent
         }
         Mlp::Dense { ffn_hidden } => per_f * *ffn_hidden as f64 / t,
@@ -925,7 +935,9 @@ pub fn selective_op_bytes_per_token(
                 + h / sp_div
         }
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
-            a_local * dqk + 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk + h / sp_div
+            a_local * (1.0 + model.output_gates()) * dqk
+                + 2.0 * (*kv_heads as f64 / t).max(1.0) * dqk
+                + h / sp_div
         }
         Mixer::Mamba(m) => mamba_in_proj_width(m) as f64 / t + h / sp_div,
         Mixer::DeltaNet(la) => deltanet_in_proj_width(la) as f64 / t + h / sp_div,
@@ -942,7 +954,7 @@ pub fn selective_op_bytes_per_token(
                 * (in_proj * m.expert_ffn_hidden as f64 / shard.expert_tp() as f64
                     + m.expert_width(model.hidden) as f64)
                 + in_proj * m.shared_ffn_hidden() as f64 / t
-                + m.latent_size.map_or(0.0, |l| 2.0 * l as f64 / t)
+                + m.latent_size.map_or(0.0, |l| 2.0 * l as f64 / sp_div)
                 + h / sp_div,
             FP32_BYTES * m.num_experts as f64 / sp_div,
         ),
@@ -961,6 +973,25 @@ fn gate_up_matrices(model: &Model) -> f64 {
     }
 }
 
+/// What a linear layer is, where a low-precision recipe treats it differently from the rest
+/// (docs/costmodel.md §1.4, `data/precision.toml`): a recipe names the roles it keeps in BF16 or
+/// runs in MXFP8 instead of the workload's FP8/FP4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum GemmRole {
+    /// Every other linear layer (FFN, experts, router, Mamba-2 `in_proj`, DeltaNet projections).
+    #[default]
+    Other,
+    /// Softmax attention's projections (Megatron `linear_qkv`, `linear_proj`; MLA's).
+    AttentionProjection,
+    /// A latent MoE's `h → ℓ` and `ℓ → h` projections (Megatron `fc1_latent_proj`,
+    /// `fc2_latent_proj`).
+    LatentProjection,
+    /// A Mamba-2 mixer's output projection (Megatron `mixer.out_proj`).
+    MambaOutProj,
+    /// The LM head (Megatron `output_layer`; not part of a layer, timed with the last rank).
+    LmHead,
+}
+
 /// One linear layer: `m` tokens (rows), `n` outputs, `k` inputs, run `repeat` times (once per
 /// local expert for the routed experts).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -972,6 +1003,8 @@ pub struct Gemm {
     /// The `repeat` instances run as one grouped GEMM (the routed experts:
     /// [`crate::gemm::grouped_linear_s`]), not as separate launches.
     pub grouped: bool,
+    /// What the linear is, for a precision recipe's per-GEMM precision.
+    pub role: GemmRole,
 }
 
 /// Most linear layers one layer has (MLA with a query LoRA: 5; an MoE FFN with shared experts:
@@ -991,6 +1024,10 @@ pub struct CoreAttention {
     pub window: Option<f64>,
     /// Forward FLOPs of the chunked scan per local token (0 for attention).
     pub scan_fwd_flops_per_token: f64,
+    /// HBM bytes the chunked scan's kernels move per local token, forward and backward (0 where
+    /// the scan is timed by its FLOPs alone: attention, gated DeltaNet).
+    pub scan_fwd_bytes_per_token: f64,
+    pub scan_bwd_bytes_per_token: f64,
 }
 
 impl CoreAttention {
@@ -1022,13 +1059,51 @@ pub fn core_of(model: &Model, mixer: &Mixer, tp: u32) -> CoreAttention {
         Mixer::DeltaNet(la) => (0.0, None, deltanet_scan_fwd_flops_per_token(la, tp)),
         Mixer::None => (0.0, None, 0.0),
     };
+    let (scan_fwd_bytes, scan_bwd_bytes) = match mixer {
+        Mixer::Mamba(m) => mamba_scan_bytes_per_token(m, tp),
+        _ => (0.0, 0.0),
+    };
     CoreAttention {
         heads,
         qk_head_dim: model.qk_head_dim() as f64,
         v_head_dim: model.v_head_dim() as f64,
         window,
         scan_fwd_flops_per_token: scan,
+        scan_fwd_bytes_per_token: scan_fwd_bytes,
+        scan_bwd_bytes_per_token: scan_bwd_bytes,
     }
+}
+
+/// HBM bytes per token of Mamba-2's chunked SSD scan on `1/t` of the heads and groups, forward
+/// and backward, from the Triton kernels `mamba_chunk_scan_combined` runs (state-spaces/mamba
+/// `mamba_ssm/ops/triton/ssd_combined.py`, the kernels Megatron-Core's `MambaMixer` calls through
+/// `mamba_split_conv1d_scan_combined`, z-gating inside the scan). Per token, with `HP = d_inner/t`
+/// channels, `GN` the width of `B` (and of `C`), `S = HP·N/Q` chunk-state elements and `GQ` the
+/// `C·Bᵀ` block row:
+///
+/// * forward: `_chunk_state_fwd` reads x and B and writes the chunk states in fp32;
+///   `_state_passing_fwd` reads them and writes 16-bit states; `_bmm_chunk_fwd` reads C and B and
+///   writes `CB` in fp32; `_chunk_scan_fwd` reads `CB`, x, z, C and the states and writes the
+///   output and its ungated copy: 16-bit passes `5·HP + 4·GN`, states `4 + 4 + 2 + 2 = 12` bytes
+///   per element, `CB` `4 + 4`;
+/// * backward (`_mamba_chunk_scan_combined_bwd`): the states and `CB` are recomputed (the
+///   forward's first three kernels), then `_chunk_scan_bwd_dz`, `_chunk_scan_bwd_dstates`,
+///   `_state_passing_bwd`, `_chunk_scan_chunk_state_bwd_dx`, `_chunk_state_bwd_db`,
+///   `_chunk_scan_bwd_dC`, `_chunk_scan_bwd_dcb`, two `_bmm_chunk_bwd` and
+///   `_chunk_scan_bwd_ddAcs_stable`: 16-bit passes `17·HP + 15·GN`, states 26 bytes per element,
+///   `CB`/`dCB` 24.
+///
+/// The per-head `dt` and decay vectors (fp32, `H/t` per token) are left out: under 3 % of the
+/// total at Nemotron's shapes.
+pub fn mamba_scan_bytes_per_token(m: &Mamba, tp: u32) -> (f64, f64) {
+    let t = tp as f64;
+    let hp = m.inner() as f64 / t;
+    let gn = (m.groups as f64 / t) * m.state as f64;
+    let states = hp * m.state as f64 / m.chunk as f64;
+    let cb = (m.groups as f64 / t) * m.chunk as f64;
+    let fwd = ACT_BYTES * (5.0 * hp + 4.0 * gn) + 12.0 * states + 8.0 * cb;
+    let bwd = ACT_BYTES * (17.0 * hp + 15.0 * gn) + 26.0 * states + 24.0 * cb;
+    (fwd, bwd)
 }
 
 /// Forward FLOPs per token of Mamba-2's chunked SSD scan on `1/t` of the heads and groups
@@ -1132,12 +1207,18 @@ impl LayerOps {
     }
 
     fn push(&mut self, m: f64, n: f64, k: f64, repeat: f64) {
+        self.push_as(GemmRole::Other, m, n, k, repeat);
+    }
+
+    /// A linear of `role` (what a precision recipe may run at another precision).
+    fn push_as(&mut self, role: GemmRole, m: f64, n: f64, k: f64, repeat: f64) {
         self.push_gemm(Gemm {
             m,
             n,
             k,
             repeat,
             grouped: false,
+            role,
         });
     }
 
@@ -1149,6 +1230,7 @@ impl LayerOps {
             k,
             repeat: experts,
             grouped: true,
+            role: GemmRole::Other,
         });
     }
 
@@ -1240,6 +1322,7 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
                     k,
                     repeat,
                     grouped,
+                    role: GemmRole::Other,
                 };
                 ops.adapter_gemm_count += 1;
             }
@@ -1249,30 +1332,36 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
     // Attention projections (§5.2 table).
     match &spec.mixer {
         Mixer::Latent(m) => {
+            let attn = GemmRole::AttentionProjection;
             match m.q_lora_rank {
                 Some(r) => {
-                    ops.push(tok, r as f64, h, 1.0);
-                    ops.push(tok, a_local * dqk, r as f64, 1.0);
+                    ops.push_as(attn, tok, r as f64, h, 1.0);
+                    ops.push_as(attn, tok, a_local * dqk, r as f64, 1.0);
                 }
-                None => ops.push(tok, a_local * dqk, h, 1.0),
+                None => ops.push_as(attn, tok, a_local * dqk, h, 1.0),
             }
-            ops.push(tok, (m.kv_lora_rank + m.qk_rope_head_dim) as f64, h, 1.0);
-            ops.push(
+            ops.push_as(attn, tok, (m.kv_lora_rank + m.qk_rope_head_dim) as f64, h, 1.0);
+            ops.push_as(
+                attn,
                 tok,
                 a_local * (m.qk_nope_head_dim as f64 + dv),
                 m.kv_lora_rank as f64,
                 1.0,
             );
-            ops.push(tok, h, a_local * dv, 1.0);
+            ops.push_as(attn, tok, h, a_local * dv, 1.0);
         }
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let g_local = (*kv_heads as f64 / t).max(1.0);
-            ops.push(tok, (a_local + 2.0 * g_local) * dqk, h, 1.0);
-            ops.push(tok, h, a_local * dqk, 1.0);
+            let attn = GemmRole::AttentionProjection;
+            // Qwen3-Next's output gate doubles the query projection (HF `Qwen3NextAttention`:
+            // `q_proj` of `2·a·d`, query and gate).
+            let q = a_local * (1.0 + model.output_gates());
+            ops.push_as(attn, tok, (q + 2.0 * g_local) * dqk, h, 1.0);
+            ops.push_as(attn, tok, h, a_local * dqk, 1.0);
         }
         Mixer::Mamba(m) => {
             ops.push(tok, mamba_in_proj_width(m) as f64 / t, h, 1.0);
-            ops.push(tok, h, m.inner() as f64 / t, 1.0);
+            ops.push_as(GemmRole::MambaOutProj, tok, h, m.inner() as f64 / t, 1.0);
         }
         Mixer::DeltaNet(la) => {
             ops.push(
@@ -1297,13 +1386,26 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
     // The per-`h` figures are a two-block layer's; a one-block layer does half of them.
     let block_share = if spec.blocks() == 2 { 1.0 } else { 0.5 };
     ops.elementwise_bytes = (replicated / shard.sp_div() + inside_tp / t) * h * tok * block_share;
-    // A scan mixer's own element-wise work inside its TP region, 16-bit: the convolution reads
-    // and writes its channels, the gated norm reads the scan output and the gate and writes
-    // its output (the scan itself is timed by its FLOPs).
+    // A scan mixer's own element-wise work inside its TP region, 16-bit (the scan itself is
+    // timed by its FLOPs and bytes, [`CoreAttention`]). Mamba-2 as Megatron-Core's
+    // `MambaMixer._ssm_training` runs it: the `in_proj` output copied from sequence-major to
+    // batch-major (`rearrange(..).contiguous()`), the convolution reading and writing its
+    // channels, the scan output copied back and the norm reading it and writing its output (the
+    // z gate is applied inside the scan). Gated DeltaNet: the convolution, and the gated norm
+    // reading the core output and the gate and writing its output.
     let mixer_elementwise = match &spec.mixer {
-        Mixer::Mamba(m) => 2.0 * m.conv_channels() as f64 + 3.0 * m.inner() as f64,
+        Mixer::Mamba(m) => {
+            2.0 * mamba_in_proj_width(m) as f64
+                + 2.0 * m.conv_channels() as f64
+                + 4.0 * m.inner() as f64
+        }
         Mixer::DeltaNet(la) => {
             2.0 * (2 * la.key_dim() + la.value_dim()) as f64 + 3.0 * la.value_dim() as f64
+        }
+        // An output gate: the sigmoid of the gate times the attention output, read both and
+        // write the product.
+        Mixer::Attention { .. } | Mixer::SlidingWindow { .. } if model.attention_output_gate => {
+            3.0 * model.heads as f64 * model.qk_head_dim() as f64
         }
         _ => 0.0,
     };
@@ -1321,15 +1423,20 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             // The width the experts and the dispatch see: a latent MoE's `ℓ`, else `h`.
             let w = m.expert_width(model.hidden) as f64;
             ops.push(tok / shard.sp_div(), m.num_experts as f64, h, 1.0);
+            // A latent MoE's projections are duplicated on the TP ranks (Megatron-Core `MoELayer`
+            // builds `fc1_latent_proj`/`fc2_latent_proj` as `TELinear(parallel_mode=
+            // "duplicated")`): each rank projects its own tokens (its sequence shard under SP,
+            // all of them without) at the full latent width.
+            let own = tok / shard.sp_div();
             if let Some(l) = m.latent_size {
-                // The latent MoE's down projection `h → ℓ` (column-parallel over TP).
-                ops.push(tok, l as f64 / t, h, 1.0);
+                // The down projection `h → ℓ` before the dispatch.
+                ops.push_as(GemmRole::LatentProjection, own, l as f64, h, 1.0);
             }
             ops.push_grouped(per_expert, gate_up * fe / et, w, local_experts);
             ops.push_grouped(per_expert, w, fe / et, local_experts);
             if let Some(l) = m.latent_size {
-                // ... and its up projection `ℓ → h` of the combined output (row-parallel).
-                ops.push(tok, h, l as f64 / t, 1.0);
+                // ... and the up projection `ℓ → h` of the combined output.
+                ops.push_as(GemmRole::LatentProjection, own, h, l as f64, 1.0);
             }
             let fsh = m.shared_ffn_hidden() as f64;
             if fsh > 0.0 {
@@ -1502,6 +1609,59 @@ mod tests {
     }
 
     #[test]
+    fn a_latent_moes_projections_are_duplicated_on_the_tp_ranks() {
+        let mut m = crate::presets::model("nemotron-3-nano-30b-a3b").unwrap();
+        m.moe.as_mut().unwrap().latent_size = Some(1024);
+        // Kind 1 is Nano's "E" layer: MoE alone, shared expert 3712 wide.
+        let spec = m.layer_kinds().specs()[1];
+        let shard = |tp, sequence_parallel| Shard {
+            tp,
+            ep: 8,
+            etp: Some(1),
+            sequence_parallel,
+        };
+        let one = layer_ops(&m, &spec, &shard(1, false), &ctx(8192.0));
+        let two = layer_ops(&m, &spec, &shard(2, true), &ctx(8192.0));
+        let latent = |o: &LayerOps| {
+            o.gemms()
+                .iter()
+                .filter(|g| g.role == GemmRole::LatentProjection)
+                .map(|g| (g.m, g.n, g.k))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            latent(&one),
+            vec![(8192.0, 1024.0, 2688.0), (8192.0, 2688.0, 1024.0)]
+        );
+        // TP 2 with SP: each rank projects its 4096 tokens at the full latent width.
+        assert_eq!(
+            latent(&two),
+            vec![(4096.0, 1024.0, 2688.0), (4096.0, 2688.0, 1024.0)]
+        );
+        // The projections' 2·2688·1024 parameters whole on each rank; the rest split.
+        let proj = 2.0 * 2688.0 * 1024.0;
+        assert_eq!(two.params.dense - proj, (one.params.dense - proj) / 2.0);
+        // The combined latent the up projection keeps: 1024 per own token, 1 B (FP8 linears).
+        let act = |sh: &Shard| activation_bytes_per_token(&m, &spec, sh, 1.0, 1.0, None);
+        let no_latent = {
+            let mut plain = m.clone();
+            plain.moe.as_mut().unwrap().latent_size = None;
+            let s = plain.layer_kinds().specs()[1];
+            move |sh: &Shard| activation_bytes_per_token(&plain, &s, sh, 1.0, 1.0, None)
+        };
+        // Each of the 6 copies keeps its input at the experts' width (1 B) and 3 B per unit of
+        // the 1856-wide squared-ReLU intermediate.
+        let routed = |sh: &Shard, w: f64| 6.0 * sh.routed_share() * (w + 3.0 * 1856.0);
+        assert_eq!(
+            act(&shard(2, true)) - routed(&shard(2, true), 1024.0),
+            no_latent(&shard(2, true)) - routed(&shard(2, true), 2688.0) + 1024.0 / 2.0
+        );
+        // No TP point (no mixer; etp = 1 gathers no copies). The shared expert's own all-gather
+        // and reduce-scatter are not counted in any MoE layer (docs/costmodel.md §9).
+        assert_eq!((two.comm.tp_points, two.comm.etp_points), (0, 0));
+    }
+
+    #[test]
     fn a_folded_moe_layer_gathers_copies_over_the_expert_tp_group() {
         let m = crate::presets::model("mixtral-8x7b").unwrap();
         let spec = m.layer_kinds().specs()[1];
@@ -1650,6 +1810,49 @@ mod tests {
     }
 
     #[test]
+    fn the_mamba_2_scan_moves_its_chunk_states_and_cb_blocks_through_hbm() {
+        let m = crate::presets::model("nemotron-h-8b").unwrap();
+        let Mixer::Mamba(mm) = m.layer_kinds().specs()[0].mixer else {
+            unreachable!()
+        };
+        // H·P = 8192, G·N = 8·128 = 1024, chunk states 8192·128/128 = 8192 per token, CB row
+        // G·Q = 1024. Forward: 2·(5·8192 + 4·1024) + 12·8192 + 8·1024 = 196,608 B;
+        // backward: 2·(17·8192 + 15·1024) + 26·8192 + 24·1024 = 546,816 B.
+        assert_eq!(mamba_scan_bytes_per_token(&mm, 1), (196_608.0, 546_816.0));
+        // Split two ways by TP: heads, groups, states and CB rows all halve.
+        assert_eq!(mamba_scan_bytes_per_token(&mm, 2), (98_304.0, 273_408.0));
+        let core = core_of(&m, &Mixer::Mamba(mm), 2);
+        assert_eq!(
+            (core.scan_fwd_bytes_per_token, core.scan_bwd_bytes_per_token),
+            (98_304.0, 273_408.0)
+        );
+        // Attention and gated DeltaNet have no byte term (timed by FLOPs).
+        assert_eq!(core_of(&m, &m.mixer(), 1).scan_bwd_bytes_per_token, 0.0);
+        // The mixer's element-wise traffic (tp = 1, no SP, 8192 tokens): half the per-h
+        // figures of a two-block layer (40 B per h, 20 of it replicated) plus 16-bit passes
+        // over the in_proj output copy (2·18560), the convolution (2·10240) and the scan
+        // output copy and norm (4·8192).
+        let shard = Shard {
+            tp: 1,
+            ep: 1,
+            etp: None,
+            sequence_parallel: false,
+        };
+        let ops = layer_ops(&m, &m.layer_kinds().specs()[0], &shard, &ctx(8192.0));
+        let per_h = 40.0 * 4096.0 * 8192.0 * 0.5;
+        let mixer = 2.0 * (2.0 * 18560.0 + 2.0 * 10240.0 + 4.0 * 8192.0) * 8192.0;
+        assert_eq!(ops.elementwise_bytes, per_h + mixer);
+        // The output projection is tagged for a precision recipe; in_proj is not.
+        assert_eq!(ops.gemms()[0].role, GemmRole::Other);
+        assert_eq!(ops.gemms()[1].role, GemmRole::MambaOutProj);
+        let attn = layer_ops(&m, &m.layer_kinds().specs()[2], &shard, &ctx(8192.0));
+        assert!(attn
+            .gemms()
+            .iter()
+            .all(|g| g.role == GemmRole::AttentionProjection));
+    }
+
+    #[test]
     fn one_block_layers_keep_one_norm_input_and_no_kv() {
         let m = crate::presets::model("nemotron-h-8b").unwrap();
         let kinds = m.layer_kinds();
@@ -1683,6 +1886,8 @@ mod tests {
             v_head_dim: 64.0,
             window: Some(128.0),
             scan_fwd_flops_per_token: 0.0,
+            scan_fwd_bytes_per_token: 0.0,
+            scan_bwd_bytes_per_token: 0.0,
         };
         // w − w²/(2s): 128 − 128²/8192 = 126.
         assert_eq!(core.keys_per_query(4096.0), 126.0);
@@ -1738,6 +1943,32 @@ mod tests {
         // qkvz, ba, out; router, routed gate/up and down, shared gate/up and down.
         assert_eq!(ops.gemms().len(), 8);
         assert_eq!(ops.comm.tp_points, 1 + 10);
+        // The attention layers' output gate: q_proj projects query and gate (2·16·256), K and V
+        // 2·2·256, O 16·256 → h: 2048·(2·4096 + 1024) + 4096·2048 = 27,262,976 parameters.
+        let attn = kinds.specs()[1];
+        assert!(m.attention_output_gate);
+        assert_eq!(mixer_matmul_params(&m, &attn.mixer), 27_262_976);
+        let shard2 = Shard {
+            tp: 2,
+            ep: 8,
+            etp: None,
+            sequence_parallel: true,
+        };
+        let a = layer_ops(&m, &attn, &shard2, &ctx(4096.0));
+        // tp = 2: 8 query heads with their gates and one K/V head pair: (16 + 2)·256 = 4608.
+        assert_eq!((a.gemms()[0].n, a.gemms()[0].k), (4608.0, 2048.0));
+        assert_eq!((a.gemms()[1].n, a.gemms()[1].k), (2048.0, 2048.0));
+        let mut plain = m.clone();
+        plain.attention_output_gate = false;
+        let p = layer_ops(&plain, &plain.layer_kinds().specs()[1], &shard2, &ctx(4096.0));
+        assert_eq!(p.gemms()[0].n, 2560.0);
+        // The gate product reads the output and the gate and writes the result: 3·16·256 16-bit
+        // values per token, split over TP.
+        assert_eq!(
+            a.elementwise_bytes - p.elementwise_bytes,
+            2.0 * 3.0 * 4096.0 / 2.0 * 4096.0
+        );
+        assert_eq!(a.params.dense - p.params.dense, 2048.0 * 4096.0 / 2.0);
     }
 
     fn adapters(rank: f64, qkv: bool, o: bool, mlp: bool) -> Adapters {

@@ -26,6 +26,7 @@ pub mod memory;
 pub mod mesh;
 pub mod model;
 pub mod plan;
+pub mod precision;
 pub mod provenance;
 pub mod report;
 pub mod rules;

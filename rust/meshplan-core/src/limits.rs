@@ -39,6 +39,8 @@ pub const MAX_HEADS: u32 = 1 << 16;
 pub const MAX_HEAD_DIM: u32 = 1 << 16;
 /// Width of a Mamba-2 or gated DeltaNet causal convolution: 2^10 (in use: 4).
 pub const MAX_CONV_KERNEL: u32 = 1 << 10;
+/// Most multi-token-prediction depths a model trains with (DeepSeek-V3 and Nemotron 3 use 1-2).
+pub const MAX_MTP_LAYERS: u32 = 64;
 /// FFN intermediate sizes (dense, routed and shared experts): 2^22 = 4,194,304. The widest
 /// dense FFN in use is 73,728 (PaLM 540B's 4·18,432); 2^22 keeps `3·hidden·ffn` inside 2^44.
 pub const MAX_FFN_HIDDEN: u32 = 1 << 22;
@@ -181,6 +183,7 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("model.linear_attention.conv_kernel", up_to(MAX_CONV_KERNEL)),
     ("model.linear_attention.chunk", up_to(MAX_HEAD_DIM)),
     ("model.sliding_window", up_to(MAX_SEQ_LEN)),
+    ("model.mtp_layers", up_to(MAX_MTP_LAYERS)),
     ("cluster.num_gpus", up_to(MAX_GPUS)),
     ("cluster.gpus_per_node", up_to(MAX_GPUS)),
     ("cluster.nvlink_domain", up_to(MAX_GPUS)),

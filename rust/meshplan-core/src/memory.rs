@@ -89,6 +89,16 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
         };
         dense += head + model.hidden as f64;
         ends += head + model.hidden as f64;
+        // The MTP block's weights, once (Megatron-Bridge's Nemotron 3 recipes repeat one block,
+        // `mtp_use_repeated_layer`; DeepSeek-V3 has one depth), its `eh_proj` (`2h → h`, split
+        // over TP) and its three norms (§1.4).
+        let mtp = model.mtp_kinds();
+        if !mtp.is_empty() {
+            let h = model.hidden as f64;
+            dense += mtp.iter().map(|&k| per_kind[k].dense).sum::<f64>()
+                + 2.0 * h * h / t
+                + 3.0 * h;
+        }
     }
     // The ZeRO-3 gather unit: a layer of the rank's last kind (MoE layers follow the dense ones
     // and hold the experts), the dense-MLP layer on a rank without layers; with a layer pattern
@@ -107,9 +117,17 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
         let unit = per_kind[stage.kinds.last_present()];
         unit.dense + unit.expert
     };
+    let mut expert = stage.kinds.weighted_sum(&per_kind.map(|p| p.expert));
+    if stage.last {
+        expert += model
+            .mtp_kinds()
+            .iter()
+            .map(|&k| per_kind[k].expert)
+            .sum::<f64>();
+    }
     StageParams {
         dense,
-        expert: stage.kinds.weighted_sum(&per_kind.map(|p| p.expert)),
+        expert,
         largest_layer,
         ends,
         adapter_dense: 0.0,
@@ -322,12 +340,24 @@ pub fn stored_bytes_per_micro_batch(
     } * tokens;
     let vocab_local = model.vocab as f64 / t;
     // Last rank: LM-head input and the fp32 softmax kept for the cross-entropy backward.
-    let head_per_mb = if stage.last {
-        tokens * (ACT_BYTES * model.hidden as f64 / sp_div + FP32_BYTES * vocab_local)
-    } else {
-        0.0
+    let head = ACT_BYTES * model.hidden as f64 / sp_div + FP32_BYTES * vocab_local;
+    let head_per_mb = if stage.last { tokens * head } else { 0.0 };
+    // Each MTP depth on the last rank (§1.4): its block's layers as the rank's own under the
+    // recompute (full: each layer's input), `eh_proj`'s `2h` input, and the head and loss again.
+    let mtp = model.mtp_kinds();
+    let mtp_per_mb = match model.mtp_layers {
+        Some(depths) if stage.last && !mtp.is_empty() => {
+            let h = model.hidden as f64;
+            let block = if plan.recompute == Recompute::Full {
+                mtp.len() as f64 * ACT_BYTES * h / sp_div
+            } else {
+                mtp.iter().map(|&k| layers[k]).sum::<f64>()
+            };
+            depths as f64 * tokens * (block + 2.0 * ACT_BYTES * h / sp_div + head)
+        }
+        _ => 0.0,
     };
-    stored_per_mb + head_per_mb
+    stored_per_mb + head_per_mb + mtp_per_mb
 }
 
 /// Short-lived bytes on `stage` (before fragmentation): logits and their gradient on the last
@@ -449,6 +479,9 @@ mod tests {
             mamba: None,
             linear_attention: None,
             sliding_window: None,
+            mtp_layers: None,
+            mtp_pattern: None,
+            attention_output_gate: false,
         }
     }
 
@@ -533,6 +566,48 @@ mod tests {
                 "tp {tp}: {op} vs {none}"
             );
         }
+    }
+
+    #[test]
+    fn each_mtp_depth_keeps_its_block_eh_proj_input_and_logits_on_the_last_rank() {
+        let problem = |mtp: Option<u32>| {
+            let mut m = crate::presets::model("nemotron-3-nano-30b-a3b").unwrap();
+            m.mtp_layers = mtp;
+            m.mtp_pattern = mtp.map(|_| "*E".to_string());
+            crate::Problem::new(
+                m,
+                crate::hardware::Cluster {
+                    gpu: crate::presets::gpu("gb200-nvl72").unwrap(),
+                    num_gpus: 8,
+                    gpus_per_node: None,
+                    nvlink_domain: None,
+                },
+                crate::Workload::new(64, 8192),
+            )
+            .unwrap()
+        };
+        let (p0, p2) = (problem(None), problem(Some(2)));
+        let pl: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":8,"micro_batch":1}"#).unwrap();
+        let stage = crate::stages::stage_runs(&p0.model, 1, 8192)[0].stage;
+        // Weights: the block "*E" once (kinds 2 and 1), eh_proj 2·2688² and three norms.
+        let per_kind = kind_params(&p0.model, &pl);
+        let (a, b) = (
+            stage_params(&p0.model, &pl, &stage),
+            stage_params(&p2.model, &pl, &stage),
+        );
+        let h = 2688.0;
+        let want = per_kind[2].dense + per_kind[1].dense + 2.0 * h * h + 3.0 * h;
+        assert!((b.dense - a.dense - want).abs() < 1e-6, "{} vs {want}", b.dense - a.dense);
+        assert_eq!(b.expert - a.expert, per_kind[1].expert);
+        // Stored per micro-batch of 8192 tokens, no recompute: per depth the two layers, the
+        // 2h eh_proj input (2 B) and the head's input (2 B · h) and fp32 softmax (4 B · V).
+        let layers = layer_activations(&p0, &pl);
+        let tokens = 8192.0;
+        let stored = |p: &crate::Problem| stored_bytes_per_micro_batch(p, &pl, &stage, tokens, &layers);
+        let per_depth = layers[2] + layers[1] + 2.0 * 2.0 * h + (2.0 * h + 4.0 * 131072.0);
+        let got = stored(&p2) - stored(&p0);
+        assert!((got / (2.0 * tokens * per_depth) - 1.0).abs() < 1e-12, "{got}");
     }
 
     #[test]

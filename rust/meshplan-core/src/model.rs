@@ -247,6 +247,22 @@ pub struct Model {
     /// Tokens each query of an `S`/`s` layer attends (itself included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sliding_window: Option<u32>,
+    /// Multi-token-prediction depths the model trains with (Megatron-Core `mtp_num_layers`;
+    /// DeepSeek-V3's MTP, Nemotron 3's repeated MTP block): each runs the MTP block on the last
+    /// pipeline rank, with its `eh_proj` (`2h → h`) and another pass through the shared LM head
+    /// and loss (docs/costmodel.md §1.4). `None`: no MTP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp_layers: Option<u32>,
+    /// The MTP block's layers in [`Model::layer_pattern`] notation (Nemotron 3's
+    /// `mtp_hybrid_override_pattern`, `"*E"`), each character one the main pattern has; `None`:
+    /// one layer like the stack's last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp_pattern: Option<String>,
+    /// Softmax attention's output is gated per channel by `sigmoid(x·W_g)` (Qwen3-Next, HF
+    /// `Qwen3NextAttention`: `q_proj` projects `2·a·d`, query and gate): one more query-sized
+    /// projection and an element-wise product per attention layer (docs/costmodel.md §1.4).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_output_gate: bool,
 }
 
 impl Model {
@@ -296,7 +312,9 @@ impl Model {
             limits::check("model.linear_attention.chunk", la.chunk)?;
         }
         limits::check_opt("model.sliding_window", self.sliding_window)?;
+        limits::check_opt("model.mtp_layers", self.mtp_layers)?;
         self.validate_pattern()?;
+        self.validate_mtp()?;
         if self.head_dim.is_none() && self.mla.is_none() && self.hidden % self.heads != 0 {
             return Err(Error::invalid(
                 "model.head_dim",
@@ -341,6 +359,49 @@ impl Model {
             ));
         }
         Ok(())
+    }
+
+    /// Checks [`Model::mtp_pattern`]: only with MTP depths, and only characters of the main
+    /// layer pattern (so that the MTP block's layers are layer kinds of the model).
+    fn validate_mtp(&self) -> Result<()> {
+        let Some(mtp) = &self.mtp_pattern else {
+            return Ok(());
+        };
+        if self.mtp_layers.is_none() {
+            return Err(Error::invalid(
+                "model.mtp_pattern",
+                format!("{mtp:?}"),
+                "null without mtp_layers",
+            ));
+        }
+        let main = self.layer_pattern.as_deref().unwrap_or("");
+        if mtp.is_empty() || mtp.chars().any(|c| !main.contains(c)) {
+            return Err(Error::invalid(
+                "model.mtp_pattern",
+                format!("{mtp:?}"),
+                format!("one or more characters of layer_pattern {main:?}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The layer kinds of one MTP depth's block ([`Model::mtp_pattern`], else the stack's last
+    /// layer), in order; empty without MTP.
+    pub fn mtp_kinds(&self) -> Vec<crate::layer::LayerKind> {
+        if self.mtp_layers.is_none() {
+            return Vec::new();
+        }
+        let kinds = self.layer_kinds();
+        match &self.mtp_pattern {
+            Some(p) => p
+                .chars()
+                .filter_map(|c| {
+                    let spec = self.pattern_spec(c)?;
+                    kinds.specs().iter().position(|s| *s == spec)
+                })
+                .collect(),
+            None => self.layer_stack().last().map(|&(k, _)| k).into_iter().collect(),
+        }
     }
 
     /// Checks [`Model::layer_pattern`]: one known character per layer, and the parts its
@@ -524,6 +585,20 @@ impl Model {
     }
 
     /// Attention projection parameters of one layer (Q, K, V, O; MLA down/up projections).
+    /// Parameters of an attention layer's output gate (`h × a·d`, Qwen3-Next), 0 without one.
+    pub fn output_gate_params(&self) -> u64 {
+        if self.attention_output_gate && self.mla.is_none() {
+            self.hidden as u64 * self.heads as u64 * self.qk_head_dim()
+        } else {
+            0
+        }
+    }
+
+    /// 1 with an attention output gate, else 0 (the gate's share of a query-sized width).
+    pub fn output_gates(&self) -> f64 {
+        (self.attention_output_gate && self.mla.is_none()) as u8 as f64
+    }
+
     pub fn attention_params(&self) -> u64 {
         let h = self.hidden as u64;
         let a = self.heads as u64;
@@ -543,7 +618,7 @@ impl Model {
             None => {
                 let d = self.qk_head_dim();
                 let g = self.kv_heads as u64;
-                h * a * d + 2 * h * g * d + a * d * h
+                h * a * d + 2 * h * g * d + a * d * h + self.output_gate_params()
             }
         }
     }
@@ -633,6 +708,30 @@ impl Model {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn an_mtp_block_is_made_of_the_main_patterns_layer_kinds() {
+        let mut m = crate::presets::model("nemotron-3-nano-30b-a3b").unwrap();
+        assert!(m.mtp_kinds().is_empty());
+        m.mtp_layers = Some(2);
+        // Without a pattern: one layer like the stack's last (Nano ends with an MoE layer, kind 1).
+        assert_eq!(m.mtp_kinds(), vec![1]);
+        // "*E": the attention layer (kind 2 in order of first appearance) and the MoE layer.
+        m.mtp_pattern = Some("*E".into());
+        m.validate().unwrap();
+        assert_eq!(m.mtp_kinds(), vec![2, 1]);
+        // A character the main pattern lacks has no layer kind: refused, naming the field.
+        m.mtp_pattern = Some("*-".into());
+        let e = m.validate().unwrap_err().to_string();
+        assert!(e.contains("model.mtp_pattern") && e.contains("layer_pattern"), "{e}");
+        // A pattern without depths is refused; depths are bounded.
+        m.mtp_pattern = Some("*E".into());
+        m.mtp_layers = None;
+        assert!(m.validate().unwrap_err().to_string().contains("mtp_layers"));
+        m.mtp_layers = Some(0);
+        assert!(m.validate().unwrap_err().to_string().contains("model.mtp_layers"));
+    }
+
     use super::*;
 
     pub(crate) fn llama3_70b() -> Model {
@@ -655,6 +754,9 @@ mod tests {
             mamba: None,
             linear_attention: None,
             sliding_window: None,
+            mtp_layers: None,
+            mtp_pattern: None,
+            attention_output_gate: false,
         }
     }
 
@@ -687,6 +789,9 @@ mod tests {
             mamba: None,
             linear_attention: None,
             sliding_window: None,
+            mtp_layers: None,
+            mtp_pattern: None,
+            attention_output_gate: false,
         };
         let p = m.total_params() as f64 / 1e9;
         assert!((p - 6.738).abs() < 0.001, "{p}");

@@ -11,8 +11,12 @@
 
 use crate::comm::{Collective, CollectiveCost, CollectiveModel, Fabric};
 use crate::device::Device;
-use crate::gemm::{grouped_linear_s, linear_s, LinearTimes};
-use crate::layer::{layer_ops, Gemm, LayerOps, OpsContext, Shard, FP32_BYTES, MAX_LAYER_KINDS};
+use crate::gemm::{grouped_linear_s, linear_s, GemmDevice, LinearTimes};
+use crate::hardware::Precision;
+use crate::layer::{
+    layer_ops, Gemm, GemmRole, LayerCounts, LayerOps, OpsContext, Shard, FP32_BYTES, MAX_LAYER_KINDS,
+};
+use crate::precision::{GemmPrecision, PrecisionRecipe};
 use crate::layout::Group;
 use crate::layout::Groups;
 use crate::memory::StageParams;
@@ -118,20 +122,39 @@ pub struct TimeContext<'a> {
     stack: &'static Stack,
     /// Tokens of one micro-batch on one GPU before TP sharding: `b·s/c`.
     tokens: f64,
+    /// The workload's low-precision recipe, where the linears run in FP8/FP4 (§1.4).
+    recipe: Option<&'static PrecisionRecipe>,
+    /// MXFP8 GEMMs of the GPU, for the linears a recipe runs in MXFP8 (`None`: no MXFP8 peak).
+    gemm_mxfp8: Option<GemmDevice>,
 }
 
 impl<'a> TimeContext<'a> {
     pub fn new(problem: &'a Problem, plan: &'a Plan, groups: Groups) -> Self {
         let stack = problem.workload.stack_profile();
+        let gpu = &problem.cluster.gpu;
+        let device = Device::of(gpu, problem.workload.precision)
+            .with_kernel_efficiency(stack.kernel_efficiency);
+        let recipe = match &problem.workload.precision_recipe {
+            Some(name) if device.quantized => PrecisionRecipe::named(name).ok(),
+            _ => None,
+        };
+        let gemm_mxfp8 = recipe
+            .filter(|_| gpu.peak_tflops.get(Precision::Mxfp8).is_some())
+            .map(|_| {
+                Device::of(gpu, Precision::Mxfp8)
+                    .with_kernel_efficiency(stack.kernel_efficiency)
+                    .gemm
+            });
         TimeContext {
             problem,
             plan,
             groups,
             fabric: Fabric::of(&problem.cluster),
-            device: Device::of(&problem.cluster.gpu, problem.workload.precision)
-                .with_kernel_efficiency(stack.kernel_efficiency),
+            device,
             stack,
             tokens: plan.micro_batch as f64 * problem.workload.seq_len as f64 / plan.cp as f64,
+            recipe,
+            gemm_mxfp8,
         }
     }
 
@@ -217,23 +240,39 @@ impl<'a> TimeContext<'a> {
     ///
     /// The routed experts' linears are grouped GEMMs (§5.2.1): one launch whose time covers
     /// every local expert; other linears run `repeat` separate GEMMs.
-    fn linear(&self, acc: &mut LinearTimes, gemm: &Gemm) {
+    ///
+    /// Under a precision recipe (§1.4) the GEMM runs at the precision the recipe gives its role
+    /// ([`LinearMode::Ends`]: in one of the recipe's BF16 layers at the stack's ends;
+    /// [`LinearMode::Bf16`]: all BF16): BF16 GEMMs at the 16-bit roofline without casts, MXFP8
+    /// ones at the MXFP8 roofline.
+    fn linear(&self, acc: &mut LinearTimes, gemm: &Gemm, mode: LinearMode) {
         let Gemm { m, n, k, .. } = *gemm;
+        let precision = match (self.recipe, mode) {
+            (_, LinearMode::Bf16) if self.device.quantized => GemmPrecision::Bf16,
+            (Some(r), LinearMode::Ends) => r.at_ends(gemm.role),
+            (Some(r), _) => r.of(gemm.role),
+            (None, _) => GemmPrecision::Workload,
+        };
+        let dev = match precision {
+            GemmPrecision::Workload => &self.device.gemm,
+            GemmPrecision::Bf16 => &self.device.gemm16,
+            GemmPrecision::Mxfp8 => self.gemm_mxfp8.as_ref().unwrap_or(&self.device.gemm),
+        };
         let (times, instances, casts) = if gemm.grouped {
             (
-                grouped_linear_s(&self.device.gemm, gemm.repeat, m, n, k),
+                grouped_linear_s(dev, gemm.repeat, m, n, k),
                 1.0,
                 gemm.repeat,
             )
         } else {
-            (linear_s(&self.device.gemm, m, n, k), gemm.repeat, 1.0)
+            (linear_s(dev, m, n, k), gemm.repeat, 1.0)
         };
         let LinearTimes {
             fwd: mut f,
             dgrad: mut d,
             wgrad: w,
         } = times;
-        if self.device.quantized {
+        if self.device.quantized && precision != GemmPrecision::Bf16 {
             let (cast, transpose) = (
                 self.stack.quantized_cast_bytes,
                 self.stack.quantized_transpose_bytes,
@@ -292,31 +331,46 @@ impl<'a> TimeContext<'a> {
     /// [`Self::layer`] before recompute, which only adds to the backward pass: the same for
     /// every recompute mode of the plan. Sums the layer's operations ([`crate::layer::layer_ops`]).
     pub fn layer_parts(&self, kind: usize) -> LayerParts {
+        self.layer_parts_at(kind, LinearMode::Recipe)
+    }
+
+    /// [`Self::layer_parts`] of a layer of `kind` whose linears run as `mode` says (§1.4).
+    fn layer_parts_at(&self, kind: usize, mode: LinearMode) -> LayerParts {
         let plan = self.plan;
         let cal = &self.problem.cluster.gpu.calibration;
         let ops = self.layer_ops(kind);
         let mem_bw = self.device.memory_bytes_per_s;
         let mut g = LinearTimes::default();
         for gemm in ops.gemms() {
-            self.linear(&mut g, gemm);
+            self.linear(&mut g, gemm, mode);
         }
 
         let seq = self.problem.workload.seq_len as f64;
         let att = ops.attention;
-        // A scan mixer's chunked kernel (Mamba-2 SSD, gated DeltaNet) is timed like flash
-        // attention: fused batched matmuls at the device's attention throughput, the backward
-        // the stack's attention ratio of the forward [assumed: same kernel family, Triton].
+        // A scan mixer's chunked kernels (Mamba-2 SSD, gated DeltaNet): their batched matmuls at
+        // the device's attention throughput, the backward the stack's attention ratio of the
+        // forward [assumed: same kernel family, Triton], or the HBM bytes they move where that
+        // is longer (Mamba-2's chunk states and `C·Bᵀ` blocks: `layer::mamba_scan_bytes_per_token`).
         let scan_fwd = self.tokens * att.scan_fwd_flops_per_token;
+        let scan_bytes = (
+            self.tokens * att.scan_fwd_bytes_per_token / mem_bw,
+            self.tokens * att.scan_bwd_bytes_per_token / mem_bw,
+        );
         let (attn_fwd, attn_bwd) = if self.problem.workload.flash_attention {
             // Each query sees s/2 keys on average under the causal mask (fewer under a window).
-            let fwd = (self.tokens
+            let rate = self.device.attention_flops_per_s;
+            let fwd = self.tokens
                 * 2.0
                 * att.heads
                 * (att.qk_head_dim + att.v_head_dim)
                 * att.keys_per_query(seq)
-                + scan_fwd)
-                / self.device.attention_flops_per_s;
-            (fwd, self.stack.attention_backward_ratio * fwd)
+                / rate;
+            let scan = scan_fwd / rate;
+            let ratio = self.stack.attention_backward_ratio;
+            (
+                fwd + scan.max(scan_bytes.0),
+                ratio * fwd + (ratio * scan).max(scan_bytes.1),
+            )
         } else {
             // Unfused: QKᵀ and P·V as batched 16-bit GEMMs over the full s × s square, plus the
             // memory-bound softmax and dropout over the score tensor (backward ≈ 2× both).
@@ -328,8 +382,9 @@ impl<'a> TimeContext<'a> {
             let scores = self.stack.unfused_score_bytes * batches * q * seq / mem_bw;
             let scan = scan_fwd / self.device.attention_flops_per_s;
             (
-                gemms + scores + scan,
-                2.0 * (gemms + scores) + self.stack.attention_backward_ratio * scan,
+                gemms + scores + scan.max(scan_bytes.0),
+                2.0 * (gemms + scores)
+                    + (self.stack.attention_backward_ratio * scan).max(scan_bytes.1),
             )
         };
         // Element-wise work (norms, activation, RoPE, residuals; routed copies), §5.3.
@@ -495,7 +550,12 @@ impl<'a> TimeContext<'a> {
         }
         if stage.last {
             let v_local = model.vocab as f64 / t;
-            let head = linear_s(&self.device.gemm, tok, v_local, h);
+            // At the training precision, or in BF16 where the precision recipe says so (§1.4).
+            let head_dev = match self.recipe {
+                Some(r) if r.of(GemmRole::LmHead) == GemmPrecision::Bf16 => &self.device.gemm16,
+                _ => &self.device.gemm,
+            };
+            let head = linear_s(head_dev, tok, v_local, h);
             // Softmax cross-entropy over fp32 logits: a few passes over tok × V/t.
             let ce = self.stack.cross_entropy_passes * FP32_BYTES * tok * v_local / mem_bw;
             out.fwd.compute += head.fwd + ce;
@@ -509,7 +569,51 @@ impl<'a> TimeContext<'a> {
             out.wgrad += w;
             out.fwd.tp += tp;
             out.bwd.tp += tp;
+            if let Some(depths) = model.mtp_layers {
+                out.add_scaled(&self.mtp_depth(head, ce, tp), depths as f64);
+            }
         }
+        out
+    }
+
+    /// One multi-token-prediction depth on the last rank (§1.4, Megatron-Core
+    /// `MultiTokenPredictionLayer`): the two norms' inputs concatenated and projected by
+    /// `eh_proj` (`2h → h/t`), the MTP block's layers ([`Model::mtp_kinds`]), then the shared LM
+    /// head and the loss again (`head`, `ce`: their seconds as the main head runs them) with
+    /// their TP point. In BF16 where the precision recipe keeps the MTP block there
+    /// (`mtp_bf16`), else at the recipe's precisions.
+    fn mtp_depth(&self, head: LinearTimes, ce: f64, tp: f64) -> LayerTime {
+        let model = self.model();
+        let mode = if self.recipe.is_some_and(|r| r.mtp_bf16) {
+            LinearMode::Bf16
+        } else {
+            LinearMode::Recipe
+        };
+        let mut out = LayerTime::default();
+        for kind in model.mtp_kinds() {
+            out.add_scaled(
+                &self.layer_parts_at(kind, mode).with(self.plan.recompute),
+                1.0,
+            );
+        }
+        let h = model.hidden as f64;
+        let mut g = LinearTimes::default();
+        let eh_proj = Gemm {
+            m: self.tokens,
+            n: h / self.plan.tp as f64,
+            k: 2.0 * h,
+            repeat: 1.0,
+            grouped: false,
+            role: GemmRole::Other,
+        };
+        self.linear(&mut g, &eh_proj, mode);
+        let lora = self.problem.workload.lora;
+        let wgrad = if lora { 0.0 } else { g.wgrad + head.wgrad };
+        out.fwd.compute += g.fwd + head.fwd + ce;
+        out.bwd.compute += g.dgrad + head.dgrad + wgrad + ce;
+        out.wgrad += wgrad;
+        out.fwd.tp += tp;
+        out.bwd.tp += tp;
         out
     }
 
@@ -520,6 +624,32 @@ impl<'a> TimeContext<'a> {
         for (kind, count) in stage.kinds.iter() {
             if count > 0 {
                 out.add_scaled(&layers[kind], count as f64);
+            }
+        }
+        // A precision recipe's BF16 layers at the start (first rank) and end (last rank) of the
+        // stack: the difference of their time from that of the same kind at the recipe's
+        // precisions (§1.4). The first and last ranks hold the stack's first and last layers;
+        // BF16 layers beyond a rank's own are not counted (a pipeline whose edge ranks hold
+        // fewer layers than the recipe keeps in BF16).
+        if let Some(r) = self.recipe {
+            let edges = [
+                (stage.first, r.bf16_layers_at_start, false),
+                (stage.last, r.bf16_layers_at_end, true),
+            ];
+            for (holds, n, from_end) in edges {
+                if !holds || n == 0 {
+                    continue;
+                }
+                let n = n.min(stage.layers());
+                for (kind, count) in edge_kinds(self.model(), n, from_end).iter() {
+                    if count > 0 {
+                        let bf16 = self
+                            .layer_parts_at(kind, LinearMode::Ends)
+                            .with(self.plan.recompute);
+                        out.add_scaled(&bf16, count as f64);
+                        out.add_scaled(&layers[kind], -(count as f64));
+                    }
+                }
             }
         }
         out
@@ -798,6 +928,37 @@ impl<'a> TimeContext<'a> {
     }
 }
 
+/// The precision the linears of a layer run at (docs/costmodel.md §1.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinearMode {
+    /// The workload's precision recipe as it applies to a layer inside the stack (each role
+    /// its precision; without a recipe the workload's precision).
+    Recipe,
+    /// One of the recipe's BF16 layers at the stack's start or end.
+    Ends,
+    /// Every linear in BF16 (a recipe's MTP block).
+    Bf16,
+}
+
+/// Layers per kind among the first (`from_end == false`) or last `n` layers of `model`'s stack.
+pub fn edge_kinds(model: &Model, n: u32, from_end: bool) -> LayerCounts {
+    let mut runs = model.layer_stack();
+    if from_end {
+        runs.reverse();
+    }
+    let mut counts = [0u32; MAX_LAYER_KINDS];
+    let mut left = n;
+    for (kind, count) in runs {
+        let take = count.min(left);
+        counts[kind] += take;
+        left -= take;
+        if left == 0 {
+            break;
+        }
+    }
+    LayerCounts(counts)
+}
+
 /// Exposed seconds of `buckets` reduced one after another as a pass of `window` seconds
 /// produces (or consumes) them in equal shares (§3.6): bucket `k` of `B` is ready at `k/B` of
 /// the window, so what the pass does not cover is exposed — `max(c, B·c − ω·(B − 1)/B·window)`
@@ -975,6 +1136,141 @@ pub fn breakdown(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nemotron 3 Nano on 8 GB200 in NVFP4 (tp 1, ep 8), with `recipe` and `mtp` MTP depths.
+    fn nano(recipe: Option<&str>, mtp: Option<u32>) -> (Problem, Plan) {
+        let mut model = crate::presets::model("nemotron-3-nano-30b-a3b").unwrap();
+        model.mtp_layers = mtp;
+        model.mtp_pattern = mtp.map(|_| "*E".to_string());
+        let cluster = crate::Cluster {
+            gpu: crate::presets::gpu("gb200-nvl72").unwrap(),
+            num_gpus: 8,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        };
+        let mut w = crate::Workload::new(64, 8192);
+        w.precision = Precision::Nvfp4;
+        w.precision_recipe = recipe.map(str::to_string);
+        let p = Problem::new(model, cluster, w).unwrap();
+        let plan: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":8,"micro_batch":1}"#).unwrap();
+        (p, plan)
+    }
+
+    fn tc<'a>(p: &'a Problem, plan: &'a Plan) -> TimeContext<'a> {
+        TimeContext::new(p, plan, Groups::of(plan, p.cluster.nvlink_domain()))
+    }
+
+    #[test]
+    fn a_precision_recipe_runs_each_linear_at_its_roles_precision() {
+        let (p, plan) = nano(Some("nemotron3-super-nvfp4"), None);
+        let tc = tc(&p, &plan);
+        let gemm = |role| Gemm {
+            m: 8192.0,
+            n: 4096.0,
+            k: 2688.0,
+            repeat: 1.0,
+            grouped: false,
+            role,
+        };
+        let run = |role, mode| {
+            let mut acc = LinearTimes::default();
+            tc.linear(&mut acc, &gemm(role), mode);
+            acc
+        };
+        let (m, n, k) = (8192.0, 4096.0, 2688.0);
+        let bw = tc.device.memory_bytes_per_s;
+        // NVFP4 GEMMs with Transformer Engine's casts: the input (3 B per element) forward, the
+        // output gradient (3 B) and the input's transposed copy (2 B) backward.
+        let with_casts = |dev: &GemmDevice| {
+            let t = linear_s(dev, m, n, k);
+            LinearTimes {
+                fwd: t.fwd + 3.0 * m * k / bw,
+                dgrad: t.dgrad + (3.0 * m * n + 2.0 * m * k) / bw,
+                wgrad: t.wgrad,
+            }
+        };
+        assert_eq!(run(GemmRole::Other, LinearMode::Recipe), with_casts(&tc.device.gemm));
+        // Attention projections: the 16-bit roofline, no casts.
+        let bf16 = linear_s(&tc.device.gemm16, m, n, k);
+        assert_eq!(run(GemmRole::AttentionProjection, LinearMode::Recipe), bf16);
+        assert_eq!(run(GemmRole::LatentProjection, LinearMode::Recipe), bf16);
+        // Mamba out_proj: MXFP8 (GB200 has it), with the casts.
+        let mx = tc.gemm_mxfp8.unwrap();
+        assert_eq!(mx.element_bytes, 1.0);
+        assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Recipe), with_casts(&mx));
+        // In the BF16 tail everything is BF16 but the MXFP8 override; an MTP block all BF16.
+        assert_eq!(run(GemmRole::Other, LinearMode::Ends), bf16);
+        assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Ends), with_casts(&mx));
+        assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Bf16), bf16);
+        // BF16 GEMMs of this shape take longer than NVFP4 ones.
+        assert!(bf16.fwd > linear_s(&tc.device.gemm, m, n, k).fwd);
+        // Without a recipe every role is the workload's.
+        let (p0, plan0) = nano(None, None);
+        let tc0 = TimeContext::new(&p0, &plan0, Groups::of(&plan0, p0.cluster.nvlink_domain()));
+        let mut acc = LinearTimes::default();
+        tc0.linear(&mut acc, &gemm(GemmRole::AttentionProjection), LinearMode::Recipe);
+        assert_eq!(acc, with_casts(&tc0.device.gemm));
+    }
+
+    #[test]
+    fn the_recipes_bf16_tail_layers_are_counted_at_bf16_on_the_last_rank() {
+        let (p, plan) = nano(Some("nemotron3-super-nvfp4"), None);
+        // Nano's pattern ends "…*EMEMEMEM*EMEMEMEME": its last 14 layers are "EMEM*EMEMEMEME",
+        // 6 Mamba-2 (kind 0), 7 MoE (kind 1) and 1 attention (kind 2).
+        assert_eq!(
+            edge_kinds(&p.model, 14, true),
+            LayerCounts::from_counts(&[6, 7, 1])
+        );
+        // The first 3: "MEM".
+        assert_eq!(
+            edge_kinds(&p.model, 3, false),
+            LayerCounts::from_counts(&[2, 1, 0])
+        );
+        let tc = tc(&p, &plan);
+        let layers = tc.layers();
+        let stage = crate::stages::stage_runs(&p.model, 1, 8192)[0].stage;
+        let total = tc.stage(&stage, &layers);
+        let mut want = tc.ends(&stage);
+        for (kind, count) in stage.kinds.iter() {
+            want.add_scaled(&layers[kind], count as f64);
+        }
+        for (kind, count) in [(0, 6.0), (1, 7.0), (2, 1.0)] {
+            let bf16 = tc.layer_parts_at(kind, LinearMode::Ends).with(plan.recompute);
+            want.add_scaled(&bf16, count);
+            want.add_scaled(&layers[kind], -count);
+        }
+        assert_eq!(total, want);
+        // The tail makes the step slower than the layers alone.
+        let mut plain = tc.ends(&stage);
+        for (kind, count) in stage.kinds.iter() {
+            plain.add_scaled(&layers[kind], count as f64);
+        }
+        assert!(total.total() > plain.total());
+    }
+
+    #[test]
+    fn each_mtp_depth_runs_its_block_eh_proj_and_the_lm_head_again() {
+        let (p0, plan) = nano(None, None);
+        let (p2, _) = nano(None, Some(2));
+        let (t0, t2) = (tc(&p0, &plan), tc(&p2, &plan));
+        let stage = crate::stages::stage_runs(&p0.model, 1, 8192)[0].stage;
+        // The MTP block "*E" is the attention layer (kind 2) and the MoE layer (kind 1).
+        assert_eq!(p2.model.mtp_kinds(), vec![2, 1]);
+        let (s0, s2) = (t0.stage(&stage, &t0.layers()), t2.stage(&stage, &t2.layers()));
+        // Per depth, forward: the two layers, eh_proj (8192 × 2688 × 5376 at NVFP4 with its
+        // input cast, no recipe) and the head (8192 × 131072 × 2688) with the loss's passes.
+        let (tok, h, v) = (8192.0, 2688.0, 131072.0);
+        let bw = t0.device.memory_bytes_per_s;
+        let eh = linear_s(&t0.device.gemm, tok, h, 2.0 * h).fwd + 3.0 * tok * 2.0 * h / bw;
+        let head = linear_s(&t0.device.gemm, tok, v, h).fwd;
+        let ce = t0.stack.cross_entropy_passes * FP32_BYTES * tok * v / bw;
+        let per_depth = t0.layer(2).fwd.compute + t0.layer(1).fwd.compute + eh + head + ce;
+        let got = s2.fwd.compute - s0.fwd.compute;
+        assert!((got / (2.0 * per_depth) - 1.0).abs() < 1e-12, "{got} vs {per_depth}");
+        // Its expert exchange comes along with the MoE layer.
+        assert!((s2.fwd.ep - s0.fwd.ep - 2.0 * t0.layer(1).fwd.ep).abs() < 1e-12);
+    }
 
     fn time(total: f64, wgrad: f64) -> LayerTime {
         LayerTime {

@@ -75,6 +75,9 @@ mod tests {
             mamba: None,
             linear_attention: None,
             sliding_window: None,
+            mtp_layers: None,
+            mtp_pattern: None,
+            attention_output_gate: false,
         };
         assert_eq!(tp_decode_allreduce_bytes_per_token(&m, 4), 3_932_160.0);
     }

@@ -119,6 +119,11 @@ pub struct CaseModel {
     pub linear_attention: Option<LinearAttention>,
     #[serde(default)]
     pub sliding_window: Option<u32>,
+    /// Multi-token-prediction depths the run trains with, and the MTP block's pattern.
+    #[serde(default)]
+    pub mtp_layers: Option<u32>,
+    #[serde(default)]
+    pub mtp_pattern: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -159,6 +164,9 @@ pub struct CaseTraining {
     /// workload's defaults (Megatron-Bridge's rank 32 on every linear, 16-bit base).
     #[serde(default)]
     pub lora: Option<CaseLora>,
+    /// The run's low-precision recipe (`data/precision.toml`), where its source names one.
+    #[serde(default)]
+    pub precision_recipe: Option<String>,
 }
 
 /// A LoRA case's adapters (validation/README.md): `rank`, `targets` (`q`, `k`, `v`, `o`,
@@ -642,6 +650,9 @@ fn problem_of(
         mamba: m.mamba,
         linear_attention: m.linear_attention,
         sliding_window: m.sliding_window,
+        mtp_layers: m.mtp_layers,
+        mtp_pattern: m.mtp_pattern.clone(),
+        attention_output_gate: false,
     };
     let mut gpu = presets::gpu(&case.cluster.gpu)?;
     if let Some(o) = overrides {
@@ -698,6 +709,7 @@ fn problem_of(
     workload.fused_cross_entropy = facts.fused_cross_entropy;
     workload.stack = facts.stack.to_string();
     workload.moe_imbalance = facts.moe_imbalance;
+    workload.precision_recipe = case.training.precision_recipe.clone();
     Problem::new(model, cluster, workload)
 }
 

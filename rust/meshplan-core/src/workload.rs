@@ -94,6 +94,11 @@ pub struct Workload {
     /// at capacity factor 1. Scales the routed experts' GEMMs, activations and dispatch.
     #[serde(default = "default_moe_imbalance")]
     pub moe_imbalance: f64,
+    /// The low-precision recipe (a table of `data/precision.toml`): which linear layers an
+    /// FP8/FP4 run keeps in BF16 or runs in MXFP8 (docs/costmodel.md §1.4). `None`: every
+    /// linear layer of the layer stack at `precision`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision_recipe: Option<String>,
 }
 
 /// A linear (or fused linear) that can carry a LoRA adapter, in the two conventions the
@@ -253,6 +258,7 @@ impl Workload {
             stack: default_stack_name(),
             bucket_params: None,
             moe_imbalance: DEFAULT_MOE_IMBALANCE,
+            precision_recipe: None,
         }
     }
 
@@ -284,6 +290,9 @@ impl Workload {
             ));
         }
         crate::stack::Stack::named(&self.stack)?;
+        if let Some(name) = &self.precision_recipe {
+            crate::precision::PrecisionRecipe::named(name)?;
+        }
         Ok(())
     }
 

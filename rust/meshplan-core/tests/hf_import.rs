@@ -109,6 +109,11 @@ fn nemotron_3_super_and_ultra_are_latent_moe_hybrids() {
         assert_eq!(moe.expert_width(m.hidden), latent);
         assert_size(file, billions(m.total_params()), total, 0.08);
         assert_size(file, active_with_embedding(&m), active, 0.12);
+        // One MTP depth of an attention layer and an MoE layer: Super spells it
+        // `mtp_hybrid_override_pattern` "*E", Ultra `mtp_layers_block_type`
+        // ["attention", "moe"]; `num_nextn_predict_layers` 1 in both.
+        assert_eq!(m.mtp_layers, Some(1), "{file}");
+        assert_eq!(m.mtp_pattern.as_deref(), Some("*E"), "{file}");
     }
 }
 
@@ -510,6 +515,9 @@ fn nemotron_3_nano_is_mamba_attention_and_moe() {
     // The NVFP4 3.5-Lightning file spells the same stack as a `layers_block_type` list.
     let l = import("NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4.json");
     assert_eq!(l.layer_pattern, m.layer_pattern);
+    // Lightning adds an MTP block (attention + MoE), Nano has none.
+    assert_eq!((l.mtp_layers, l.mtp_pattern.as_deref()), (Some(1), Some("*E")));
+    assert_eq!((m.mtp_layers, m.mtp_pattern), (None, None));
 }
 
 #[test]
@@ -533,8 +541,15 @@ fn qwen3_next_interleaves_gated_deltanet_and_full_attention() {
         (moe.num_experts, moe.top_k, moe.shared_experts),
         (512, 10, 1)
     );
-    // Qwen: 80 B total.
+    // Qwen: 80 B total, the 12 attention layers' output gates (2048 × 16·256 each) included.
+    assert!(m.attention_output_gate);
     assert_size("Qwen3-Next-80B", billions(m.total_params()), 80.0, 0.01);
+    let mut ungated = m.clone();
+    ungated.attention_output_gate = false;
+    assert_eq!(
+        m.total_params() - ungated.total_params(),
+        12 * 2048 * 16 * 256
+    );
 }
 
 #[test]

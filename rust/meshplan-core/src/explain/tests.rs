@@ -63,6 +63,9 @@ fn moe_400b() -> Model {
         mamba: None,
         linear_attention: None,
         sliding_window: None,
+        mtp_layers: None,
+        mtp_pattern: None,
+        attention_output_gate: false,
     }
 }
 

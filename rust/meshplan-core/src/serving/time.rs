@@ -355,6 +355,7 @@ impl<'a> TimeModel<'a> {
             k: model.hidden as f64,
             repeat: 1.0,
             grouped: false,
+            role: Default::default(),
         };
         self.gemm(&mut lin, &head, 1.0);
         let gather = self
