@@ -235,7 +235,7 @@ def workload_message(workload: object) -> pb.Workload:
 
 
 _LISTS = ("zero", "recompute", "sequence_parallel", "schedules", "orders")
-_OPTIONAL_LISTS = ("dispatchers", "ep_overlap")
+_OPTIONAL_LISTS = ("dispatchers", "ep_overlap", "cp_exchanges")
 """Lists whose empty value means the stack's default (sent only when set)."""
 _SCALARS = (
     "memory_headroom_gib",
@@ -295,6 +295,7 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         etp=p.etp,
         dispatcher=p.dispatcher,
         ep_overlap=p.ep_overlap,
+        cp_exchange=p.cp_exchange,
     )
     return msg
 
@@ -462,7 +463,7 @@ def plan_from(msg: Any) -> Plan:
     defaults."""
     fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
     for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "order", "etp", "dispatcher", "ep_overlap"):
+                 "schedule", "order", "etp", "dispatcher", "ep_overlap", "cp_exchange"):
         if msg.HasField(name):
             fields[name] = getattr(msg, name)
     return Plan.from_dict(fields)
@@ -579,6 +580,7 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "etp": _opt(msg, "etp"),
         "dispatcher": _opt(msg, "dispatcher"),
         "ep_overlap": msg.ep_overlap,
+        "cp_exchange": _opt(msg, "cp_exchange"),
     }
     return Plan.from_dict(fields)
 

@@ -124,6 +124,11 @@ def space_flags(p: argparse.ArgumentParser) -> None:
         help="MoE token dispatchers to try (default: the stack's, flex for megatron-core)",
     )
     g.add_argument(
+        "--cp-exchanges", type=list_of(str, "CP exchanges"), metavar="ring,allgather,a2a,a2a+p2p",
+        help="context-parallel exchanges to try for cp > 1 (Megatron --cp-comm-type p2p, "
+        "all_gather, a2a, a2a+p2p; default: the stack's, ring for megatron-core)",
+    )
+    g.add_argument(
         "--ep-overlap", choices=("on", "off", "both"),
         help="EP communication overlap to try (Megatron --overlap-moe-expert-parallel-comm; "
         "default: the stack's, off)",
@@ -258,6 +263,7 @@ def space_from(args: argparse.Namespace) -> SearchSpace:
         distinct=False if getattr(args, "ungrouped", False) else None,
         fold=False if getattr(args, "no_fold", False) else None,
         dispatchers=getattr(args, "dispatchers", None),
+        cp_exchanges=getattr(args, "cp_exchanges", None),
         ep_overlap={"on": [True], "off": [False], "both": [False, True], None: None}[
             getattr(args, "ep_overlap", None)
         ],

@@ -565,6 +565,7 @@ class SearchSpace(_message.Message):
     FOLD_FIELD_NUMBER: _builtins.int
     DISPATCHERS_FIELD_NUMBER: _builtins.int
     EP_OVERLAP_FIELD_NUMBER: _builtins.int
+    CP_EXCHANGES_FIELD_NUMBER: _builtins.int
     memory_headroom_gib: _builtins.float
     """GiB kept free on every GPU."""
     tp_within_domain: _builtins.bool
@@ -635,6 +636,12 @@ class SearchSpace(_message.Message):
     def ep_overlap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
         """EP communication overlap settings to try for plans with ep > 1; empty: the stack's default."""
 
+    @_builtins.property
+    def cp_exchanges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Context-parallel exchanges to try for plans with cp > 1 ("ring", "allgather", "a2a",
+        "a2a+p2p"); empty: the stack's default, left unset in the plans.
+        """
+
     def __init__(
         self,
         *,
@@ -661,10 +668,11 @@ class SearchSpace(_message.Message):
         fold: _builtins.bool | None = ...,
         dispatchers: _abc.Iterable[_builtins.str] | None = ...,
         ep_overlap: _abc.Iterable[_builtins.bool] | None = ...,
+        cp_exchanges: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dispatchers", b"dispatchers", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_exchanges", b"cp_exchanges", "cp_within_domain", b"cp_within_domain", "dispatchers", b"dispatchers", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp_within_domain: _TypeAlias = _typing.Literal["cp_within_domain"]  # noqa: Y015
     _WhichOneofArgType__cp_within_domain: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain"]  # noqa: Y015
@@ -726,6 +734,7 @@ class Plan(_message.Message):
     ETP_FIELD_NUMBER: _builtins.int
     DISPATCHER_FIELD_NUMBER: _builtins.int
     EP_OVERLAP_FIELD_NUMBER: _builtins.int
+    CP_EXCHANGE_FIELD_NUMBER: _builtins.int
     dp: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
@@ -751,6 +760,10 @@ class Plan(_message.Message):
     """MoE token dispatcher: "alltoall", "allgather" or "flex" (unset: the stack's default)."""
     ep_overlap: _builtins.bool
     """EP communication overlap (Megatron --overlap-moe-expert-parallel-comm); default false."""
+    cp_exchange: _builtins.str
+    """Context parallelism's exchange: "ring", "allgather", "a2a" (Ulysses) or "a2a+p2p"
+    (Megatron --cp-comm-type p2p, all_gather, a2a, a2a+p2p); unset: the stack's default.
+    """
     def __init__(
         self,
         *,
@@ -769,13 +782,16 @@ class Plan(_message.Message):
         etp: _builtins.int | None = ...,
         dispatcher: _builtins.str | None = ...,
         ep_overlap: _builtins.bool | None = ...,
+        cp_exchange: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp: _TypeAlias = _typing.Literal["cp"]  # noqa: Y015
     _WhichOneofArgType__cp: _TypeAlias = _typing.Literal["_cp", b"_cp"]  # noqa: Y015
+    _WhichOneofReturnType__cp_exchange: _TypeAlias = _typing.Literal["cp_exchange"]  # noqa: Y015
+    _WhichOneofArgType__cp_exchange: _TypeAlias = _typing.Literal["_cp_exchange", b"_cp_exchange"]  # noqa: Y015
     _WhichOneofReturnType__dispatcher: _TypeAlias = _typing.Literal["dispatcher"]  # noqa: Y015
     _WhichOneofArgType__dispatcher: _TypeAlias = _typing.Literal["_dispatcher", b"_dispatcher"]  # noqa: Y015
     _WhichOneofReturnType__ep: _TypeAlias = _typing.Literal["ep"]  # noqa: Y015
@@ -800,6 +816,8 @@ class Plan(_message.Message):
     _WhichOneofArgType__zero: _TypeAlias = _typing.Literal["_zero", b"_zero"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cp) -> _WhichOneofReturnType__cp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cp_exchange) -> _WhichOneofReturnType__cp_exchange | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__dispatcher) -> _WhichOneofReturnType__dispatcher | None: ...
     @_typing.overload

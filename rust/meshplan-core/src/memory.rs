@@ -388,6 +388,7 @@ mod tests {
             etp: None,
             dispatcher: None,
             ep_overlap: false,
+            cp_exchange: None,
         }
     }
 

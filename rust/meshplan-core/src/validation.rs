@@ -60,7 +60,7 @@ use crate::evaluate::evaluate_in;
 use crate::flops::{recompute_flops_per_token, train_flops_per_token, AttentionCounting};
 use crate::hardware::{Cluster, Precision};
 use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
-use crate::plan::{Plan, Recompute, Schedule};
+use crate::plan::{CpExchange, Plan, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::search::{search_counting_faster, Control};
 use crate::space::{Degree, SearchSpace, DEFAULT_MAX_MICRO_BATCH, DEFAULT_MAX_VPP};
@@ -175,6 +175,10 @@ pub struct CasePlan {
     /// parallelism, GPUs/(tp·pp·cp) ([`Plan::etp`]).
     #[serde(default)]
     pub etp: Option<u32>,
+    /// Context parallelism's exchange the run used (Megatron `--cp-comm-type`), when it is not
+    /// its stack's default ([`Plan::cp_exchange`]).
+    #[serde(default)]
+    pub cp_exchange: Option<CpExchange>,
 }
 
 impl CasePlan {
@@ -678,6 +682,7 @@ fn published_plan(
         etp: p.etp,
         dispatcher: None,
         ep_overlap: false,
+        cp_exchange: p.cp_exchange,
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),
