@@ -874,6 +874,40 @@ pub fn breakdown(
     }
 }
 
+/// The group a CP exchange all-to-alls over: `a` of the CP group's ranks, inside one NVLink
+/// domain when the group's domain share allows it (a2a+p2p puts its a2a there), else the
+/// whole CP group (`a = c`, Ulysses).
+pub fn cp_a2a_group(cp: Group, a: u32) -> Group {
+    if a >= cp.size {
+        cp
+    } else {
+        Group {
+            size: a,
+            per_domain: a.min(cp.per_domain.max(1)),
+        }
+    }
+}
+
+/// Seconds of one pass's CP all-to-alls over `group` for `tokens` local tokens (§3.8): one
+/// all-to-all each of Q, K and V before attention and one of its output after (the backward:
+/// dO before, dQ, dK, dV after), each of the rank's whole buffer
+/// [TransformerEngine AttnFuncWithCPAndQKVOA2A; DeepSpeed-Ulysses arXiv:2309.14509 §3.1].
+pub fn cp_a2a_s(fabric: &Fabric, tokens: f64, ops: &LayerOps, group: Group) -> f64 {
+    cp_a2a_bytes(tokens, ops)
+        .iter()
+        .map(|&b| fabric.collective_s(Collective::AllToAll, b, group))
+        .sum()
+}
+
+/// Bytes of each of a pass's four CP all-to-alls (Q, K, V, output) for `tokens` local tokens.
+pub fn cp_a2a_bytes(tokens: f64, ops: &LayerOps) -> [f64; 4] {
+    let att = ops.attention;
+    let q = tokens * att.heads * att.qk_head_dim * WIRE_BYTES;
+    let kv = tokens * ops.comm.cp_kv_bytes_per_token / 2.0;
+    let o = tokens * att.heads * att.v_head_dim * WIRE_BYTES;
+    [q, kv, kv, o]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -939,38 +973,4 @@ mod tests {
         let huge = PipelineTimes::of_runs(&[(a, 1), (zero, u32::MAX - 2), (b, 1)]);
         assert_eq!(huge.sum, a.total() + b.total());
     }
-}
-
-/// The group a CP exchange all-to-alls over: `a` of the CP group's ranks, inside one NVLink
-/// domain when the group's domain share allows it (a2a+p2p puts its a2a there), else the
-/// whole CP group (`a = c`, Ulysses).
-pub fn cp_a2a_group(cp: Group, a: u32) -> Group {
-    if a >= cp.size {
-        cp
-    } else {
-        Group {
-            size: a,
-            per_domain: a.min(cp.per_domain.max(1)),
-        }
-    }
-}
-
-/// Seconds of one pass's CP all-to-alls over `group` for `tokens` local tokens (§3.8): one
-/// all-to-all each of Q, K and V before attention and one of its output after (the backward:
-/// dO before, dQ, dK, dV after), each of the rank's whole buffer
-/// [TransformerEngine AttnFuncWithCPAndQKVOA2A; DeepSpeed-Ulysses arXiv:2309.14509 §3.1].
-pub fn cp_a2a_s(fabric: &Fabric, tokens: f64, ops: &LayerOps, group: Group) -> f64 {
-    cp_a2a_bytes(tokens, ops)
-        .iter()
-        .map(|&b| fabric.collective_s(Collective::AllToAll, b, group))
-        .sum()
-}
-
-/// Bytes of each of a pass's four CP all-to-alls (Q, K, V, output) for `tokens` local tokens.
-pub fn cp_a2a_bytes(tokens: f64, ops: &LayerOps) -> [f64; 4] {
-    let att = ops.attention;
-    let q = tokens * att.heads * att.qk_head_dim * WIRE_BYTES;
-    let kv = tokens * ops.comm.cp_kv_bytes_per_token / 2.0;
-    let o = tokens * att.heads * att.v_head_dim * WIRE_BYTES;
-    [q, kv, kv, o]
 }
