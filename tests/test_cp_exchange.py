@@ -126,3 +126,12 @@ def test_wire_and_exports_carry_the_exchange() -> None:
     with pytest.raises(InvalidInputError, match="no a2a context-parallel exchange"):
         export("dp=1,tp=1,pp=1,cp=8,zero=2,cp_exchange=a2a", "torchtitan", model=MODEL,
                workload=titan)
+
+
+def test_ulysses_stores_the_attention_output_in_both_layouts() -> None:
+    # 2048 local tokens × 32 heads × 128 × 2 B × 32 layers = 0.5 GiB more without recompute.
+    workload = mp.Workload(8, 16384)
+    ring = mp.evaluate(MODEL, ONE_NODE, workload, "dp=1,tp=1,pp=1,cp=8,zero=1,recompute=none")
+    a2a = mp.evaluate(MODEL, ONE_NODE, workload,
+                      "dp=1,tp=1,pp=1,cp=8,zero=1,recompute=none,cp_exchange=a2a")
+    assert abs(a2a.memory_gib["activations"] - ring.memory_gib["activations"] - 0.5) < 1e-9

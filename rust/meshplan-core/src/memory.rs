@@ -13,8 +13,8 @@
 
 use crate::hardware::Precision;
 use crate::layer::{
-    activation_bytes_per_token, params_per_rank, selective_op_bytes_per_token, LayerParams, Shard,
-    ACT_BYTES, FP32_BYTES, MASK_BYTES, MAX_LAYER_KINDS,
+    activation_bytes_per_token, core_of, params_per_rank, selective_op_bytes_per_token,
+    LayerParams, Mixer, Shard, ACT_BYTES, FP32_BYTES, MASK_BYTES, MAX_LAYER_KINDS,
 };
 use crate::layout::Groups;
 use crate::model::Model;
@@ -254,7 +254,12 @@ pub fn stored_bytes_per_micro_batch(
             let scores = per_score * model.heads as f64 / t * problem.workload.seq_len as f64;
             full_layers + stage.layers() as f64 * scores
         }
-        Recompute::None => full_layers,
+        Recompute::None => {
+            full_layers
+                + stage
+                    .kinds
+                    .weighted_sum(&cp_a2a_output_bytes(problem, plan))
+        }
     } * tokens;
     let vocab_local = model.vocab as f64 / t;
     // Last rank: LM-head input and the fp32 softmax kept for the cross-entropy backward.
@@ -264,6 +269,39 @@ pub fn stored_bytes_per_micro_batch(
         0.0
     };
     stored_per_mb + head_per_mb
+}
+
+/// Bytes per token a layer of each kind stores on top of [`layer_activations`] when its
+/// attention runs Ulysses all-to-alls (`cp_exchange` a2a, or a2a+p2p's inner level) and is not
+/// recomputed: TransformerEngine's `AttnFuncWithCPAndQKVOA2A` saves attention's head-sharded
+/// output (`out_part`) for its backward while the output projection saves the sequence-sharded
+/// one the all-to-all returns, two tensors where the ring and the all-gather keep one
+/// [transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py] (§3.8):
+/// `a/t·d_v` values per token per attention layer.
+fn cp_a2a_output_bytes(problem: &Problem, plan: &Plan) -> PerKind {
+    let mut out = [0.0; MAX_LAYER_KINDS];
+    if plan.cp <= 1 {
+        return out;
+    }
+    let stack = problem.workload.stack_profile();
+    if !stack.cp_exchange(plan).shards_heads() {
+        return out;
+    }
+    let cp = Groups::of(plan, problem.cluster.nvlink_domain()).cp;
+    if stack.cp_a2a_ranks(&problem.model, plan, cp) <= 1 {
+        return out;
+    }
+    let model = &problem.model;
+    for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+        if matches!(
+            spec.mixer,
+            Mixer::Attention { .. } | Mixer::Latent(_) | Mixer::SlidingWindow { .. }
+        ) {
+            let core = core_of(model, &spec.mixer, plan.tp);
+            out[k] = core.heads * core.v_head_dim * ACT_BYTES;
+        }
+    }
+    out
 }
 
 /// Short-lived bytes on `stage` (before fragmentation): logits and their gradient on the last

@@ -747,3 +747,21 @@ fn naming_the_default_cp_exchange_changes_no_number() {
     assert_eq!(a.step_time_s.to_bits(), b.step_time_s.to_bits());
     assert_eq!(a.peak_memory_gib.to_bits(), b.peak_memory_gib.to_bits());
 }
+
+#[test]
+fn ulysses_keeps_attention_output_twice_unless_recomputed() {
+    // TransformerEngine's a2a saves the head-sharded attention output for its backward and the
+    // output projection the sequence-sharded one: per attention layer 2048 tokens × 32 heads ×
+    // 128 × 2 B more, × 32 layers = 536,870,912 B = 0.5 GiB for the one micro-batch in flight.
+    let model = presets::model("llama3-8b").unwrap();
+    let p = problem(model, "h100-sxm", 8, 8, 16384);
+    let eval = |text: &str| crate::evaluate::evaluate(&p, &plan(text)).unwrap();
+    let ring = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=none");
+    let a2a = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=none,cp_exchange=a2a");
+    let extra = a2a.memory_gib.activations - ring.memory_gib.activations;
+    assert!((extra - 0.5).abs() < 1e-9, "{extra}");
+    // Core attention recomputed: neither output is kept by attention.
+    let ring = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=selective");
+    let a2a = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=selective,cp_exchange=a2a");
+    assert_eq!(ring.memory_gib.activations, a2a.memory_gib.activations);
+}
