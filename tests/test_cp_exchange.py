@@ -135,3 +135,19 @@ def test_ulysses_stores_the_attention_output_in_both_layouts() -> None:
     a2a = mp.evaluate(MODEL, ONE_NODE, workload,
                       "dp=1,tp=1,pp=1,cp=8,zero=1,recompute=none,cp_exchange=a2a")
     assert abs(a2a.memory_gib["activations"] - ring.memory_gib["activations"] - 0.5) < 1e-9
+
+
+def test_an_in_place_fused_loss_keeps_2_bytes_per_logit() -> None:
+    # Long context makes the logits large: 16384 local tokens × 128256 / 1 × (4 + 2·2 − 2) B.
+    workload = mp.Workload(8, 131072)
+    in_place = mp.Workload(8, 131072, cross_entropy_in_place=True)
+    plan = "dp=1,tp=1,pp=1,cp=8,zero=1,recompute=full"
+    a = mp.evaluate(MODEL, ONE_NODE, workload, plan)
+    b = mp.evaluate(MODEL, ONE_NODE, in_place, plan)
+    saved = 16384 * 128256 * 6 / 2**30
+    fragmentation = 1.05  # the GPU's calibration.fragmentation over activations and transients
+    assert abs((a.peak_memory_gib - b.peak_memory_gib) - saved * fragmentation) < 1e-6
+    assert wire.workload_from(wire.workload_message(in_place)) == in_place
+    with pytest.raises(InvalidInputError, match="workload.cross_entropy_in_place"):
+        mp.evaluate(MODEL, ONE_NODE, mp.Workload(8, 131072, fused_cross_entropy=False,
+                                                 cross_entropy_in_place=True), plan)

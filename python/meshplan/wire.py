@@ -231,6 +231,7 @@ def workload_message(workload: object) -> pb.Workload:
         stack=w.stack,
         bucket_params=w.bucket_params,
         moe_imbalance=w.moe_imbalance,
+        cross_entropy_in_place=w.cross_entropy_in_place,
     )
 
 
@@ -411,7 +412,8 @@ def workload_from(msg: Any) -> Workload:
     given = {
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
-                     "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance")
+                     "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance",
+                     "cross_entropy_in_place")
         if msg.HasField(name)
     }
     return Workload(msg.global_batch, msg.seq_len, lora=msg.lora, **given)

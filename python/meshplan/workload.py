@@ -46,6 +46,10 @@ class Workload:
     for aux-loss balanced dropless training, 1.0 where routing is force-balanced (Megatron-Bridge
     benchmarks) or tokens are dropped at capacity factor 1. Scales the routed experts' GEMMs,
     activation memory and dispatch time."""
+    cross_entropy_in_place: bool = False
+    """The fused loss computes its gradient during the forward into the 16-bit logits and keeps
+    only them, 2 bytes per logit (TransformerEngine's ``parallel_cross_entropy``, Megatron
+    ``--cross-entropy-fusion-impl te``); needs ``fused_cross_entropy``."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
@@ -63,6 +67,8 @@ class Workload:
             "stack": self.stack,
             **({} if self.bucket_params is None else {"bucket_params": self.bucket_params}),
             "moe_imbalance": self.moe_imbalance,
+            # Only when set: a default workload's dict is what it was before the field.
+            **({"cross_entropy_in_place": True} if self.cross_entropy_in_place else {}),
         }
 
     @classmethod
@@ -76,5 +82,6 @@ _KINDS = {
     "stack": "str",
     "bucket_params": "int?",
     "moe_imbalance": "number",
+    "cross_entropy_in_place": "bool",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

@@ -91,6 +91,11 @@ def problem_flags() -> Parser:
         help="model an eager fp32 loss (torchtitan): 14 bytes per logit instead of 8",
     )
     g.add_argument(
+        "--cross-entropy-in-place", action="store_true",
+        help="model TransformerEngine's fused loss (Megatron --cross-entropy-fusion-impl te): "
+        "the gradient written into the 16-bit logits, 2 bytes per logit instead of 8",
+    )
+    g.add_argument(
         "--stack", default="megatron-core",
         help="training stack: megatron-core (default), torchtitan, deepspeed or maxtext; how "
         "plans are timed and which ones it can run",
@@ -235,7 +240,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
     return Workload(
         args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
         args.lora, args.flash_attention, args.fused_cross_entropy, args.stack, args.bucket_params,
-        args.moe_imbalance,
+        args.moe_imbalance, getattr(args, "cross_entropy_in_place", False),
     )
 
 

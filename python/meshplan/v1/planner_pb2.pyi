@@ -408,6 +408,7 @@ class Workload(_message.Message):
     STACK_FIELD_NUMBER: _builtins.int
     BUCKET_PARAMS_FIELD_NUMBER: _builtins.int
     MOE_IMBALANCE_FIELD_NUMBER: _builtins.int
+    CROSS_ENTROPY_IN_PLACE_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -436,6 +437,10 @@ class Workload(_message.Message):
     """MoE routing imbalance: tokens routed to the busiest expert-parallel rank over the mean,
     1-100; default 1.1 (aux-loss balanced, dropless). 1.0 for force-balanced routing.
     """
+    cross_entropy_in_place: _builtins.bool
+    """The fused loss writes its gradient into the 16-bit logits and keeps only them, 2 bytes per
+    logit (TransformerEngine's, Megatron --cross-entropy-fusion-impl te); default false.
+    """
     def __init__(
         self,
         *,
@@ -450,13 +455,16 @@ class Workload(_message.Message):
         stack: _builtins.str | None = ...,
         bucket_params: _builtins.int | None = ...,
         moe_imbalance: _builtins.float | None = ...,
+        cross_entropy_in_place: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_cross_entropy_in_place", b"_cross_entropy_in_place", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "cross_entropy_in_place", b"cross_entropy_in_place", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_cross_entropy_in_place", b"_cross_entropy_in_place", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_stack", b"_stack", "bucket_params", b"bucket_params", "cross_entropy_in_place", b"cross_entropy_in_place", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
     _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
+    _WhichOneofReturnType__cross_entropy_in_place: _TypeAlias = _typing.Literal["cross_entropy_in_place"]  # noqa: Y015
+    _WhichOneofArgType__cross_entropy_in_place: _TypeAlias = _typing.Literal["_cross_entropy_in_place", b"_cross_entropy_in_place"]  # noqa: Y015
     _WhichOneofReturnType__flash_attention: _TypeAlias = _typing.Literal["flash_attention"]  # noqa: Y015
     _WhichOneofArgType__flash_attention: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention"]  # noqa: Y015
     _WhichOneofReturnType__fused_cross_entropy: _TypeAlias = _typing.Literal["fused_cross_entropy"]  # noqa: Y015
@@ -473,6 +481,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__stack: _TypeAlias = _typing.Literal["_stack", b"_stack"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__bucket_params) -> _WhichOneofReturnType__bucket_params | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cross_entropy_in_place) -> _WhichOneofReturnType__cross_entropy_in_place | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__flash_attention) -> _WhichOneofReturnType__flash_attention | None: ...
     @_typing.overload

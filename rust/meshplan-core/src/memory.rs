@@ -264,7 +264,13 @@ pub fn stored_bytes_per_micro_batch(
     let vocab_local = model.vocab as f64 / t;
     // Last rank: LM-head input and the fp32 softmax kept for the cross-entropy backward.
     let head_per_mb = if stage.last {
-        tokens * (ACT_BYTES * model.hidden as f64 / sp_div + FP32_BYTES * vocab_local)
+        // An in-place fused loss keeps the 16-bit logits holding their gradient instead.
+        let per_logit = if problem.workload.cross_entropy_in_place {
+            ACT_BYTES
+        } else {
+            FP32_BYTES
+        };
+        tokens * (ACT_BYTES * model.hidden as f64 / sp_div + per_logit * vocab_local)
     } else {
         0.0
     };
@@ -321,7 +327,10 @@ pub fn transient_bytes(
         // Besides the stored fp32 softmax: the bf16 logits and their gradient during a fused
         // loss backward; an eager fp32 loss adds its fp32 input gradient and log-softmax
         // gradient to the bf16 gradient (§2.4.4, [`crate::Workload::fused_cross_entropy`]).
-        let per_logit = if problem.workload.fused_cross_entropy {
+        let per_logit = if problem.workload.cross_entropy_in_place {
+            // The stored logits are the gradient: nothing else at the loss backward.
+            0.0
+        } else if problem.workload.fused_cross_entropy {
             2.0 * ACT_BYTES
         } else {
             2.0 * FP32_BYTES + ACT_BYTES
@@ -494,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn an_eager_fp32_loss_holds_14_bytes_per_logit_a_fused_one_8() {
+    fn an_eager_fp32_loss_holds_14_bytes_per_logit_a_fused_one_8_in_place_2() {
         let mut problem = crate::Problem::new(
             llama2_7b(),
             crate::hardware::Cluster {
@@ -517,12 +526,28 @@ mod tests {
                 + transient_bytes(p, &pl, &stage, tokens, &params, &layers)
         };
         let fused = total(&problem);
+        // TransformerEngine's in-place loss: the 2-byte logits hold the gradient, nothing else.
+        problem.workload.cross_entropy_in_place = true;
+        let in_place = total(&problem);
+        assert!(
+            (fused - in_place - 6.0 * logits).abs() < 1.0,
+            "{}",
+            fused - in_place
+        );
+        problem.workload.cross_entropy_in_place = false;
         problem.workload.fused_cross_entropy = false;
         let eager = total(&problem);
         assert!(
             (eager - fused - 6.0 * logits).abs() < 1.0,
             "{}",
             eager - fused
+        );
+        // In place is a fused loss's: refused without one.
+        problem.workload.cross_entropy_in_place = true;
+        let e = problem.workload.validate().unwrap_err();
+        assert!(
+            e.to_string().contains("workload.cross_entropy_in_place"),
+            "{e}"
         );
     }
 

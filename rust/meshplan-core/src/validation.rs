@@ -399,6 +399,8 @@ struct SourceEntry {
     flash_attention: Option<bool>,
     /// A fused (bf16) loss; `false` is an eager fp32 cross-entropy.
     fused_cross_entropy: Option<bool>,
+    /// The fused loss writes its gradient into the 16-bit logits (TransformerEngine's).
+    cross_entropy_in_place: Option<bool>,
     /// The source's "selective" recompute is op-level selective checkpointing.
     selective_is_op_level: Option<bool>,
     /// Without a stated micro-batch, each data rank's batch is split into one micro-batch per
@@ -428,6 +430,7 @@ struct SourceFacts {
     grad_bytes: u32,
     flash_attention: bool,
     fused_cross_entropy: bool,
+    cross_entropy_in_place: bool,
     selective_is_op_level: bool,
     micro_batches_per_stage: bool,
     fsdp_under_pp_is_zero1: bool,
@@ -444,6 +447,7 @@ impl SourceFacts {
         grad_bytes: 4,
         flash_attention: true,
         fused_cross_entropy: true,
+        cross_entropy_in_place: false,
         selective_is_op_level: false,
         micro_batches_per_stage: false,
         fsdp_under_pp_is_zero1: false,
@@ -477,6 +481,7 @@ impl SourceFacts {
             f.grad_bytes = e.grad_bytes.unwrap_or(f.grad_bytes);
             f.flash_attention = e.flash_attention.unwrap_or(f.flash_attention);
             f.fused_cross_entropy = e.fused_cross_entropy.unwrap_or(f.fused_cross_entropy);
+            f.cross_entropy_in_place = e.cross_entropy_in_place.unwrap_or(f.cross_entropy_in_place);
             f.selective_is_op_level = e.selective_is_op_level.unwrap_or(f.selective_is_op_level);
             f.micro_batches_per_stage = e
                 .micro_batches_per_stage
@@ -613,6 +618,7 @@ fn problem_of(
     workload.grad_bytes = facts.grad_bytes;
     workload.flash_attention = facts.flash_attention;
     workload.fused_cross_entropy = facts.fused_cross_entropy;
+    workload.cross_entropy_in_place = facts.cross_entropy_in_place;
     workload.stack = facts.stack.to_string();
     workload.moe_imbalance = facts.moe_imbalance;
     Problem::new(model, cluster, workload)
