@@ -299,7 +299,7 @@ def test_torchtitan_export_names_the_cp_exchange_the_estimate_assumed() -> None:
     text = export("dp=2,tp=1,pp=1,cp=4,zero=2", "torchtitan-toml", model="llama3-8b",
                   workload=workload)
     profile = stack_profile("torchtitan")
-    assert f'context_parallel_rotate_method = "{profile["cp_exchange"]}"' in text
+    assert f'context_parallel_rotate_method = "{profile["default_cp_exchange"]}"' in text
     no_cp = export("dp=8,tp=1,pp=1,zero=2", "torchtitan-toml", model="llama3-8b",
                    workload=workload)
     assert "context_parallel_rotate_method" not in no_cp

@@ -217,6 +217,23 @@ def _read_dispatcher(stack: str, ep: int) -> Optional[str]:
     return str(stack_profile(stack)["default_dispatcher"]) if ep > 1 else None
 
 
+MEGATRON_CP_COMM = {"ring": "p2p", "allgather": "all_gather", "a2a": "a2a", "a2a+p2p": "a2a+p2p"}
+"""Megatron-LM's ``--cp-comm-type`` for each CP exchange of :attr:`Plan.cp_exchange`."""
+
+
+def _cp_exchange(plan: Plan, stack: str) -> str:
+    """The CP exchange the estimate of ``plan`` under ``stack`` assumed: the plan's, else the
+    stack's default (data/stacks.toml ``default_cp_exchange``); refused if the stack lacks it."""
+    profile = stack_profile(stack)
+    exchange = plan.cp_exchange or str(profile["default_cp_exchange"])
+    if exchange not in profile["cp_exchanges"]:
+        raise InvalidInputError(
+            f"cannot export to {stack}: it has no {exchange} context-parallel exchange "
+            f"(it has {', '.join(profile['cp_exchanges'])})"
+        )
+    return exchange
+
+
 def schedule_of(plan: Plan) -> str:
     """The schedule in effect: the plan's, else interleaved when ``vpp > 1``, else 1F1B."""
     return plan.schedule or ("interleaved-1f1b" if plan.vpp > 1 else "1f1b")
@@ -292,6 +309,18 @@ def megatron_args(
             args.append(("--moe-flex-dispatcher-backend", "deepep"))
     if plan.ep_overlap:
         args.append(("--overlap-moe-expert-parallel-comm", None))
+    if plan.cp > 1 and plan.cp_exchange is not None:
+        # The K/V exchange the plan names (unnamed: the profile's default, ring, which is
+        # Megatron's own default p2p, so no flag and the plan reads back unchanged).
+        exchange = _cp_exchange(plan, "megatron-core")
+        if exchange == "a2a+p2p":
+            raise InvalidInputError(
+                "cannot export to megatron: cp_exchange a2a+p2p needs "
+                "--hierarchical-context-parallel-sizes, which depends on the cluster's NVLink "
+                "domain (meshplan explain names the split); export ring or a2a, or add both "
+                "flags by hand"
+            )
+        args.append(("--cp-comm-type", MEGATRON_CP_COMM[exchange]))
     if plan.folded and plan.tp > 1 and not plan.sequence_parallel:
         raise InvalidInputError(
             "cannot export to megatron: a folded MoE plan with tp > 1 needs sequence "
@@ -498,8 +527,8 @@ def torchtitan_fields(
             fields["num_pp_microbatches"] = micro_batches(plan, workload)
     fields["context_parallel_degree"] = plan.cp
     if plan.cp > 1:
-        # The K/V exchange the estimate assumed (the profile's cp_exchange, torchtitan's default).
-        fields["context_parallel_rotate_method"] = stack_profile("torchtitan")["cp_exchange"]
+        # The K/V exchange the estimate assumed (the plan's, else the profile's default).
+        fields["context_parallel_rotate_method"] = _cp_exchange(plan, "torchtitan")
     fields["expert_parallel_degree"] = plan.ep
     if plan.ep > 1 and (plan.tp > 1 or plan.folded):
         # Experts split tp ways, or a folded plan's etp (1: EP borrows the TP ranks too).
@@ -669,6 +698,8 @@ def maxtext_overrides(plan: Plan, workload: Workload) -> list[tuple[str, Any]]:
         why.append(f"the {plan.dispatcher} dispatcher (its experts exchange tokens by all-to-all)")
     if plan.ep_overlap not in stack_profile("maxtext")["ep_overlap"]:
         why.append("EP communication overlap")
+    if plan.cp > 1 and plan.cp_exchange not in (None, *stack_profile("maxtext")["cp_exchanges"]):
+        why.append(f"the {plan.cp_exchange} context-parallel exchange")
     if workload.precision not in ("bf16", "fp8"):
         why.append(f"precision {workload.precision}")
     if why:
@@ -814,6 +845,7 @@ def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
         etp=int(etp) if etp is not None and _folded(text) else None,
         dispatcher=flags.get("--moe-token-dispatcher-type"),
         ep_overlap="--overlap-moe-expert-parallel-comm" in flags,
+        cp_exchange={v: k for k, v in MEGATRON_CP_COMM.items()}.get(flags.get("--cp-comm-type") or ""),
     )
 
 

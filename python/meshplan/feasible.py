@@ -13,7 +13,8 @@ Study it with NumPy or pandas::
 Columns (dtype): ``rank`` (uint32, 1 = best), ``dp tp pp ep cp vpp micro_batch`` (uint32),
 ``zero`` (uint8), ``recompute schedule order`` (uint8 codes; labels in :attr:`categories`),
 ``etp`` (uint32: a folded plan's expert TP, 0 for an unfolded plan), ``dispatcher`` (uint8 code,
-``none`` for ``ep = 1``), ``sequence_parallel ep_overlap`` (bool), ``step_time_s tokens_per_s_per_gpu mfu model_tflops_per_gpu
+``none`` for ``ep = 1``), ``cp_exchange`` (uint8 code, ``default`` for the stack's),
+``sequence_parallel ep_overlap`` (bool), ``step_time_s tokens_per_s_per_gpu mfu model_tflops_per_gpu
 hardware_tflops_per_gpu peak_memory_gib`` (float64), ``micro_batches worst_stage`` (uint32), and
 the breakdowns ``memory_gib.{weights,gradients,optimizer,activations,transient,fixed}`` and
 ``time_s.{compute,tp,cp,ep,pp_p2p,bubble,dp,optimizer}`` (float64): the columns of
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_PLANS = 5_000_000
 """Default cap on the feasible plans :func:`feasible_space` returns (the core's)."""
 
-CATEGORICAL = ("recompute", "schedule", "order", "dispatcher")
+CATEGORICAL = ("recompute", "schedule", "order", "dispatcher", "cp_exchange")
 """Columns holding small integer codes; their labels are in :attr:`FeasibleSpace.categories`."""
 
 
@@ -113,6 +114,9 @@ class FeasibleSpace(Mapping[str, "npt.NDArray[Any]"]):
         fields["etp"] = int(self._columns["etp"][row]) or None
         if fields["dispatcher"] == "none":
             fields["dispatcher"] = None
+        # cp_exchange "default": the plan leaves it to the stack.
+        if fields["cp_exchange"] == "default":
+            fields["cp_exchange"] = None
         fields["ep_overlap"] = bool(self._columns["ep_overlap"][row])
         return Plan.from_dict(fields)
 

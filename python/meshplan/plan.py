@@ -59,6 +59,11 @@ class Plan:
     ep_overlap: bool = False
     """EP communication overlap: dispatch and combine hidden behind another micro-batch's
     computation (Megatron ``--overlap-moe-expert-parallel-comm``)."""
+    cp_exchange: Optional[str] = None
+    """Context parallelism's exchange: ``"ring"`` (ring attention, Megatron ``p2p``),
+    ``"allgather"``, ``"a2a"`` (Ulysses all-to-all; heads and K/V groups per TP rank divisible
+    by ``cp``) or ``"a2a+p2p"`` (all-to-all inside an NVLink domain, ring across); None: the
+    workload's stack's default (Megatron ``--cp-comm-type``)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "plan", _KINDS)
@@ -109,6 +114,7 @@ class Plan:
             "etp": self.etp,
             "dispatcher": self.dispatcher,
             "ep_overlap": self.ep_overlap,
+            "cp_exchange": self.cp_exchange,
         }
 
     @classmethod
@@ -162,6 +168,7 @@ class Plan:
 _KINDS = {
     **{name: "int" for name in _INT_FIELDS}, "recompute": "str", "sequence_parallel": "bool",
     "schedule": "str?", "order": "str", "etp": "int?", "dispatcher": "str?", "ep_overlap": "bool",
+    "cp_exchange": "str?",
 }
 """What :class:`Plan` checks at construction (see :func:`meshplan._fields.check_fields`)."""
 

@@ -31,12 +31,14 @@ _OTHER = (
     "fold",
     "dispatchers",
     "ep_overlap",
+    "cp_exchanges",
 )
 
 
 _LIST_ITEMS = {
     "zero": "int", "recompute": "str", "sequence_parallel": "bool", "schedules": "str",
     "orders": "str", "dispatchers": "str", "ep_overlap": "bool",
+    "cp_exchanges": "str",
 }
 """The item type of each list of a :class:`SearchSpace`."""
 
@@ -130,6 +132,9 @@ class SearchSpace:
     ep_overlap: Optional[Sequence[bool]] = None
     """EP communication overlap settings to try for plans with ``ep > 1`` (None or empty: the
     stack's default, off)."""
+    cp_exchanges: Optional[Sequence[str]] = None
+    """Context-parallel exchanges to try for plans with ``cp > 1``: ``ring``, ``allgather``,
+    ``a2a``, ``a2a+p2p`` (None or empty: the stack's default, left unnamed in the plan)."""
     fold: Optional[bool] = None
     """Also try folded MoE plans (MoE parallel folding, :attr:`Plan.etp`; None: True): expert
     meshes whose EP spans ranks the dense layers spend on TP, CP and DP."""

@@ -238,11 +238,12 @@ def workload_message(workload: object) -> pb.Workload:
         lora_targets=list(w.lora_targets),
         lora_base=w.lora_base,
         precision_recipe=w.precision_recipe,
+        cross_entropy_in_place=w.cross_entropy_in_place,
     )
 
 
 _LISTS = ("zero", "recompute", "sequence_parallel", "schedules", "orders")
-_OPTIONAL_LISTS = ("dispatchers", "ep_overlap")
+_OPTIONAL_LISTS = ("dispatchers", "ep_overlap", "cp_exchanges")
 """Lists whose empty value means the stack's default (sent only when set)."""
 _SCALARS = (
     "memory_headroom_gib",
@@ -302,6 +303,7 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         etp=p.etp,
         dispatcher=p.dispatcher,
         ep_overlap=p.ep_overlap,
+        cp_exchange=p.cp_exchange,
     )
     return msg
 
@@ -421,7 +423,7 @@ def workload_from(msg: Any) -> Workload:
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
                      "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance",
-                     "lora_rank", "lora_base", "precision_recipe")
+                     "lora_rank", "lora_base", "precision_recipe", "cross_entropy_in_place")
         if msg.HasField(name)
     }
     if msg.lora_targets:
@@ -475,7 +477,7 @@ def plan_from(msg: Any) -> Plan:
     defaults."""
     fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
     for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "order", "etp", "dispatcher", "ep_overlap"):
+                 "schedule", "order", "etp", "dispatcher", "ep_overlap", "cp_exchange"):
         if msg.HasField(name):
             fields[name] = getattr(msg, name)
     return Plan.from_dict(fields)
@@ -592,6 +594,7 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "etp": _opt(msg, "etp"),
         "dispatcher": _opt(msg, "dispatcher"),
         "ep_overlap": msg.ep_overlap,
+        "cp_exchange": _opt(msg, "cp_exchange"),
     }
     return Plan.from_dict(fields)
 

@@ -74,6 +74,10 @@ class Workload:
     an FP8/FP4 run keeps in BF16 or runs in MXFP8, e.g. ``"nemotron3-super-nvfp4"`` (attention,
     latent projections and the LM head BF16, Mamba-2 ``out_proj`` MXFP8, the last 14 layers
     BF16) or ``"nemotron3-fp8"``. None: every linear of the layers at ``precision``."""
+    cross_entropy_in_place: bool = False
+    """The fused loss computes its gradient during the forward into the 16-bit logits and keeps
+    only them, 2 bytes per logit (TransformerEngine's ``parallel_cross_entropy``, Megatron
+    ``--cross-entropy-fusion-impl te``); needs ``fused_cross_entropy``."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
@@ -102,6 +106,8 @@ class Workload:
             "lora_base": self.lora_base,
             **({} if self.precision_recipe is None
                else {"precision_recipe": self.precision_recipe}),
+            # Only when set: a default workload's dict is what it was before the field.
+            **({"cross_entropy_in_place": True} if self.cross_entropy_in_place else {}),
         }
 
     @classmethod
@@ -118,5 +124,6 @@ _KINDS = {
     "lora_rank": "int",
     "lora_base": "str",
     "precision_recipe": "str?",
+    "cross_entropy_in_place": "bool",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

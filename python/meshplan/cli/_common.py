@@ -97,6 +97,11 @@ def problem_flags() -> Parser:
         help="model an eager fp32 loss (torchtitan): 14 bytes per logit instead of 8",
     )
     g.add_argument(
+        "--cross-entropy-in-place", action="store_true",
+        help="model TransformerEngine's fused loss (Megatron --cross-entropy-fusion-impl te): "
+        "the gradient written into the 16-bit logits, 2 bytes per logit instead of 8",
+    )
+    g.add_argument(
         "--stack", default="megatron-core",
         help="training stack: megatron-core (default), torchtitan, deepspeed or maxtext; how "
         "plans are timed and which ones it can run",
@@ -128,6 +133,11 @@ def space_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--dispatchers", type=list_of(str, "dispatchers"), metavar="alltoall,allgather,flex",
         help="MoE token dispatchers to try (default: the stack's, flex for megatron-core)",
+    )
+    g.add_argument(
+        "--cp-exchanges", type=list_of(str, "CP exchanges"), metavar="ring,allgather,a2a,a2a+p2p",
+        help="context-parallel exchanges to try for cp > 1 (Megatron --cp-comm-type p2p, "
+        "all_gather, a2a, a2a+p2p; default: the stack's, ring for megatron-core)",
     )
     g.add_argument(
         "--ep-overlap", choices=("on", "off", "both"),
@@ -260,7 +270,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
         args.global_batch, args.seq_len, args.precision, args.optimizer, args.grad_bytes,
         args.lora, args.flash_attention, args.fused_cross_entropy, args.stack, args.bucket_params,
         args.moe_imbalance, args.lora_rank, lora_targets(args), args.lora_base,
-        args.precision_recipe,
+        args.precision_recipe, getattr(args, "cross_entropy_in_place", False),
     )
 
 
@@ -288,6 +298,7 @@ def space_from(args: argparse.Namespace) -> SearchSpace:
         distinct=False if getattr(args, "ungrouped", False) else None,
         fold=False if getattr(args, "no_fold", False) else None,
         dispatchers=getattr(args, "dispatchers", None),
+        cp_exchanges=getattr(args, "cp_exchanges", None),
         ep_overlap={"on": [True], "off": [False], "both": [False, True], None: None}[
             getattr(args, "ep_overlap", None)
         ],

@@ -101,6 +101,10 @@ def plans_table(plans: Sequence[Evaluation]) -> str:
     folded = any(ev.plan.etp is not None for ev in plans)
     if folded:
         header.insert(6, "etp")
+    # Plans that name their CP exchange (a search given cp_exchanges): it, after cp.
+    exchanges = any(ev.plan.cp_exchange is not None for ev in plans)
+    if exchanges:
+        header.insert(6, "cp exch")
     # Distinct plans: how many indistinguishable plans each row stands for.
     grouped = any(ev.group_size is not None for ev in plans)
     if grouped:
@@ -118,6 +122,8 @@ def plans_table(plans: Sequence[Evaluation]) -> str:
             row.insert(12, p.order)
         if folded:
             row.insert(6, p.etp if p.etp is not None else "-")
+        if exchanges:
+            row.insert(6, p.cp_exchange if p.cp_exchange is not None else "-")
         if grouped:
             row.append(ev.group_size if ev.group_size is not None else "-")
         rows.append(row)

@@ -125,12 +125,14 @@ def _stacks(args: argparse.Namespace, out: TextIO) -> int:
         names(s["recompute"]), s["expert_folding"],
         # The default dispatcher first, marked.
         names(f"{d}*" if d == s["default_dispatcher"] else d for d in s["dispatchers"]),
-        "yes" if True in s["ep_overlap"] else "no", s["cp_exchange"],
+        "yes" if True in s["ep_overlap"] else "no",
+        names(f"{x}*" if x == s["default_cp_exchange"] else x for x in s["cp_exchanges"])
+        if "cp" in s["parallelism"] else "-",
     ] for s in stacks]
     header = [
         "stack", "bucket", "grads overlapped", "dp ω", "tp ω", "precisions", "axes", "schedules",
         "layer split", "zero (pp=1 / pp>1)", "recompute", "expert folding",
-        "dispatchers (*default)", "ep overlap", "cp exchange",
+        "dispatchers (*default)", "ep overlap", "cp exchanges (*default)",
     ]
     out.write(table(header, rows) + "\n")
     out.write("every value and its source: rust/meshplan-core/data/stacks.toml\n")

@@ -436,6 +436,7 @@ class Workload(_message.Message):
     LORA_TARGETS_FIELD_NUMBER: _builtins.int
     LORA_BASE_FIELD_NUMBER: _builtins.int
     PRECISION_RECIPE_FIELD_NUMBER: _builtins.int
+    CROSS_ENTROPY_IN_PLACE_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -473,6 +474,10 @@ class Workload(_message.Message):
     "nemotron3-super-nvfp4"): which linear layers an FP8/FP4 run keeps in BF16 or runs in MXFP8;
     default none (every linear of the layers at `precision`).
     """
+    cross_entropy_in_place: _builtins.bool
+    """The fused loss writes its gradient into the 16-bit logits and keeps only them, 2 bytes per
+    logit (TransformerEngine's, Megatron --cross-entropy-fusion-impl te); default false.
+    """
     @_builtins.property
     def lora_targets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Linears with a LoRA adapter: any of "q", "k", "v" (separate), "qkv" (fused), "o", "mlp"
@@ -498,13 +503,16 @@ class Workload(_message.Message):
         lora_targets: _abc.Iterable[_builtins.str] | None = ...,
         lora_base: _builtins.str | None = ...,
         precision_recipe: _builtins.str | None = ...,
+        cross_entropy_in_place: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "stack", b"stack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_cross_entropy_in_place", b"_cross_entropy_in_place", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "cross_entropy_in_place", b"cross_entropy_in_place", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "lora_targets", b"lora_targets", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_cross_entropy_in_place", b"_cross_entropy_in_place", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "cross_entropy_in_place", b"cross_entropy_in_place", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "lora_targets", b"lora_targets", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
     _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
+    _WhichOneofReturnType__cross_entropy_in_place: _TypeAlias = _typing.Literal["cross_entropy_in_place"]  # noqa: Y015
+    _WhichOneofArgType__cross_entropy_in_place: _TypeAlias = _typing.Literal["_cross_entropy_in_place", b"_cross_entropy_in_place"]  # noqa: Y015
     _WhichOneofReturnType__flash_attention: _TypeAlias = _typing.Literal["flash_attention"]  # noqa: Y015
     _WhichOneofArgType__flash_attention: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention"]  # noqa: Y015
     _WhichOneofReturnType__fused_cross_entropy: _TypeAlias = _typing.Literal["fused_cross_entropy"]  # noqa: Y015
@@ -527,6 +535,8 @@ class Workload(_message.Message):
     _WhichOneofArgType__stack: _TypeAlias = _typing.Literal["_stack", b"_stack"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__bucket_params) -> _WhichOneofReturnType__bucket_params | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cross_entropy_in_place) -> _WhichOneofReturnType__cross_entropy_in_place | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__flash_attention) -> _WhichOneofReturnType__flash_attention | None: ...
     @_typing.overload
@@ -625,6 +635,7 @@ class SearchSpace(_message.Message):
     FOLD_FIELD_NUMBER: _builtins.int
     DISPATCHERS_FIELD_NUMBER: _builtins.int
     EP_OVERLAP_FIELD_NUMBER: _builtins.int
+    CP_EXCHANGES_FIELD_NUMBER: _builtins.int
     memory_headroom_gib: _builtins.float
     """GiB kept free on every GPU."""
     tp_within_domain: _builtins.bool
@@ -695,6 +706,12 @@ class SearchSpace(_message.Message):
     def ep_overlap(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bool]:
         """EP communication overlap settings to try for plans with ep > 1; empty: the stack's default."""
 
+    @_builtins.property
+    def cp_exchanges(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Context-parallel exchanges to try for plans with cp > 1 ("ring", "allgather", "a2a",
+        "a2a+p2p"); empty: the stack's default, left unset in the plans.
+        """
+
     def __init__(
         self,
         *,
@@ -721,10 +738,11 @@ class SearchSpace(_message.Message):
         fold: _builtins.bool | None = ...,
         dispatchers: _abc.Iterable[_builtins.str] | None = ...,
         ep_overlap: _abc.Iterable[_builtins.bool] | None = ...,
+        cp_exchanges: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "dispatchers", b"dispatchers", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_exchanges", b"cp_exchanges", "cp_within_domain", b"cp_within_domain", "dispatchers", b"dispatchers", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp_within_domain: _TypeAlias = _typing.Literal["cp_within_domain"]  # noqa: Y015
     _WhichOneofArgType__cp_within_domain: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain"]  # noqa: Y015
@@ -786,6 +804,7 @@ class Plan(_message.Message):
     ETP_FIELD_NUMBER: _builtins.int
     DISPATCHER_FIELD_NUMBER: _builtins.int
     EP_OVERLAP_FIELD_NUMBER: _builtins.int
+    CP_EXCHANGE_FIELD_NUMBER: _builtins.int
     dp: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
@@ -811,6 +830,10 @@ class Plan(_message.Message):
     """MoE token dispatcher: "alltoall", "allgather" or "flex" (unset: the stack's default)."""
     ep_overlap: _builtins.bool
     """EP communication overlap (Megatron --overlap-moe-expert-parallel-comm); default false."""
+    cp_exchange: _builtins.str
+    """Context parallelism's exchange: "ring", "allgather", "a2a" (Ulysses) or "a2a+p2p"
+    (Megatron --cp-comm-type p2p, all_gather, a2a, a2a+p2p); unset: the stack's default.
+    """
     def __init__(
         self,
         *,
@@ -829,13 +852,16 @@ class Plan(_message.Message):
         etp: _builtins.int | None = ...,
         dispatcher: _builtins.str | None = ...,
         ep_overlap: _builtins.bool | None = ...,
+        cp_exchange: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp: _TypeAlias = _typing.Literal["cp"]  # noqa: Y015
     _WhichOneofArgType__cp: _TypeAlias = _typing.Literal["_cp", b"_cp"]  # noqa: Y015
+    _WhichOneofReturnType__cp_exchange: _TypeAlias = _typing.Literal["cp_exchange"]  # noqa: Y015
+    _WhichOneofArgType__cp_exchange: _TypeAlias = _typing.Literal["_cp_exchange", b"_cp_exchange"]  # noqa: Y015
     _WhichOneofReturnType__dispatcher: _TypeAlias = _typing.Literal["dispatcher"]  # noqa: Y015
     _WhichOneofArgType__dispatcher: _TypeAlias = _typing.Literal["_dispatcher", b"_dispatcher"]  # noqa: Y015
     _WhichOneofReturnType__ep: _TypeAlias = _typing.Literal["ep"]  # noqa: Y015
@@ -860,6 +886,8 @@ class Plan(_message.Message):
     _WhichOneofArgType__zero: _TypeAlias = _typing.Literal["_zero", b"_zero"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cp) -> _WhichOneofReturnType__cp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cp_exchange) -> _WhichOneofReturnType__cp_exchange | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__dispatcher) -> _WhichOneofReturnType__dispatcher | None: ...
     @_typing.overload

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{Dispatcher, Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{CpExchange, Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::report::{MemoryBreakdown, SearchStats, TimeBreakdown};
 
 /// Default cap on the rows of a feasible space (about 200 bytes each).
@@ -165,6 +165,12 @@ impl Codes {
                     .chain(Dispatcher::ALL.iter().map(|d| d.name().to_string()))
                     .collect(),
             ),
+            (
+                "cp_exchange".into(),
+                std::iter::once("default".to_string())
+                    .chain(CpExchange::ALL.iter().map(|x| x.name().to_string()))
+                    .collect(),
+            ),
         ]
     }
 }
@@ -177,6 +183,14 @@ fn recompute_code(r: Recompute) -> u8 {
 fn dispatcher_code(d: Option<Dispatcher>) -> u8 {
     d.map_or(0, |d| {
         1 + Dispatcher::ALL.iter().position(|x| *x == d).unwrap_or(0) as u8
+    })
+}
+
+/// 0 for a plan that leaves its CP exchange to the stack (`None`), else 1 + its index in
+/// [`CpExchange::ALL`].
+fn cp_exchange_code(x: Option<CpExchange>) -> u8 {
+    x.map_or(0, |x| {
+        1 + CpExchange::ALL.iter().position(|y| *y == x).unwrap_or(0) as u8
     })
 }
 
@@ -202,6 +216,7 @@ columns! {
     etp: u32 = "etp", U32, r.plan.etp.unwrap_or(0);
     dispatcher: u8 = "dispatcher", U8, dispatcher_code(r.plan.dispatcher);
     ep_overlap: bool = "ep_overlap", Bool, r.plan.ep_overlap;
+    cp_exchange: u8 = "cp_exchange", U8, cp_exchange_code(r.plan.cp_exchange);
     step_time_s: f64 = "step_time_s", F64, r.time.total();
     tokens_per_s_per_gpu: f64 = "tokens_per_s_per_gpu", F64, r.tokens_per_s_per_gpu;
     mfu: f64 = "mfu", F64, r.mfu;
@@ -239,6 +254,7 @@ impl Rows {
                     self.etp[i],
                     self.dispatcher[i],
                     self.ep_overlap[i],
+                    self.cp_exchange[i],
                 ),
                 self.pp[i],
                 self.cp[i],

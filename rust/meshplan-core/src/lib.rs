@@ -41,7 +41,7 @@ pub mod workload;
 pub use error::{Error, Result};
 pub use hardware::{Calibration, Cluster, Gpu, PerPrecision, Precision, ScaleupTopology};
 pub use model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
-pub use plan::{Axis, Dispatcher, Plan, RankOrder, Recompute, Schedule};
+pub use plan::{Axis, CpExchange, Dispatcher, Plan, RankOrder, Recompute, Schedule};
 pub use report::{
     Evaluation, MemoryBreakdown, SearchResult, SearchStats, TimeBreakdown, Violation,
 };

@@ -13,8 +13,8 @@
 
 use crate::hardware::Precision;
 use crate::layer::{
-    activation_bytes_per_token, adapter_params_per_rank, params_per_rank,
-    selective_op_bytes_per_token, LayerParams, Shard, ACT_BYTES, FP32_BYTES, MASK_BYTES,
+    activation_bytes_per_token, adapter_params_per_rank, core_of, params_per_rank,
+    selective_op_bytes_per_token, LayerParams, Mixer, Shard, ACT_BYTES, FP32_BYTES, MASK_BYTES,
     MAX_LAYER_KINDS,
 };
 use crate::layout::Groups;
@@ -336,11 +336,22 @@ pub fn stored_bytes_per_micro_batch(
             let scores = per_score * model.heads as f64 / t * problem.workload.seq_len as f64;
             full_layers + stage.layers() as f64 * scores
         }
-        Recompute::None => full_layers,
+        Recompute::None => {
+            full_layers
+                + stage
+                    .kinds
+                    .weighted_sum(&cp_a2a_output_bytes(problem, plan))
+        }
     } * tokens;
     let vocab_local = model.vocab as f64 / t;
     // Last rank: LM-head input and the fp32 softmax kept for the cross-entropy backward.
-    let head = ACT_BYTES * model.hidden as f64 / sp_div + FP32_BYTES * vocab_local;
+    // An in-place fused loss keeps the 16-bit logits holding their gradient instead.
+    let per_logit = if problem.workload.cross_entropy_in_place {
+        ACT_BYTES
+    } else {
+        FP32_BYTES
+    };
+    let head = ACT_BYTES * model.hidden as f64 / sp_div + per_logit * vocab_local;
     let head_per_mb = if stage.last { tokens * head } else { 0.0 };
     // Each MTP depth on the last rank (§1.4): its block's layers as the rank's own under the
     // recompute (full: each layer's input), `eh_proj`'s `2h` input, and the head and loss again.
@@ -360,6 +371,39 @@ pub fn stored_bytes_per_micro_batch(
     stored_per_mb + head_per_mb + mtp_per_mb
 }
 
+/// Bytes per token a layer of each kind stores on top of [`layer_activations`] when its
+/// attention runs Ulysses all-to-alls (`cp_exchange` a2a, or a2a+p2p's inner level) and is not
+/// recomputed: TransformerEngine's `AttnFuncWithCPAndQKVOA2A` saves attention's head-sharded
+/// output (`out_part`) for its backward while the output projection saves the sequence-sharded
+/// one the all-to-all returns, two tensors where the ring and the all-gather keep one
+/// [transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py] (§3.8):
+/// `a/t·d_v` values per token per attention layer.
+fn cp_a2a_output_bytes(problem: &Problem, plan: &Plan) -> PerKind {
+    let mut out = [0.0; MAX_LAYER_KINDS];
+    if plan.cp <= 1 {
+        return out;
+    }
+    let stack = problem.workload.stack_profile();
+    if !stack.cp_exchange(plan).shards_heads() {
+        return out;
+    }
+    let cp = Groups::of(plan, problem.cluster.nvlink_domain()).cp;
+    if stack.cp_a2a_ranks(&problem.model, plan, cp) <= 1 {
+        return out;
+    }
+    let model = &problem.model;
+    for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+        if matches!(
+            spec.mixer,
+            Mixer::Attention { .. } | Mixer::Latent(_) | Mixer::SlidingWindow { .. }
+        ) {
+            let core = core_of(model, &spec.mixer, plan.tp);
+            out[k] = core.heads * core.v_head_dim * ACT_BYTES;
+        }
+    }
+    out
+}
+
 /// Short-lived bytes on `stage` (before fragmentation): logits and their gradient on the last
 /// rank, one layer rebuilt under full recompute, gathered ZeRO-3 units (§2.4.4, §2.6).
 pub fn transient_bytes(
@@ -377,7 +421,10 @@ pub fn transient_bytes(
         // Besides the stored fp32 softmax: the bf16 logits and their gradient during a fused
         // loss backward; an eager fp32 loss adds its fp32 input gradient and log-softmax
         // gradient to the bf16 gradient (§2.4.4, [`crate::Workload::fused_cross_entropy`]).
-        let per_logit = if problem.workload.fused_cross_entropy {
+        let per_logit = if problem.workload.cross_entropy_in_place {
+            // The stored logits are the gradient: nothing else at the loss backward.
+            0.0
+        } else if problem.workload.fused_cross_entropy {
             2.0 * ACT_BYTES
         } else {
             2.0 * FP32_BYTES + ACT_BYTES
@@ -502,6 +549,7 @@ mod tests {
             etp: None,
             dispatcher: None,
             ep_overlap: false,
+            cp_exchange: None,
         }
     }
 
@@ -611,7 +659,7 @@ mod tests {
     }
 
     #[test]
-    fn an_eager_fp32_loss_holds_14_bytes_per_logit_a_fused_one_8() {
+    fn an_eager_fp32_loss_holds_14_bytes_per_logit_a_fused_one_8_in_place_2() {
         let mut problem = crate::Problem::new(
             llama2_7b(),
             crate::hardware::Cluster {
@@ -634,12 +682,28 @@ mod tests {
                 + transient_bytes(p, &pl, &stage, tokens, &params, &layers)
         };
         let fused = total(&problem);
+        // TransformerEngine's in-place loss: the 2-byte logits hold the gradient, nothing else.
+        problem.workload.cross_entropy_in_place = true;
+        let in_place = total(&problem);
+        assert!(
+            (fused - in_place - 6.0 * logits).abs() < 1.0,
+            "{}",
+            fused - in_place
+        );
+        problem.workload.cross_entropy_in_place = false;
         problem.workload.fused_cross_entropy = false;
         let eager = total(&problem);
         assert!(
             (eager - fused - 6.0 * logits).abs() < 1.0,
             "{}",
             eager - fused
+        );
+        // In place is a fused loss's: refused without one.
+        problem.workload.cross_entropy_in_place = true;
+        let e = problem.workload.validate().unwrap_err();
+        assert!(
+            e.to_string().contains("workload.cross_entropy_in_place"),
+            "{e}"
         );
     }
 

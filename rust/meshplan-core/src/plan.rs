@@ -114,6 +114,55 @@ impl Dispatcher {
     }
 }
 
+/// How context parallelism exchanges attention's inputs between the CP ranks
+/// (docs/costmodel.md §3.8): Megatron-Core's `--cp-comm-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum CpExchange {
+    /// Ring attention: `c − 1` point-to-point K/V steps, each behind one block of attention
+    /// (Megatron `p2p`, the default).
+    #[serde(rename = "ring")]
+    Ring,
+    /// The K/V shards all-gathered once, behind the first (local) block of attention only
+    /// (Megatron `all_gather`; PyTorch `context_parallel` with `rotate_method = "allgather"`).
+    #[serde(rename = "allgather")]
+    AllGather,
+    /// Ulysses: all-to-alls turn the sequence-sharded Q, K, V into head-sharded ones over the
+    /// whole sequence before attention and the output back after, exposed (Megatron `a2a`,
+    /// DeepSpeed-Ulysses arXiv:2309.14509). Heads and K/V groups per TP rank must divide by
+    /// `cp`.
+    #[serde(rename = "a2a")]
+    AllToAll,
+    /// Hierarchical: all-to-all over the CP ranks inside an NVLink domain, a ring over the
+    /// domains (Megatron `a2a+p2p` with `hierarchical_context_parallel_sizes`; USP
+    /// arXiv:2405.07719).
+    #[serde(rename = "a2a+p2p")]
+    AllToAllRing,
+}
+
+impl CpExchange {
+    /// Every exchange, in the order of their codes (`feasible_space` columns).
+    pub const ALL: [CpExchange; 4] = [
+        CpExchange::Ring,
+        CpExchange::AllGather,
+        CpExchange::AllToAll,
+        CpExchange::AllToAllRing,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CpExchange::Ring => "ring",
+            CpExchange::AllGather => "allgather",
+            CpExchange::AllToAll => "a2a",
+            CpExchange::AllToAllRing => "a2a+p2p",
+        }
+    }
+
+    /// Whether the exchange all-to-alls heads across (some of) the CP ranks.
+    pub fn shards_heads(self) -> bool {
+        matches!(self, CpExchange::AllToAll | CpExchange::AllToAllRing)
+    }
+}
+
 /// An axis of the device mesh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Axis {
@@ -299,6 +348,10 @@ pub struct Plan {
     /// computation (Megatron `--overlap-moe-expert-parallel-comm`, DualPipe-style).
     #[serde(default)]
     pub ep_overlap: bool,
+    /// Context parallelism's exchange (`None`: the workload's stack's default; the search
+    /// names it for plans with `cp > 1`).
+    #[serde(default)]
+    pub cp_exchange: Option<CpExchange>,
 }
 
 fn one() -> u32 {
@@ -453,6 +506,9 @@ impl fmt::Display for Plan {
         if self.ep_overlap {
             f.write_str(",ep_overlap=true")?;
         }
+        if let Some(x) = self.cp_exchange {
+            write!(f, ",cp_exchange={}", x.name())?;
+        }
         Ok(())
     }
 }
@@ -480,6 +536,7 @@ mod tests {
             etp: None,
             dispatcher: None,
             ep_overlap: false,
+            cp_exchange: None,
         };
         let e = plan.validate(8).unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");

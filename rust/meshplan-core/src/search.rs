@@ -39,7 +39,7 @@ use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
 use crate::levels::{DegreeLevel, KnobLevel, KnobTimes, Pipeline};
 use crate::memory::layer_activations;
-use crate::plan::{Dispatcher, Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{CpExchange, Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::report::{Evaluation, SearchResult, SearchStats};
 use crate::rules::{PruneCounts, Rule, Scope};
 use crate::space::{Degree, SearchSpace};
@@ -152,6 +152,9 @@ struct Degrees {
     dispatcher: Option<Dispatcher>,
     /// EP communication overlap ([`Plan::ep_overlap`]).
     ep_overlap: bool,
+    /// The CP exchange of a plan with `cp > 1` ([`Plan::cp_exchange`]; `None`: the stack's
+    /// default, what a space without `cp_exchanges` tries).
+    cp_exchange: Option<CpExchange>,
 }
 
 impl Degrees {
@@ -166,6 +169,7 @@ impl Degrees {
             etp,
             dispatcher: None,
             ep_overlap: false,
+            cp_exchange: None,
         }
     }
 }
@@ -300,6 +304,29 @@ fn with_ep_comm(problem: &Problem, space: &SearchSpace, tuples: Vec<Degrees>) ->
     out
 }
 
+/// `tuples` with each CP exchange of `space.cp_exchanges` for a plan with `cp > 1` (empty: the
+/// plan leaves it to the stack's default, [`Plan::cp_exchange`] `None`); `cp = 1` tuples
+/// exchange nothing. Exchanges the stack lacks are pruned by its rules.
+fn with_cp_exchange(space: &SearchSpace, tuples: Vec<Degrees>) -> Vec<Degrees> {
+    if space.cp_exchanges.is_empty() {
+        return tuples;
+    }
+    let mut out = Vec::with_capacity(tuples.len() * space.cp_exchanges.len());
+    for t in tuples {
+        if t.cp <= 1 {
+            out.push(t);
+            continue;
+        }
+        for &x in &space.cp_exchanges {
+            out.push(Degrees {
+                cp_exchange: Some(x),
+                ..t
+            });
+        }
+    }
+    out
+}
+
 /// The folded tuples of dense degrees `tp`, `pp`, `cp` and dense data parallelism `dp`: expert
 /// TP `etp` and EP degree `ep > 1` dividing the model's `experts`, with `etp·ep` dividing the
 /// stage's `dp·tp·cp` ranks, except those an unfolded tuple already is (`etp = tp` and `ep`
@@ -354,7 +381,13 @@ fn rank_order(a: &Ranked, b: &Ranked) -> Ordering {
 }
 
 type PlanKey = (
-    (u32, Option<u32>, Option<Dispatcher>, bool),
+    (
+        u32,
+        Option<u32>,
+        Option<Dispatcher>,
+        bool,
+        Option<CpExchange>,
+    ),
     u32,
     u32,
     u32,
@@ -370,7 +403,7 @@ type PlanKey = (
 
 fn plan_key(p: &Plan) -> PlanKey {
     (
-        (p.tp, p.etp, p.dispatcher, p.ep_overlap),
+        (p.tp, p.etp, p.dispatcher, p.ep_overlap, p.cp_exchange),
         p.pp,
         p.cp,
         p.ep,
@@ -421,6 +454,7 @@ fn base_plan(
         etp,
         dispatcher,
         ep_overlap,
+        cp_exchange,
     }: Degrees,
 ) -> Plan {
     Plan {
@@ -439,6 +473,7 @@ fn base_plan(
         etp,
         dispatcher,
         ep_overlap,
+        cp_exchange,
     }
 }
 
@@ -1245,7 +1280,10 @@ fn collect(
     keep: Keep,
     started: Instant,
 ) -> Result<Partial> {
-    let tuples = with_ep_comm(problem, space, outer_tuples(problem, space));
+    let tuples = with_cp_exchange(
+        space,
+        with_ep_comm(problem, space, outer_tuples(problem, space)),
+    );
     if let Some(limit) = space.max_candidates {
         let candidates: u64 = tuples
             .iter()

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::plan::{Dispatcher, RankOrder, Recompute, Schedule};
+use crate::plan::{CpExchange, Dispatcher, RankOrder, Recompute, Schedule};
 
 /// Constraint on one parallel degree: fixed, or bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -89,6 +89,9 @@ pub struct SearchSpace {
     /// EP communication overlap settings to try for plans with `ep > 1` (empty: the stack's
     /// default).
     pub ep_overlap: Vec<bool>,
+    /// Context-parallel exchanges to try for plans with `cp > 1` (empty: the stack's default,
+    /// left unnamed in the plan).
+    pub cp_exchanges: Vec<CpExchange>,
     /// Allowed ZeRO stages.
     pub zero: Vec<u8>,
     /// Allowed recompute modes.
@@ -141,6 +144,7 @@ impl Default for SearchSpace {
             fold: true,
             dispatchers: Vec::new(),
             ep_overlap: Vec::new(),
+            cp_exchanges: Vec::new(),
             zero: vec![0, 1, 2, 3],
             recompute: Recompute::DEFAULT.to_vec(),
             sequence_parallel: vec![false, true],

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::hardware::{check_fraction, check_positive, Precision};
 use crate::model::Model;
-use crate::plan::{Dispatcher, Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{CpExchange, Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::rules::Rule;
 
 /// The default stack's name.
@@ -48,28 +48,6 @@ pub enum PipelineSplit {
 }
 
 /// A parallel axis beside data parallelism.
-/// How a stack's context parallelism exchanges the K/V blocks of attention (docs/costmodel.md
-/// §3.8).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CpExchange {
-    /// Ring attention: `c − 1` point-to-point steps, each behind one block of attention
-    /// (Megatron-Core's `cp_comm_type = "p2p"`).
-    Ring,
-    /// The K/V shards all-gathered once, behind the first (local) block of attention only
-    /// (PyTorch `context_parallel` with `rotate_method = "allgather"`).
-    Allgather,
-}
-
-impl CpExchange {
-    pub fn name(self) -> &'static str {
-        match self {
-            CpExchange::Ring => "ring",
-            CpExchange::Allgather => "allgather",
-        }
-    }
-}
-
 /// Which folded MoE plans ([`Plan::etp`]) a stack can build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -179,8 +157,10 @@ pub struct Stack {
     /// EP communication overlap settings the stack offers, and its default.
     pub ep_overlap: Vec<bool>,
     pub default_ep_overlap: bool,
-    /// How context parallelism exchanges K/V.
-    pub cp_exchange: CpExchange,
+    /// How context parallelism exchanges K/V: the exchanges the stack has, and the one it uses
+    /// unless told otherwise ([`Plan::cp_exchange`]).
+    pub cp_exchanges: Vec<CpExchange>,
+    pub default_cp_exchange: CpExchange,
     /// Rank orders the stack can build.
     pub orders: Vec<RankOrder>,
     /// Pipeline schedules the stack has.
@@ -300,6 +280,16 @@ impl Stack {
                 ),
             ));
         }
+        if !self.cp_exchanges.contains(&self.default_cp_exchange) {
+            return Err(Error::invalid(
+                format!("stack.{}.default_cp_exchange", self.name),
+                self.default_cp_exchange.name(),
+                format!(
+                    "one of the stack's cp_exchanges ({})",
+                    list(self.cp_exchanges.iter().map(|x| x.name()))
+                ),
+            ));
+        }
         if !self.ep_overlap.contains(&self.default_ep_overlap) {
             return Err(Error::invalid(
                 format!("stack.{}.default_ep_overlap", self.name),
@@ -370,6 +360,29 @@ impl Stack {
                 dispatcher.name(),
                 list(self.dispatchers.iter().map(|d| d.name()))
             );
+        }
+        if plan.cp > 1 {
+            let exchange = self.cp_exchange(plan);
+            rule!(
+                !self.cp_exchanges.contains(&exchange),
+                Rule::StackParallelism,
+                "{name} has no {} context-parallel exchange (it has {})",
+                exchange.name(),
+                list(self.cp_exchanges.iter().map(|x| x.name()))
+            );
+            // Ulysses splits each TP rank's heads and K/V groups over the CP ranks:
+            // TransformerEngine's a2a asserts both divide by the CP size
+            // [transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py
+            // AttnFuncWithCPAndQKVOA2A; DeepSpeed-Ulysses arXiv:2309.14509 §3.1].
+            if exchange == CpExchange::AllToAll {
+                let (heads, kv) = (model.heads, model.kv_heads.max(1));
+                let split = plan.tp.saturating_mul(plan.cp);
+                rule!(
+                    heads % split != 0 || (model.mla.is_none() && kv % split != 0),
+                    Rule::StackParallelism,
+                    "{name}'s a2a context parallelism splits the heads over tp·cp = {split} ranks, but the model has {heads} heads and {kv} K/V groups (both must divide by tp·cp)"
+                );
+            }
         }
         if plan.ep_overlap {
             rule!(
@@ -446,6 +459,37 @@ impl Stack {
             "{name} runs folded MoE layers with tp > 1 under sequence parallelism only \
              (each TP rank dispatches its own share of the tokens)"
         );
+    }
+
+    /// The context-parallel exchange of `plan` under this stack: its own, else the stack's
+    /// default.
+    pub fn cp_exchange(&self, plan: &Plan) -> CpExchange {
+        plan.cp_exchange.unwrap_or(self.default_cp_exchange)
+    }
+
+    /// How many CP ranks `plan`'s exchange all-to-alls heads over (docs/costmodel.md §3.8):
+    /// all `cp` for a2a; for a2a+p2p the largest divisor of `cp` that fits the CP ranks of
+    /// `group` sharing an NVLink domain and divides the heads and K/V groups per TP rank (the
+    /// ring runs over the rest, Megatron's `hierarchical_context_parallel_sizes`); 1 (none)
+    /// for the ring and the all-gather.
+    pub fn cp_a2a_ranks(&self, model: &Model, plan: &Plan, group: crate::layout::Group) -> u32 {
+        match self.cp_exchange(plan) {
+            CpExchange::Ring | CpExchange::AllGather => 1,
+            CpExchange::AllToAll => plan.cp.max(1),
+            CpExchange::AllToAllRing => {
+                let tp = plan.tp.max(1);
+                let heads = (model.heads / tp).max(1);
+                let kv = if model.mla.is_some() {
+                    heads
+                } else {
+                    (model.kv_heads / tp).max(1)
+                };
+                (1..=plan.cp.max(1).min(group.per_domain.max(1)))
+                    .rev()
+                    .find(|a| plan.cp % a == 0 && heads % a == 0 && kv % a == 0)
+                    .unwrap_or(1)
+            }
+        }
     }
 
     /// The token dispatcher of `plan` under this stack: its own, else the stack's default.
@@ -661,6 +705,7 @@ mod tests {
             etp: None,
             dispatcher: None,
             ep_overlap: false,
+            cp_exchange: None,
         }
     }
 

@@ -522,6 +522,7 @@ mod tests {
             etp: None,
             dispatcher: None,
             ep_overlap: false,
+            cp_exchange: None,
         };
         let got = in_flight(&plan, 64, 0);
         let want = 8.0 * (1.0 + 7.0 / 32.0);

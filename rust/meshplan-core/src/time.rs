@@ -21,9 +21,10 @@ use crate::layout::Group;
 use crate::layout::Groups;
 use crate::memory::StageParams;
 use crate::model::Model;
+use crate::plan::CpExchange;
 use crate::plan::{Plan, Recompute, Schedule};
 use crate::report::TimeBreakdown;
-use crate::stack::{CpExchange, Stack};
+use crate::stack::Stack;
 use crate::stages::{add_repeated, Stage};
 use crate::traffic::WIRE_BYTES;
 use crate::Problem;
@@ -444,7 +445,7 @@ impl<'a> TimeContext<'a> {
         let (cp_fwd, cp_bwd) = if plan.cp > 1 && ops.comm.cp_kv_bytes_per_token > 0.0 {
             let c = plan.cp as f64;
             let kv_bytes = self.tokens * ops.comm.cp_kv_bytes_per_token;
-            match self.stack.cp_exchange {
+            match self.stack.cp_exchange(plan) {
                 // Ring: c−1 K/V blocks, each hidden behind one attention block.
                 CpExchange::Ring => {
                     let xfer = self.fabric.p2p_s(kv_bytes, self.groups.cp.within_domain());
@@ -455,7 +456,7 @@ impl<'a> TimeContext<'a> {
                 // All-gather: every rank's K/V gathered at once, behind the first (local)
                 // block of attention only; the backward gathers them again and
                 // reduce-scatters their gradients behind its first block.
-                CpExchange::Allgather => {
+                CpExchange::AllGather => {
                     let gathered = kv_bytes * c;
                     let g = self.groups.cp;
                     let ag = self.fabric.collective_s(Collective::AllGather, gathered, g);
@@ -466,6 +467,26 @@ impl<'a> TimeContext<'a> {
                         (ag - attn_fwd / c).max(0.0),
                         (ag + rs - attn_bwd / c).max(0.0),
                     )
+                }
+                // Ulysses (a2a), or a2a inside the domain and the ring across (a2a+p2p):
+                // all-to-alls of Q, K, V before attention and of its output after, exposed
+                // (attention needs them whole); the backward the mirror image (dO before,
+                // dQ, dK, dV after). Over `a` ranks the K/V blocks of the outer ring are
+                // `a` times the tokens with `1/a` of the heads: the same bytes.
+                CpExchange::AllToAll | CpExchange::AllToAllRing => {
+                    let a = self
+                        .stack
+                        .cp_a2a_ranks(&self.problem.model, plan, self.groups.cp);
+                    let inner = cp_a2a_group(self.groups.cp, a);
+                    let a2a = cp_a2a_s(&self.fabric, self.tokens, &ops, inner);
+                    let r = (plan.cp / a) as f64;
+                    let (mut fwd, mut bwd) = (a2a, a2a);
+                    if r > 1.0 {
+                        let xfer = self.fabric.p2p_s(kv_bytes, self.groups.cp.within_domain());
+                        fwd += (r - 1.0) * (xfer - attn_fwd / r).max(0.0);
+                        bwd += (r - 1.0) * (2.0 * xfer - attn_bwd / r).max(0.0);
+                    }
+                    (fwd, bwd)
                 }
             }
         } else if plan.cp > 1 && ops.comm.cp_all_to_all_bytes_per_token > 0.0 {
@@ -1131,6 +1152,40 @@ pub fn breakdown(
         dp,
         optimizer,
     }
+}
+
+/// The group a CP exchange all-to-alls over: `a` of the CP group's ranks, inside one NVLink
+/// domain when the group's domain share allows it (a2a+p2p puts its a2a there), else the
+/// whole CP group (`a = c`, Ulysses).
+pub fn cp_a2a_group(cp: Group, a: u32) -> Group {
+    if a >= cp.size {
+        cp
+    } else {
+        Group {
+            size: a,
+            per_domain: a.min(cp.per_domain.max(1)),
+        }
+    }
+}
+
+/// Seconds of one pass's CP all-to-alls over `group` for `tokens` local tokens (§3.8): one
+/// all-to-all each of Q, K and V before attention and one of its output after (the backward:
+/// dO before, dQ, dK, dV after), each of the rank's whole buffer
+/// [TransformerEngine AttnFuncWithCPAndQKVOA2A; DeepSpeed-Ulysses arXiv:2309.14509 §3.1].
+pub fn cp_a2a_s(fabric: &Fabric, tokens: f64, ops: &LayerOps, group: Group) -> f64 {
+    cp_a2a_bytes(tokens, ops)
+        .iter()
+        .map(|&b| fabric.collective_s(Collective::AllToAll, b, group))
+        .sum()
+}
+
+/// Bytes of each of a pass's four CP all-to-alls (Q, K, V, output) for `tokens` local tokens.
+pub fn cp_a2a_bytes(tokens: f64, ops: &LayerOps) -> [f64; 4] {
+    let att = ops.attention;
+    let q = tokens * att.heads * att.qk_head_dim * WIRE_BYTES;
+    let kv = tokens * ops.comm.cp_kv_bytes_per_token / 2.0;
+    let o = tokens * att.heads * att.v_head_dim * WIRE_BYTES;
+    [q, kv, kv, o]
 }
 
 #[cfg(test)]

@@ -65,7 +65,7 @@ use crate::evaluate::evaluate_in;
 use crate::flops::{recompute_flops_per_token, train_flops_per_token, AttentionCounting};
 use crate::hardware::{Cluster, Precision};
 use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
-use crate::plan::{Dispatcher, Plan, Recompute, Schedule};
+use crate::plan::{CpExchange, Dispatcher, Plan, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::search::{search_counting_faster, Control};
 use crate::space::{Degree, SearchSpace, DEFAULT_MAX_MICRO_BATCH, DEFAULT_MAX_VPP};
@@ -213,6 +213,10 @@ pub struct CasePlan {
     /// recipe states it (`None`: the stack's default, [`Plan::ep_overlap`]).
     #[serde(default)]
     pub ep_overlap: Option<bool>,
+    /// Context parallelism's exchange the run used (Megatron `--cp-comm-type`), when it is not
+    /// its stack's default ([`Plan::cp_exchange`]).
+    #[serde(default)]
+    pub cp_exchange: Option<CpExchange>,
 }
 
 impl CasePlan {
@@ -433,6 +437,8 @@ struct SourceEntry {
     flash_attention: Option<bool>,
     /// A fused (bf16) loss; `false` is an eager fp32 cross-entropy.
     fused_cross_entropy: Option<bool>,
+    /// The fused loss writes its gradient into the 16-bit logits (TransformerEngine's).
+    cross_entropy_in_place: Option<bool>,
     /// The source's "selective" recompute is op-level selective checkpointing.
     selective_is_op_level: Option<bool>,
     /// Without a stated micro-batch, each data rank's batch is split into one micro-batch per
@@ -476,6 +482,7 @@ struct SourceFacts {
     grad_bytes: u32,
     flash_attention: bool,
     fused_cross_entropy: bool,
+    cross_entropy_in_place: bool,
     selective_is_op_level: bool,
     micro_batches_per_stage: bool,
     fsdp_under_pp_is_zero1: bool,
@@ -497,6 +504,7 @@ impl SourceFacts {
         grad_bytes: 4,
         flash_attention: true,
         fused_cross_entropy: true,
+        cross_entropy_in_place: false,
         selective_is_op_level: false,
         micro_batches_per_stage: false,
         fsdp_under_pp_is_zero1: false,
@@ -535,6 +543,7 @@ impl SourceFacts {
             f.grad_bytes = e.grad_bytes.unwrap_or(f.grad_bytes);
             f.flash_attention = e.flash_attention.unwrap_or(f.flash_attention);
             f.fused_cross_entropy = e.fused_cross_entropy.unwrap_or(f.fused_cross_entropy);
+            f.cross_entropy_in_place = e.cross_entropy_in_place.unwrap_or(f.cross_entropy_in_place);
             f.selective_is_op_level = e.selective_is_op_level.unwrap_or(f.selective_is_op_level);
             f.micro_batches_per_stage = e
                 .micro_batches_per_stage
@@ -707,6 +716,7 @@ fn problem_of(
     workload.grad_bytes = facts.grad_bytes;
     workload.flash_attention = facts.flash_attention;
     workload.fused_cross_entropy = facts.fused_cross_entropy;
+    workload.cross_entropy_in_place = facts.cross_entropy_in_place;
     workload.stack = facts.stack.to_string();
     workload.moe_imbalance = facts.moe_imbalance;
     workload.precision_recipe = case.training.precision_recipe.clone();
@@ -777,6 +787,7 @@ fn published_plan(
         etp: p.etp,
         dispatcher: p.dispatcher,
         ep_overlap: p.ep_overlap.unwrap_or(false),
+        cp_exchange: p.cp_exchange,
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),

@@ -77,6 +77,13 @@ pub struct Workload {
     /// gradient, 14 bytes per logit at the start of the backward (§2.4.4).
     #[serde(default = "yes")]
     pub fused_cross_entropy: bool,
+    /// The fused loss computes its gradient during the forward into the 16-bit logits and
+    /// keeps only them: 2 bytes per logit, nothing more at the backward (TransformerEngine's
+    /// `parallel_cross_entropy`, Megatron `--cross-entropy-fusion-impl te`; TE ≤ 2.11
+    /// `CrossEntropyFunction` saves the in-place gradient) (§2.4.4). Needs
+    /// `fused_cross_entropy`.
+    #[serde(default)]
+    pub cross_entropy_in_place: bool,
     /// The training stack that runs the plan (a table of `data/stacks.toml`): how it times
     /// the plan and which plans it can run.
     #[serde(default = "default_stack_name")]
@@ -255,6 +262,7 @@ impl Workload {
             lora_base: BaseWeights::Bf16,
             flash_attention: true,
             fused_cross_entropy: true,
+            cross_entropy_in_place: false,
             stack: default_stack_name(),
             bucket_params: None,
             moe_imbalance: DEFAULT_MOE_IMBALANCE,
@@ -282,6 +290,13 @@ impl Workload {
             1.0,
             limits::MAX_MOE_IMBALANCE,
         )?;
+        if self.cross_entropy_in_place && !self.fused_cross_entropy {
+            return Err(Error::invalid(
+                "workload.cross_entropy_in_place",
+                true,
+                "false unless fused_cross_entropy is true (the in-place gradient is a fused loss's)",
+            ));
+        }
         if self.grad_bytes != 2 && self.grad_bytes != 4 {
             return Err(Error::invalid(
                 "workload.grad_bytes",

@@ -65,6 +65,7 @@ fn base_plan(n: u32) -> Plan {
         etp: None,
         dispatcher: None,
         ep_overlap: false,
+        cp_exchange: None,
     }
 }
 

@@ -87,6 +87,10 @@ fn plan_of(fs: &FeasibleSpace, i: usize) -> Plan {
             d => Some(serde_json::from_value(serde_json::json!(d)).unwrap()),
         },
         ep_overlap: bools(fs, "ep_overlap")[i],
+        cp_exchange: match labels(fs, "cp_exchange")[u8s(fs, "cp_exchange")[i] as usize].as_str() {
+            "default" => None,
+            x => Some(serde_json::from_value(serde_json::json!(x)).unwrap()),
+        },
     }
 }
 

@@ -52,6 +52,7 @@ fn plan(dp: u32, tp: u32, zero: u8, sp: bool) -> Plan {
         etp: None,
         dispatcher: None,
         ep_overlap: false,
+        cp_exchange: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The context-parallel axis of `explain` (docs/costmodel.md §3.8): the ring exchange of K/V blocks.
 
 use super::*;
+use crate::plan::CpExchange;
 
 impl Ctx<'_> {
     pub(super) fn cp(&self) -> AxisExplanation {
@@ -50,10 +51,27 @@ impl Ctx<'_> {
                 ));
             }
         }
-        if self.stack.cp_exchange == crate::stack::CpExchange::Allgather && layers > 0 {
+        let exchange = self.stack.cp_exchange(plan);
+        if exchange == CpExchange::AllGather && layers > 0 {
             return self.cp_allgather(a, kv, layers);
         }
-        let steps = (c - 1) as u64;
+        // Ulysses (a2a) over all CP ranks, or over those inside a domain (a2a+p2p) with the
+        // ring over the rest.
+        let a2a_ranks = if layers > 0 {
+            self.stack.cp_a2a_ranks(&self.problem.model, plan, g)
+        } else {
+            1
+        };
+        if a2a_ranks > 1 {
+            self.cp_all_to_all(&mut a, ring_kind, layers, a2a_ranks, exchange);
+        }
+        let ring = c / a2a_ranks.max(1);
+        if ring <= 1 {
+            a.notes.extend(self.stage_note());
+            let exposed = self.evaluation.time_s.cp;
+            return self.finish(a, exposed, exposed);
+        }
+        let steps = (ring - 1) as u64;
         for pass in self.passes() {
             // Backward sends the K/V blocks again and their gradients.
             let per_layer = if pass == "backward" { 2 * steps } else { steps };
@@ -74,8 +92,8 @@ impl Ctx<'_> {
         }
         a.notes.push(format!(
             "ring attention: {} ring step{} per layer, each passing this GPU's K/V block ({} B) to the next rank while attending to the one received; only the part of a transfer longer than its attention block is exposed",
-            c - 1,
-            if c == 2 { "" } else { "s" },
+            ring - 1,
+            if ring == 2 { "" } else { "s" },
             commas(kv)
         ));
         if !g.within_domain() {
@@ -87,6 +105,63 @@ impl Ctx<'_> {
         a.notes.extend(self.stage_note());
         let exposed = self.evaluation.time_s.cp;
         self.finish(a, exposed, exposed)
+    }
+
+    /// The all-to-alls of Ulysses (a2a) or of a2a+p2p's inner level over `ranks` CP ranks: per
+    /// attention layer and pass, Q, K and V (forward; dQ, dK, dV in the backward) and the
+    /// output (dO), each of the rank's whole buffer, exposed (§3.8).
+    fn cp_all_to_all(
+        &self,
+        a: &mut AxisExplanation,
+        kind: usize,
+        layers: u64,
+        ranks: u32,
+        exchange: CpExchange,
+    ) {
+        let group = crate::time::cp_a2a_group(self.groups.cp, ranks);
+        let [q, k, v, o] = crate::time::cp_a2a_bytes(self.tokens, &self.ops[kind]);
+        for pass in self.passes() {
+            let parts: [(&str, f64); 4] = if pass == "backward" {
+                [
+                    ("dO, before attention", o),
+                    ("dQ, after attention", q),
+                    ("dK, after attention", k),
+                    ("dV, after attention", v),
+                ]
+            } else {
+                [
+                    ("Q, before attention", q),
+                    ("K, before attention", k),
+                    ("V, before attention", v),
+                    ("output, after attention", o),
+                ]
+            };
+            for (what, bytes) in parts {
+                a.collectives.push(self.collective(
+                    Collective::AllToAll,
+                    format!("per layer per micro-batch, {pass} ({what})"),
+                    self.m * layers,
+                    bytes,
+                    group,
+                ));
+            }
+        }
+        let heads = self.problem.model.heads / self.plan.tp.max(1);
+        let local = self.problem.workload.seq_len / self.plan.cp.max(1);
+        a.notes.push(format!(
+            "{} context parallelism ({}): before attention, all-to-alls over {ranks} CP ranks trade each GPU's {local} tokens × {heads} heads for {} tokens × {} heads, and the output comes back the same way after; attention waits for them, so none of it hides",
+            self.stack.name,
+            exchange.name(),
+            local as u64 * ranks as u64,
+            heads / ranks.max(1),
+        ));
+        if ranks < self.plan.cp {
+            a.notes.push(format!(
+                "a2a+p2p: the all-to-all spans the {ranks} CP ranks inside an NVLink domain (Megatron --hierarchical-context-parallel-sizes {ranks} {}), the ring the other {} levels",
+                self.plan.cp / ranks,
+                self.plan.cp / ranks
+            ));
+        }
     }
 
     /// The all-gather exchange (PyTorch's `context_parallel`, rotate method `allgather`): per

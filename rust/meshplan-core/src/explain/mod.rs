@@ -632,6 +632,7 @@ pub fn decode_traffic(
         etp: None,
         dispatcher: None,
         ep_overlap: false,
+        cp_exchange: None,
     };
     let g = Groups::of(&plan, cluster.nvlink_domain()).tp;
     let fabric = Fabric::of(cluster);

@@ -648,3 +648,123 @@ fn torchtitan_gathers_kv_at_once_instead_of_the_ring() {
     assert!(g.evaluation.time_s.cp > 0.0 && g.evaluation.time_s.cp <= raw * (1.0 + 1e-12));
     assert!(g.evaluation.time_s.cp != r.evaluation.time_s.cp);
 }
+
+#[test]
+fn ulysses_all_to_alls_q_k_v_and_the_output_each_pass_all_exposed() {
+    // Llama-3-8B (32 heads, 8 K/V groups, d = 128) at s = 16384 with cp = 8 in one HGX node:
+    // each rank holds 2048 tokens, so Q and the output are 2048·32·128·2 = 16,777,216 B and K
+    // and V 2048·8·128·2 = 4,194,304 B per layer and micro-batch.
+    let model = presets::model("llama3-8b").unwrap();
+    let p = problem(model, "h100-sxm", 8, 8, 16384);
+    let e = explain(&p, &plan("dp=1,tp=1,pp=1,cp=8,zero=1,cp_exchange=a2a")).unwrap();
+    assert!(e.evaluation.feasible, "{:?}", e.evaluation.reasons);
+    let cp = axis(&e, "cp");
+    let ops: Vec<&str> = cp.collectives.iter().map(|c| c.op.as_str()).collect();
+    assert_eq!(ops, vec!["all-to-all"; 8]);
+    let bytes: Vec<f64> = cp.collectives.iter().map(|c| c.message_bytes).collect();
+    let (q, kv) = (16_777_216.0, 4_194_304.0);
+    assert_eq!(bytes, vec![q, kv, kv, q, q, q, kv, kv]);
+    // 8 micro-batches × 32 layers of each.
+    assert!(cp.collectives.iter().all(|c| c.count_per_step == 8 * 32));
+    // Attention waits for them: the whole exchange is exposed.
+    let raw: f64 = cp.collectives.iter().map(|c| c.seconds_per_step).sum();
+    let t = e.evaluation.time_s.cp;
+    assert!((t - raw).abs() <= 1e-9 * raw, "{t} vs {raw}");
+    assert!(cp.notes.iter().any(|n| n.contains("a2a")));
+}
+
+#[test]
+fn ulysses_needs_heads_and_kv_groups_divisible_by_tp_times_cp() {
+    // 8 K/V groups: tp·cp = 16 cannot split them.
+    let model = presets::model("llama3-8b").unwrap();
+    let p = problem(model, "h100-sxm", 16, 16, 32768);
+    let e =
+        crate::evaluate::evaluate(&p, &plan("dp=1,tp=2,pp=1,cp=8,zero=1,cp_exchange=a2a")).unwrap();
+    assert!(!e.feasible);
+    assert!(e
+        .reasons
+        .iter()
+        .any(|r| r.rule == "stack_parallelism" && r.message.contains("tp·cp = 16")));
+    // The ring has no such constraint, and a stack without a2a refuses it.
+    let ring = crate::evaluate::evaluate(&p, &plan("dp=1,tp=2,pp=1,cp=8,zero=1,cp_exchange=ring"))
+        .unwrap();
+    assert!(!ring.reasons.iter().any(|r| r.rule == "stack_parallelism"));
+    let mut w = Workload::new(16, 32768);
+    w.stack = "torchtitan".into();
+    let tt = Problem::new(
+        presets::model("llama3-8b").unwrap(),
+        cluster("h100-sxm", 16),
+        w,
+    )
+    .unwrap();
+    let e = crate::evaluate::evaluate(&tt, &plan("dp=2,tp=1,pp=1,cp=8,zero=1,cp_exchange=a2a"))
+        .unwrap();
+    assert!(e
+        .reasons
+        .iter()
+        .any(|r| r.message.contains("has no a2a context-parallel exchange")));
+}
+
+#[test]
+fn hierarchical_cp_all_to_alls_inside_the_node_and_rings_across() {
+    // cp = 16 over two 8-GPU nodes: a2a over the 8 ranks of a node (32 heads and 8 K/V groups
+    // divide by 8), then a ring of 2 over the nodes passing the 8× longer, 8× narrower K/V
+    // block: 16384 tokens × 1 K/V head × 128 × 2 (K and V) × 2 B = 8,388,608 B, the bytes of the
+    // plain ring's 2048 tokens × 8 heads.
+    let model = presets::model("llama3-8b").unwrap();
+    let p = problem(model, "h100-sxm", 16, 16, 32768);
+    let e = explain(&p, &plan("dp=1,tp=1,pp=1,cp=16,zero=1,cp_exchange=a2a+p2p")).unwrap();
+    assert!(e.evaluation.feasible, "{:?}", e.evaluation.reasons);
+    let cp = axis(&e, "cp");
+    let a2a: Vec<_> = cp
+        .collectives
+        .iter()
+        .filter(|c| c.op == "all-to-all")
+        .collect();
+    assert_eq!(a2a.len(), 8);
+    assert_eq!(a2a[0].message_bytes, 2048.0 * 32.0 * 128.0 * 2.0);
+    let ring: Vec<_> = cp
+        .collectives
+        .iter()
+        .filter(|c| c.op == "send-recv")
+        .collect();
+    assert_eq!(ring.len(), 2);
+    assert_eq!(ring[0].message_bytes, 2048.0 * 2.0 * 8.0 * 128.0 * 2.0);
+    // One ring step per layer and micro-batch forward, two backward.
+    assert_eq!(ring[0].count_per_step, 16 * 32);
+    assert_eq!(ring[1].count_per_step, 2 * 16 * 32);
+    assert!(cp
+        .notes
+        .iter()
+        .any(|n| n.contains("--hierarchical-context-parallel-sizes 8 2")));
+}
+
+#[test]
+fn naming_the_default_cp_exchange_changes_no_number() {
+    let model = presets::model("llama3-8b").unwrap();
+    let p = problem(model, "h100-sxm", 16, 16, 65536);
+    let a = crate::evaluate::evaluate(&p, &plan("dp=1,tp=1,pp=1,cp=16,zero=1")).unwrap();
+    let b = crate::evaluate::evaluate(&p, &plan("dp=1,tp=1,pp=1,cp=16,zero=1,cp_exchange=ring"))
+        .unwrap();
+    assert_eq!(a.time_s.cp.to_bits(), b.time_s.cp.to_bits());
+    assert_eq!(a.step_time_s.to_bits(), b.step_time_s.to_bits());
+    assert_eq!(a.peak_memory_gib.to_bits(), b.peak_memory_gib.to_bits());
+}
+
+#[test]
+fn ulysses_keeps_attention_output_twice_unless_recomputed() {
+    // TransformerEngine's a2a saves the head-sharded attention output for its backward and the
+    // output projection the sequence-sharded one: per attention layer 2048 tokens × 32 heads ×
+    // 128 × 2 B more, × 32 layers = 536,870,912 B = 0.5 GiB for the one micro-batch in flight.
+    let model = presets::model("llama3-8b").unwrap();
+    let p = problem(model, "h100-sxm", 8, 8, 16384);
+    let eval = |text: &str| crate::evaluate::evaluate(&p, &plan(text)).unwrap();
+    let ring = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=none");
+    let a2a = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=none,cp_exchange=a2a");
+    let extra = a2a.memory_gib.activations - ring.memory_gib.activations;
+    assert!((extra - 0.5).abs() < 1e-9, "{extra}");
+    // Core attention recomputed: neither output is kept by attention.
+    let ring = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=selective");
+    let a2a = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=selective,cp_exchange=a2a");
+    assert_eq!(ring.memory_gib.activations, a2a.memory_gib.activations);
+}
