@@ -734,8 +734,7 @@ pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerP
                 // A latent MoE's projections are duplicated on every TP rank (Megatron-Core
                 // `MoELayer`: `TELinear(parallel_mode="duplicated")`); the rest splits over TP.
                 dense: attn
-                    + (moe_dense_part_params(model, m) - latent_projection_params(model, m))
-                        as f64
+                    + (moe_dense_part_params(model, m) - latent_projection_params(model, m)) as f64
                         / t
                     + latent_projection_params(model, m) as f64,
                 expert: experts_per_rank * expert_params(model, m) as f64
@@ -820,7 +819,8 @@ pub fn activation_bytes_per_token(
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let g_local = (*kv_heads as f64 / t).max(1.0);
             // An output gate keeps its pre-sigmoid values and the ungated output (16-bit).
-            ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk) + li * a_local * dqk
+            ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk)
+                + li * a_local * dqk
                 + ACT_BYTES * 2.0 * model.output_gates() * a_local * dqk
         }
         // Megatron-Core MambaMixer: the in_proj output (z, x, B, C, dt; the gate and the
@@ -1340,7 +1340,13 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
                 }
                 None => ops.push_as(attn, tok, a_local * dqk, h, 1.0),
             }
-            ops.push_as(attn, tok, (m.kv_lora_rank + m.qk_rope_head_dim) as f64, h, 1.0);
+            ops.push_as(
+                attn,
+                tok,
+                (m.kv_lora_rank + m.qk_rope_head_dim) as f64,
+                h,
+                1.0,
+            );
             ops.push_as(
                 attn,
                 tok,
@@ -1960,7 +1966,12 @@ mod tests {
         assert_eq!((a.gemms()[1].n, a.gemms()[1].k), (2048.0, 2048.0));
         let mut plain = m.clone();
         plain.attention_output_gate = false;
-        let p = layer_ops(&plain, &plain.layer_kinds().specs()[1], &shard2, &ctx(4096.0));
+        let p = layer_ops(
+            &plain,
+            &plain.layer_kinds().specs()[1],
+            &shard2,
+            &ctx(4096.0),
+        );
         assert_eq!(p.gemms()[0].n, 2560.0);
         // The gate product reads the output and the gate and writes the result: 3·16·256 16-bit
         // values per token, split over TP.

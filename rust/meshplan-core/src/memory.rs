@@ -95,9 +95,8 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
         let mtp = model.mtp_kinds();
         if !mtp.is_empty() {
             let h = model.hidden as f64;
-            dense += mtp.iter().map(|&k| per_kind[k].dense).sum::<f64>()
-                + 2.0 * h * h / t
-                + 3.0 * h;
+            dense +=
+                mtp.iter().map(|&k| per_kind[k].dense).sum::<f64>() + 2.0 * h * h / t + 3.0 * h;
         }
     }
     // The ZeRO-3 gather unit: a layer of the rank's last kind (MoE layers follow the dense ones
@@ -532,6 +531,21 @@ mod tests {
         }
     }
 
+    /// Llama-2-7B on 8 H100s, 8 sequences of 4,096 tokens.
+    fn llama2_7b_on_8_h100() -> Problem {
+        crate::Problem::new(
+            llama2_7b(),
+            crate::hardware::Cluster {
+                gpu: crate::presets::gpu("h100-sxm").unwrap(),
+                num_gpus: 8,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            },
+            crate::Workload::new(8, 4096),
+        )
+        .unwrap()
+    }
+
     fn plan(tp: u32, sp: bool) -> Plan {
         Plan {
             dp: 8 / tp,
@@ -646,31 +660,29 @@ mod tests {
         );
         let h = 2688.0;
         let want = per_kind[2].dense + per_kind[1].dense + 2.0 * h * h + 3.0 * h;
-        assert!((b.dense - a.dense - want).abs() < 1e-6, "{} vs {want}", b.dense - a.dense);
+        assert!(
+            (b.dense - a.dense - want).abs() < 1e-6,
+            "{} vs {want}",
+            b.dense - a.dense
+        );
         assert_eq!(b.expert - a.expert, per_kind[1].expert);
         // Stored per micro-batch of 8192 tokens, no recompute: per depth the two layers, the
         // 2h eh_proj input (2 B) and the head's input (2 B · h) and fp32 softmax (4 B · V).
         let layers = layer_activations(&p0, &pl);
         let tokens = 8192.0;
-        let stored = |p: &crate::Problem| stored_bytes_per_micro_batch(p, &pl, &stage, tokens, &layers);
+        let stored =
+            |p: &crate::Problem| stored_bytes_per_micro_batch(p, &pl, &stage, tokens, &layers);
         let per_depth = layers[2] + layers[1] + 2.0 * 2.0 * h + (2.0 * h + 4.0 * 131072.0);
         let got = stored(&p2) - stored(&p0);
-        assert!((got / (2.0 * tokens * per_depth) - 1.0).abs() < 1e-12, "{got}");
+        assert!(
+            (got / (2.0 * tokens * per_depth) - 1.0).abs() < 1e-12,
+            "{got}"
+        );
     }
 
     #[test]
     fn an_eager_fp32_loss_holds_14_bytes_per_logit_a_fused_one_8_in_place_2() {
-        let mut problem = crate::Problem::new(
-            llama2_7b(),
-            crate::hardware::Cluster {
-                gpu: crate::presets::gpu("h100-sxm").unwrap(),
-                num_gpus: 8,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            },
-            crate::Workload::new(8, 4096),
-        )
-        .unwrap();
+        let mut problem = llama2_7b_on_8_h100();
         let pl = plan(1, false);
         let stage = crate::stages::stage_runs(&problem.model, 1, problem.workload.seq_len)[0].stage;
         let params = stage_params(&problem.model, &pl, &stage);
@@ -709,17 +721,7 @@ mod tests {
 
     #[test]
     fn lora_states_are_the_frozen_base_in_its_format_and_the_adapters_trained_states() {
-        let mut problem = crate::Problem::new(
-            llama2_7b(),
-            crate::hardware::Cluster {
-                gpu: crate::presets::gpu("h100-sxm").unwrap(),
-                num_gpus: 8,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            },
-            crate::Workload::new(8, 4096),
-        )
-        .unwrap();
+        let mut problem = llama2_7b_on_8_h100();
         problem.workload.lora = true;
         problem.workload.lora_rank = 16;
         problem.workload.lora_targets = vec![

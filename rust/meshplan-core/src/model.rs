@@ -400,7 +400,12 @@ impl Model {
                     kinds.specs().iter().position(|s| *s == spec)
                 })
                 .collect(),
-            None => self.layer_stack().last().map(|&(k, _)| k).into_iter().collect(),
+            None => self
+                .layer_stack()
+                .last()
+                .map(|&(k, _)| k)
+                .into_iter()
+                .collect(),
         }
     }
 
@@ -723,13 +728,20 @@ mod tests {
         // A character the main pattern lacks has no layer kind: refused, naming the field.
         m.mtp_pattern = Some("*-".into());
         let e = m.validate().unwrap_err().to_string();
-        assert!(e.contains("model.mtp_pattern") && e.contains("layer_pattern"), "{e}");
+        assert!(
+            e.contains("model.mtp_pattern") && e.contains("layer_pattern"),
+            "{e}"
+        );
         // A pattern without depths is refused; depths are bounded.
         m.mtp_pattern = Some("*E".into());
         m.mtp_layers = None;
         assert!(m.validate().unwrap_err().to_string().contains("mtp_layers"));
         m.mtp_layers = Some(0);
-        assert!(m.validate().unwrap_err().to_string().contains("model.mtp_layers"));
+        assert!(m
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("model.mtp_layers"));
     }
 
     use super::*;

@@ -14,15 +14,16 @@ use crate::device::Device;
 use crate::gemm::{grouped_linear_s, linear_s, GemmDevice, LinearTimes};
 use crate::hardware::Precision;
 use crate::layer::{
-    layer_ops, Gemm, GemmRole, LayerCounts, LayerOps, OpsContext, Shard, FP32_BYTES, MAX_LAYER_KINDS,
+    layer_ops, Gemm, GemmRole, LayerCounts, LayerOps, OpsContext, Shard, FP32_BYTES,
+    MAX_LAYER_KINDS,
 };
-use crate::precision::{GemmPrecision, PrecisionRecipe};
 use crate::layout::Group;
 use crate::layout::Groups;
 use crate::memory::StageParams;
 use crate::model::Model;
 use crate::plan::CpExchange;
 use crate::plan::{Plan, Recompute, Schedule};
+use crate::precision::{GemmPrecision, PrecisionRecipe};
 use crate::report::TimeBreakdown;
 use crate::stack::Stack;
 use crate::stages::{add_repeated, Stage};
@@ -725,22 +726,39 @@ impl<'a> TimeContext<'a> {
                 } else {
                     (p / self.bucket_params(group)).ceil().max(1.0)
                 };
-                let bytes_per_call = p / calls * per_param;
-                if group.size <= 1 || bytes_per_call <= 0.0 {
-                    continue;
-                }
-                out.push(DpCollective {
+                out.extend(self.dp_collective(
                     phase,
                     params,
                     kind,
                     group,
                     calls,
-                    bytes_per_call,
-                    cost: self.fabric.collective(kind, bytes_per_call, group),
-                });
+                    p / calls * per_param,
+                ));
             }
         }
         out
+    }
+
+    /// One DP/ZeRO collective of [`Self::dp_collectives`], with the [`CollectiveModel`]'s cost of
+    /// one call; `None` where there is nothing to move (a group of one rank, or no bytes).
+    fn dp_collective(
+        &self,
+        phase: DpPhase,
+        params: ParamGroup,
+        kind: Collective,
+        group: Group,
+        calls: f64,
+        bytes_per_call: f64,
+    ) -> Option<DpCollective> {
+        (group.size > 1 && bytes_per_call > 0.0).then(|| DpCollective {
+            phase,
+            params,
+            kind,
+            group,
+            calls,
+            bytes_per_call,
+            cost: self.fabric.collective(kind, bytes_per_call, group),
+        })
     }
 
     /// [`Self::dp_collectives`] under LoRA (§2.7): only the adapters' gradients are reduced
@@ -803,19 +821,7 @@ impl<'a> TimeContext<'a> {
                 } else {
                     (adapters / self.bucket_params(group)).ceil().max(1.0)
                 };
-                let bytes_per_call = bytes / calls;
-                if group.size <= 1 || bytes_per_call <= 0.0 {
-                    continue;
-                }
-                out.push(DpCollective {
-                    phase,
-                    params: pg,
-                    kind,
-                    group,
-                    calls,
-                    bytes_per_call,
-                    cost: self.fabric.collective(kind, bytes_per_call, group),
-                });
+                out.extend(self.dp_collective(phase, pg, kind, group, calls, bytes / calls));
             }
         }
         out
@@ -1245,7 +1251,10 @@ mod tests {
                 wgrad: t.wgrad,
             }
         };
-        assert_eq!(run(GemmRole::Other, LinearMode::Recipe), with_casts(&tc.device.gemm));
+        assert_eq!(
+            run(GemmRole::Other, LinearMode::Recipe),
+            with_casts(&tc.device.gemm)
+        );
         // Attention projections: the 16-bit roofline, no casts.
         let bf16 = linear_s(&tc.device.gemm16, m, n, k);
         assert_eq!(run(GemmRole::AttentionProjection, LinearMode::Recipe), bf16);
@@ -1253,10 +1262,16 @@ mod tests {
         // Mamba out_proj: MXFP8 (GB200 has it), with the casts.
         let mx = tc.gemm_mxfp8.unwrap();
         assert_eq!(mx.element_bytes, 1.0);
-        assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Recipe), with_casts(&mx));
+        assert_eq!(
+            run(GemmRole::MambaOutProj, LinearMode::Recipe),
+            with_casts(&mx)
+        );
         // In the BF16 tail everything is BF16 but the MXFP8 override; an MTP block all BF16.
         assert_eq!(run(GemmRole::Other, LinearMode::Ends), bf16);
-        assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Ends), with_casts(&mx));
+        assert_eq!(
+            run(GemmRole::MambaOutProj, LinearMode::Ends),
+            with_casts(&mx)
+        );
         assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Bf16), bf16);
         // BF16 GEMMs of this shape take longer than NVFP4 ones.
         assert!(bf16.fwd > linear_s(&tc.device.gemm, m, n, k).fwd);
@@ -1264,7 +1279,11 @@ mod tests {
         let (p0, plan0) = nano(None, None);
         let tc0 = TimeContext::new(&p0, &plan0, Groups::of(&plan0, p0.cluster.nvlink_domain()));
         let mut acc = LinearTimes::default();
-        tc0.linear(&mut acc, &gemm(GemmRole::AttentionProjection), LinearMode::Recipe);
+        tc0.linear(
+            &mut acc,
+            &gemm(GemmRole::AttentionProjection),
+            LinearMode::Recipe,
+        );
         assert_eq!(acc, with_casts(&tc0.device.gemm));
     }
 
@@ -1291,7 +1310,9 @@ mod tests {
             want.add_scaled(&layers[kind], count as f64);
         }
         for (kind, count) in [(0, 6.0), (1, 7.0), (2, 1.0)] {
-            let bf16 = tc.layer_parts_at(kind, LinearMode::Ends).with(plan.recompute);
+            let bf16 = tc
+                .layer_parts_at(kind, LinearMode::Ends)
+                .with(plan.recompute);
             want.add_scaled(&bf16, count);
             want.add_scaled(&layers[kind], -count);
         }
@@ -1312,7 +1333,10 @@ mod tests {
         let stage = crate::stages::stage_runs(&p0.model, 1, 8192)[0].stage;
         // The MTP block "*E" is the attention layer (kind 2) and the MoE layer (kind 1).
         assert_eq!(p2.model.mtp_kinds(), vec![2, 1]);
-        let (s0, s2) = (t0.stage(&stage, &t0.layers()), t2.stage(&stage, &t2.layers()));
+        let (s0, s2) = (
+            t0.stage(&stage, &t0.layers()),
+            t2.stage(&stage, &t2.layers()),
+        );
         // Per depth, forward: the two layers, eh_proj (8192 × 2688 × 5376 at NVFP4 with its
         // input cast, no recipe) and the head (8192 × 131072 × 2688) with the loss's passes.
         let (tok, h, v) = (8192.0, 2688.0, 131072.0);
@@ -1322,7 +1346,10 @@ mod tests {
         let ce = t0.stack.cross_entropy_passes * FP32_BYTES * tok * v / bw;
         let per_depth = t0.layer(2).fwd.compute + t0.layer(1).fwd.compute + eh + head + ce;
         let got = s2.fwd.compute - s0.fwd.compute;
-        assert!((got / (2.0 * per_depth) - 1.0).abs() < 1e-12, "{got} vs {per_depth}");
+        assert!(
+            (got / (2.0 * per_depth) - 1.0).abs() < 1e-12,
+            "{got} vs {per_depth}"
+        );
         // Its expert exchange comes along with the MoE layer.
         assert!((s2.fwd.ep - s0.fwd.ep - 2.0 * t0.layer(1).fwd.ep).abs() < 1e-12);
     }

@@ -516,7 +516,10 @@ fn nemotron_3_nano_is_mamba_attention_and_moe() {
     let l = import("NVIDIA-Nemotron-3.5-Lightning-30B-A3B-NVFP4.json");
     assert_eq!(l.layer_pattern, m.layer_pattern);
     // Lightning adds an MTP block (attention + MoE), Nano has none.
-    assert_eq!((l.mtp_layers, l.mtp_pattern.as_deref()), (Some(1), Some("*E")));
+    assert_eq!(
+        (l.mtp_layers, l.mtp_pattern.as_deref()),
+        (Some(1), Some("*E"))
+    );
     assert_eq!((m.mtp_layers, m.mtp_pattern), (None, None));
 }
 

@@ -170,13 +170,7 @@ pub(crate) fn score(
                     // The wave's prompts are prefilled together in forwards of `chunk` tokens
                     // per rank, then the wave decodes alone: TPOT is a pure decode step.
                     let b_rank = b / w.attention_dp as f64;
-                    let step = Batch {
-                        decode_seqs: b_rank,
-                        decode_context: context,
-                        prefill_seqs: 0.0,
-                        prefill_new: 0.0,
-                        prefill_cached: 0.0,
-                    };
+                    let step = Batch::decode(b_rank, context);
                     let (d, period) = tm.forward(w, &step, true);
                     let (all, median) = queue::wave_forwards(b_rank, new, chunk);
                     let per_forward = (b_rank * new / all).max(1.0);
@@ -273,13 +267,7 @@ pub(crate) fn score(
                 prefill_cached: cached,
             };
             let (f, prefill_period) = tm.forward(pw, &pbatch, false);
-            let step = Batch {
-                decode_seqs: b_rank,
-                decode_context: context,
-                prefill_seqs: 0.0,
-                prefill_new: 0.0,
-                prefill_cached: 0.0,
-            };
+            let step = Batch::decode(b_rank, context);
             let (d, period) = tm.forward(w, &step, true);
             let same_domain = plan.gpus() <= tm.domain as u64;
             kv_transfer = kv_transfer_s(tm, pw, same_domain);

@@ -493,13 +493,10 @@ fn disaggregated(
                 kv_tokens: None,
                 ..*shape
             };
-            let step = Batch {
-                decode_seqs: b as f64 / adp as f64,
-                decode_context: p.traffic.input_len as f64 + osl / 2.0,
-                prefill_seqs: 0.0,
-                prefill_new: 0.0,
-                prefill_cached: 0.0,
-            };
+            let step = Batch::decode(
+                b as f64 / adp as f64,
+                p.traffic.input_len as f64 + osl / 2.0,
+            );
             budget.take()?;
             let (_, tpot) = tm.forward(&decode, &step, true);
             let decode_rate = b as f64 / (osl * tpot);

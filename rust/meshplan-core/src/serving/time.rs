@@ -110,6 +110,17 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
+    /// A pure decode step: `seqs` sequences each decoding one token over `context` KV tokens.
+    pub(crate) fn decode(seqs: f64, context: f64) -> Self {
+        Batch {
+            decode_seqs: seqs,
+            decode_context: context,
+            prefill_seqs: 0.0,
+            prefill_new: 0.0,
+            prefill_cached: 0.0,
+        }
+    }
+
     fn tokens(&self) -> f64 {
         self.decode_seqs + self.prefill_seqs * self.prefill_new
     }
