@@ -14,12 +14,12 @@
 use crate::hardware::Precision;
 use crate::layer::{
     activation_bytes_per_token, adapter_params_per_rank, core_of, params_per_rank,
-    selective_op_bytes_per_token, LayerParams, Mixer, Shard, ACT_BYTES, FP32_BYTES, MASK_BYTES,
+    recompute_discarded_bytes_per_token, selective_op_bytes_per_token, LayerParams, Mixer, Shard, ACT_BYTES, FP32_BYTES, MASK_BYTES,
     MAX_LAYER_KINDS,
 };
 use crate::layout::Groups;
 use crate::model::Model;
-use crate::plan::{Plan, Recompute};
+use crate::plan::{Plan, Recompute, RecomputeModule, RecomputeModules};
 use crate::report::MemoryBreakdown;
 use crate::stages::Stage;
 use crate::Problem;
@@ -299,6 +299,32 @@ pub fn layer_activations(problem: &Problem, plan: &Plan) -> PerKind {
     out
 }
 
+/// Per layer kind, the bytes per token `plan`'s recompute modules no longer store, and the most
+/// one block rebuilds at once ([`recompute_discarded_bytes_per_token`]); zeros without modules.
+pub fn module_discards(problem: &Problem, plan: &Plan) -> (PerKind, PerKind) {
+    let mut discarded = [0.0; MAX_LAYER_KINDS];
+    let mut rebuilt = [0.0; MAX_LAYER_KINDS];
+    let Some(modules) = plan.recompute_modules else {
+        return (discarded, rebuilt);
+    };
+    let model = &problem.model;
+    let li = linear_input_bytes(problem.workload.precision);
+    let shard = Shard::of(plan);
+    let adapters = problem.workload.adapters();
+    for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+        (discarded[k], rebuilt[k]) = recompute_discarded_bytes_per_token(
+            model,
+            spec,
+            &shard,
+            problem.workload.moe_imbalance,
+            li,
+            adapters.as_ref(),
+            modules,
+        );
+    }
+    (discarded, rebuilt)
+}
+
 /// Bytes one in-flight micro-batch keeps on `stage`: the layers' stored activations under
 /// `plan`'s recompute plus, on the last rank, the LM-head input and fp32 softmax. `layers` is
 /// [`layer_activations`] of the plan.
@@ -318,7 +344,16 @@ pub fn stored_bytes_per_micro_batch(
         Recompute::Full => stage.layers() as f64 * ACT_BYTES * model.hidden as f64 / sp_div,
         // With flash attention, core-attention recompute stores what no-recompute stores
         // minus nothing: the a·s² tensors it would save are never materialised (§2.4.2).
-        Recompute::Selective => full_layers,
+        Recompute::Selective => match plan.recompute_modules {
+            None => full_layers,
+            // Megatron-Core's modules (§2.4.5): what they no longer store goes; without
+            // core_attn the core attention keeps what no recompute keeps.
+            Some(modules) => {
+                let (discarded, _) = module_discards(problem, plan);
+                full_layers - stage.kinds.weighted_sum(&discarded)
+                    + core_attention_stored(problem, plan, stage, modules)
+            }
+        },
         Recompute::SelectiveOp => {
             let imbalance = problem.workload.moe_imbalance;
             let shard = Shard::of(plan);
@@ -361,6 +396,10 @@ pub fn stored_bytes_per_micro_batch(
             let h = model.hidden as f64;
             let block = if plan.recompute == Recompute::Full {
                 mtp.len() as f64 * ACT_BYTES * h / sp_div
+            } else if plan.recompute_modules.is_some() {
+                // Megatron's MTP layers are transformer layers: the modules apply there too.
+                let (discarded, _) = module_discards(problem, plan);
+                mtp.iter().map(|&k| layers[k] - discarded[k]).sum::<f64>()
             } else {
                 mtp.iter().map(|&k| layers[k]).sum::<f64>()
             };
@@ -369,6 +408,31 @@ pub fn stored_bytes_per_micro_batch(
         _ => 0.0,
     };
     stored_per_mb + head_per_mb + mtp_per_mb
+}
+
+/// Bytes per token `stage`'s layers store for core attention under selective recompute with
+/// `modules` that leave `core_attn` out: what no recompute stores there (unfused attention's
+/// score tensors, Ulysses' second attention output), nothing when `core_attn` is recomputed.
+fn core_attention_stored(
+    problem: &Problem,
+    plan: &Plan,
+    stage: &Stage,
+    modules: RecomputeModules,
+) -> f64 {
+    if modules.contains(RecomputeModule::CoreAttn) {
+        return 0.0;
+    }
+    let model = &problem.model;
+    if !problem.workload.flash_attention {
+        let per_score = 2.0 * ACT_BYTES + if model.dropout { MASK_BYTES } else { 0.0 };
+        per_score * model.heads as f64 / plan.tp as f64
+            * problem.workload.seq_len as f64
+            * stage.layers() as f64
+    } else {
+        stage
+            .kinds
+            .weighted_sum(&cp_a2a_output_bytes(problem, plan))
+    }
 }
 
 /// Bytes per token a layer of each kind stores on top of [`layer_activations`] when its
@@ -442,6 +506,18 @@ pub fn transient_bytes(
             .map(|(k, _)| layers[k])
             .fold(layers[0], f64::max);
         transient += tokens * rebuilt;
+    }
+    if plan.recompute_modules.is_some() {
+        // One block's discarded tensors rebuilt during its backward (§2.4.5): the most of the
+        // rank's kinds.
+        let (_, rebuilt) = module_discards(problem, plan);
+        let most = stage
+            .kinds
+            .iter()
+            .filter(|&(_, n)| n > 0)
+            .map(|(k, _)| rebuilt[k])
+            .fold(0.0, f64::max);
+        transient += tokens * most;
     }
     if plan.zero >= 3 {
         let grad_bytes = problem.workload.grad_bytes as f64;
@@ -550,6 +626,7 @@ mod tests {
             dispatcher: None,
             ep_overlap: false,
             cp_exchange: None,
+            recompute_modules: None,
         }
     }
 

@@ -633,6 +633,7 @@ pub fn decode_traffic(
         dispatcher: None,
         ep_overlap: false,
         cp_exchange: None,
+        recompute_modules: None,
     };
     let g = Groups::of(&plan, cluster.nvlink_domain()).tp;
     let fabric = Fabric::of(cluster);
