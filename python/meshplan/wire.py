@@ -28,7 +28,7 @@ from .errors import (
     MeshplanError,
     SpaceTooLargeError,
 )
-from .explain import Explanation
+from .explain import Explanation, recompute_lines
 from .hardware import Cluster, Gpu
 from .model import LinearAttention, Mamba, Mla, Model, Moe
 from .plan import Plan
@@ -554,6 +554,8 @@ def explain_response(x: Explanation) -> pb.ExplainResponse:
         mesh=data["mesh"],
         axes=data["axes"],
         pipeline=data["pipeline"],
+        # Recompute modules have no message of their own: explain's lines for them as notes.
+        notes=[" ".join(line.split()) for line in recompute_lines(data)[2:]],
     )
 
 

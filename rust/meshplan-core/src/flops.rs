@@ -194,6 +194,42 @@ mod tests {
     }
 
     #[test]
+    fn recompute_modules_add_their_forward_gemms_or_the_attention_core() {
+        let of = |m: &Model, text: &str| {
+            let modules = RecomputeModules::parse(text).unwrap();
+            recompute_flops_per_token(
+                m,
+                Recompute::Selective,
+                Some(modules),
+                8192.0,
+                AttentionCounting::Causal,
+            )
+        };
+        // Llama-3-8B: core_attn is selective's count; mlp one more forward of the 32 SwiGLU
+        // FFNs, 2·3·h·f per token each; layernorm (fused norms) nothing.
+        let l = crate::presets::model("llama3-8b").unwrap();
+        let selective = recompute_flops_per_token(
+            &l,
+            Recompute::Selective,
+            None,
+            8192.0,
+            AttentionCounting::Causal,
+        );
+        assert_eq!(of(&l, "core_attn"), selective);
+        assert_eq!(of(&l, "mlp"), 32.0 * 2.0 * 3.0 * 4096.0 * 14336.0);
+        assert_eq!(of(&l, "layernorm+moe_act"), 0.0);
+        // DeepSeek-V3: mla_up_proj replays q_up (1536 → 128·192) and kv_up (512 → 128·256) in
+        // all 61 layers; mlp only the 3 dense layers' FFNs (7168 ↔ 18432).
+        let d = crate::presets::model("deepseek-v3").unwrap();
+        let up = 2.0 * (1536.0 * 128.0 * 192.0 + 512.0 * 128.0 * 256.0);
+        assert_eq!(of(&d, "mla_up_proj"), 61.0 * up);
+        assert_eq!(of(&d, "mlp"), 3.0 * 2.0 * 3.0 * 7168.0 * 18432.0);
+        // moe: router, 8 routed experts and the shared one in the 58 MoE layers.
+        let block = 2.0 * 7168.0 * 256.0 + 9.0 * 2.0 * 3.0 * 7168.0 * 2048.0;
+        assert_eq!(of(&d, "moe"), 58.0 * block);
+    }
+
+    #[test]
     fn lora_trains_4_flops_per_frozen_and_6_per_adapter_parameter() {
         // Llama-3-8B, rank 16 on every linear, separate adapters (torchtune's q, k, v, o and
         // MLP): per layer q 16·(4096 + 4096), k and v 16·(4096 + 1024), o as q, gate/up/down

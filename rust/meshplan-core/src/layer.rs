@@ -735,8 +735,7 @@ pub fn params_per_rank(model: &Model, spec: &LayerSpec, shard: &Shard) -> LayerP
                 // A latent MoE's projections are duplicated on every TP rank (Megatron-Core
                 // `MoELayer`: `TELinear(parallel_mode="duplicated")`); the rest splits over TP.
                 dense: attn
-                    + (moe_dense_part_params(model, m) - latent_projection_params(model, m))
-                        as f64
+                    + (moe_dense_part_params(model, m) - latent_projection_params(model, m)) as f64
                         / t
                     + latent_projection_params(model, m) as f64,
                 expert: experts_per_rank * expert_params(model, m) as f64
@@ -821,7 +820,8 @@ pub fn activation_bytes_per_token(
         Mixer::Attention { kv_heads } | Mixer::SlidingWindow { kv_heads, .. } => {
             let g_local = (*kv_heads as f64 / t).max(1.0);
             // An output gate keeps its pre-sigmoid values and the ungated output (16-bit).
-            ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk) + li * a_local * dqk
+            ACT_BYTES * (a_local * dqk + 2.0 * g_local * dqk)
+                + li * a_local * dqk
                 + ACT_BYTES * 2.0 * model.output_gates() * a_local * dqk
         }
         // Megatron-Core MambaMixer: the in_proj output (z, x, B, C, dt; the gate and the
@@ -1502,7 +1502,13 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
                 // function (`qkv_up_proj_and_rope_apply`), so `mla_up_proj` replays it.
                 None => ops.push_as(up, tok, a_local * dqk, h, 1.0),
             }
-            ops.push_as(attn, tok, (m.kv_lora_rank + m.qk_rope_head_dim) as f64, h, 1.0);
+            ops.push_as(
+                attn,
+                tok,
+                (m.kv_lora_rank + m.qk_rope_head_dim) as f64,
+                h,
+                1.0,
+            );
             ops.push_as(
                 up,
                 tok,
@@ -2156,7 +2162,12 @@ mod tests {
         assert_eq!((a.gemms()[1].n, a.gemms()[1].k), (2048.0, 2048.0));
         let mut plain = m.clone();
         plain.attention_output_gate = false;
-        let p = layer_ops(&plain, &plain.layer_kinds().specs()[1], &shard2, &ctx(4096.0));
+        let p = layer_ops(
+            &plain,
+            &plain.layer_kinds().specs()[1],
+            &shard2,
+            &ctx(4096.0),
+        );
         assert_eq!(p.gemms()[0].n, 2560.0);
         // The gate product reads the output and the gate and writes the result: 3·16·256 16-bit
         // values per token, split over TP.
@@ -2165,6 +2176,164 @@ mod tests {
             2.0 * 3.0 * 4096.0 / 2.0 * 4096.0
         );
         assert_eq!(a.params.dense - p.params.dense, 2048.0 * 4096.0 / 2.0);
+    }
+
+    fn modules(text: &str) -> RecomputeModules {
+        RecomputeModules::parse(text).unwrap()
+    }
+
+    #[test]
+    fn recompute_modules_drop_their_own_tensors_per_token() {
+        // Qwen3-30B-A3B's MoE layer, one GPU, bf16 (li = 2): h 2048, 128 experts top-8 of 768,
+        // no shared expert.
+        let m = crate::presets::model("qwen3-30b-a3b").unwrap();
+        let moe = m.layer_kinds().specs()[1];
+        let of = |text: &str, li: f64| {
+            recompute_discarded_bytes_per_token(&m, &moe, &one_gpu(), 1.0, li, None, modules(text))
+        };
+        // layernorm: the pre-MLP norm's output (a TENorm of its own before an MoE block), 2·h.
+        assert_eq!(of("layernorm", 2.0), (4096.0, 4096.0));
+        // moe_act: each of the 8 copies' activation output, 2 B × 768.
+        assert_eq!(of("moe_act", 2.0).0, 8.0 * 2.0 * 768.0);
+        assert_eq!(of("moe_act+layernorm", 2.0).0, 4096.0 + 12288.0);
+        // moe: router logits 4·128, per copy its input 2·2048 and intermediates (2 + 2 + 2)·768;
+        // the block's input stays (the checkpoint's, 16-bit as the norm output was).
+        let block = 4.0 * 128.0 + 8.0 * (2.0 * 2048.0 + 6.0 * 768.0);
+        assert_eq!(block, 70144.0);
+        assert_eq!(of("moe", 2.0).0, block);
+        // moe_act inside moe discards nothing more; layernorm takes the block's input too.
+        assert_eq!(of("moe_act+moe", 2.0).0, block);
+        assert_eq!(of("layernorm+moe", 2.0), (4096.0 + block, 4096.0 + block));
+        // FP8 linears keep 1-byte inputs: the checkpoint keeps its 16-bit input (h more than
+        // the quantised copy), the copies' inputs and activation outputs are 1 byte.
+        let fp8 = 4.0 * 128.0 + 8.0 * (2048.0 + 5.0 * 768.0) - 2048.0;
+        assert_eq!(of("moe", 1.0).0, fp8);
+        // core_attn and the modules of other blocks drop nothing here.
+        assert_eq!(of("core_attn+mlp+mla_up_proj+shared_experts", 2.0).0, 0.0);
+        // Nothing is discarded past what the layer stores.
+        let stored = activation_bytes_per_token(&m, &moe, &one_gpu(), 1.0, 2.0, None);
+        assert!(of("layernorm+moe", 2.0).0 < stored);
+
+        // A dense GQA layer (Llama-3-8B): its norms are fused into the linears after them
+        // (TELayerNormColumnParallelLinear), so layernorm drops nothing; mlp drops the FFN's
+        // input 2·h and its SwiGLU intermediates 6·f.
+        let l = crate::presets::model("llama3-8b").unwrap();
+        let dense = l.layer_kinds().specs()[0];
+        let of = |text: &str| {
+            recompute_discarded_bytes_per_token(
+                &l,
+                &dense,
+                &one_gpu(),
+                1.0,
+                2.0,
+                None,
+                modules(text),
+            )
+        };
+        assert_eq!(of("layernorm").0, 0.0);
+        assert_eq!(
+            of("mlp"),
+            (2.0 * 4096.0 + 6.0 * 14336.0, 2.0 * 4096.0 + 6.0 * 14336.0)
+        );
+        assert_eq!(of("moe+moe_act").0, 0.0);
+        // Split over TP 2 with SP: the input is sequence-sharded, the intermediates TP-split.
+        let tp2 = Shard {
+            tp: 2,
+            sequence_parallel: true,
+            ..one_gpu()
+        };
+        let split =
+            recompute_discarded_bytes_per_token(&l, &dense, &tp2, 1.0, 2.0, None, modules("mlp"));
+        assert_eq!(split.0, of("mlp").0 / 2.0);
+
+        // DeepSeek-V3's MLA: mla_up_proj drops the per-head Q, K, V (128 heads × (2·192 + 128),
+        // 16-bit); layernorm its input norm's output (a TENorm of its own, 2·7168).
+        let d = crate::presets::model("deepseek-v3").unwrap();
+        let mla = d.layer_kinds().specs()[0];
+        let of = |text: &str| {
+            recompute_discarded_bytes_per_token(&d, &mla, &one_gpu(), 1.0, 2.0, None, modules(text))
+        };
+        assert_eq!(of("mla_up_proj").0, 128.0 * 2.0 * (2.0 * 192.0 + 128.0));
+        assert_eq!(of("layernorm").0, 2.0 * 7168.0);
+        assert_eq!(separate_norms(&mla), 1);
+        assert_eq!(separate_norms(&d.layer_kinds().specs()[1]), 2);
+        assert_eq!(separate_norms(&dense), 0);
+    }
+
+    #[test]
+    fn each_recompute_module_owns_its_gemms_and_element_wise_work() {
+        // DeepSeek-V3's MoE layer, one GPU, 4096 tokens: q_up and kv_up are the mla_up_proj
+        // GEMMs; router, routed and shared experts the moe module's, the shared ones also
+        // shared_experts'.
+        let d = crate::presets::model("deepseek-v3").unwrap();
+        let spec = d.layer_kinds().specs()[1];
+        let tok = 4096.0;
+        let ops = layer_ops(&d, &spec, &one_gpu(), &ctx(tok));
+        let roles: Vec<GemmRole> = ops.gemms().iter().map(|g| g.role).collect();
+        assert_eq!(
+            roles,
+            [
+                GemmRole::AttentionProjection,
+                GemmRole::MlaUpProjection,
+                GemmRole::AttentionProjection,
+                GemmRole::MlaUpProjection,
+                GemmRole::AttentionProjection,
+                GemmRole::Router,
+                GemmRole::RoutedExpert,
+                GemmRole::RoutedExpert,
+                GemmRole::SharedExpert,
+                GemmRole::SharedExpert,
+            ]
+        );
+        let flops = |module: RecomputeModule| -> f64 {
+            ops.gemms()
+                .iter()
+                .filter(|g| g.role.in_module(module))
+                .map(|g| 2.0 * g.m * g.n * g.k * g.repeat)
+                .sum()
+        };
+        // q_up 1536 → 128·192 and kv_up 512 → 128·(128 + 128), per token.
+        let up = 2.0 * (1536.0 * 128.0 * 192.0 + 512.0 * 128.0 * 256.0);
+        assert_eq!(flops(RecomputeModule::MlaUpProj), tok * up);
+        // Shared expert: gate/up 7168 → 2·2048, down 2048 → 7168.
+        let shared = 2.0 * 3.0 * 7168.0 * 2048.0;
+        assert_eq!(flops(RecomputeModule::SharedExperts), tok * shared);
+        // The whole block: router 7168 → 256 and 8 routed copies of the same expert shape.
+        let routed = 8.0 * 2.0 * 3.0 * 7168.0 * 2048.0;
+        let router = 2.0 * 7168.0 * 256.0;
+        assert_eq!(
+            flops(RecomputeModule::Moe),
+            tok * (router + routed + shared)
+        );
+        assert_eq!(flops(RecomputeModule::Mlp), 0.0);
+        // Element-wise: two separate norms read and write h (4 B each); the activation of each
+        // copy 6 B per width; the shared expert's 6 B per width; RoPE/concat 2·2·(a·d_qk)·2 B.
+        let b = &ops.module_elementwise_bytes;
+        assert_eq!(
+            b[RecomputeModule::Layernorm.index()],
+            2.0 * 4.0 * 7168.0 * tok
+        );
+        assert_eq!(b[RecomputeModule::MoeAct.index()], 8.0 * tok * 6.0 * 2048.0);
+        assert_eq!(
+            b[RecomputeModule::SharedExperts.index()],
+            6.0 * 2048.0 * tok
+        );
+        assert_eq!(
+            b[RecomputeModule::Moe.index()],
+            ops.routed_elementwise_bytes + 6.0 * 2048.0 * tok
+        );
+        assert_eq!(
+            b[RecomputeModule::MlaUpProj.index()],
+            2.0 * 2.0 * 2.0 * 128.0 * 192.0 * tok
+        );
+        // The FFN's TP points: one per routed copy unfolded, one for a dense MLP.
+        assert_eq!(ops.comm.ffn_tp_points, 8);
+        let dense = layer_ops(&d, &d.layer_kinds().specs()[0], &one_gpu(), &ctx(tok));
+        assert_eq!(dense.comm.ffn_tp_points, 1);
+        assert_eq!(
+            dense.module_elementwise_bytes[RecomputeModule::Mlp.index()],
+            6.0 * 18432.0 * tok
+        );
     }
 
     fn adapters(rank: f64, qkv: bool, o: bool, mlp: bool) -> Adapters {

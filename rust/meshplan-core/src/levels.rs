@@ -281,7 +281,10 @@ impl KnobTimes {
     pub fn new(
         degree: &mut DegreeLevel,
         tc: &TimeContext,
-        recompute: (crate::plan::Recompute, Option<crate::plan::RecomputeModules>),
+        recompute: (
+            crate::plan::Recompute,
+            Option<crate::plan::RecomputeModules>,
+        ),
         m: u32,
         parts: &[LayerParts],
     ) -> Self {

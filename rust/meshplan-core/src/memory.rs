@@ -14,8 +14,8 @@
 use crate::hardware::Precision;
 use crate::layer::{
     activation_bytes_per_token, adapter_params_per_rank, core_of, params_per_rank,
-    recompute_discarded_bytes_per_token, selective_op_bytes_per_token, LayerParams, Mixer, Shard, ACT_BYTES, FP32_BYTES, MASK_BYTES,
-    MAX_LAYER_KINDS,
+    recompute_discarded_bytes_per_token, selective_op_bytes_per_token, LayerParams, Mixer, Shard,
+    ACT_BYTES, FP32_BYTES, MASK_BYTES, MAX_LAYER_KINDS,
 };
 use crate::layout::Groups;
 use crate::model::Model;
@@ -95,9 +95,8 @@ pub fn stage_params(model: &Model, plan: &Plan, stage: &Stage) -> StageParams {
         let mtp = model.mtp_kinds();
         if !mtp.is_empty() {
             let h = model.hidden as f64;
-            dense += mtp.iter().map(|&k| per_kind[k].dense).sum::<f64>()
-                + 2.0 * h * h / t
-                + 3.0 * h;
+            dense +=
+                mtp.iter().map(|&k| per_kind[k].dense).sum::<f64>() + 2.0 * h * h / t + 3.0 * h;
         }
     }
     // The ZeRO-3 gather unit: a layer of the rank's last kind (MoE layers follow the dense ones
@@ -723,16 +722,73 @@ mod tests {
         );
         let h = 2688.0;
         let want = per_kind[2].dense + per_kind[1].dense + 2.0 * h * h + 3.0 * h;
-        assert!((b.dense - a.dense - want).abs() < 1e-6, "{} vs {want}", b.dense - a.dense);
+        assert!(
+            (b.dense - a.dense - want).abs() < 1e-6,
+            "{} vs {want}",
+            b.dense - a.dense
+        );
         assert_eq!(b.expert - a.expert, per_kind[1].expert);
         // Stored per micro-batch of 8192 tokens, no recompute: per depth the two layers, the
         // 2h eh_proj input (2 B) and the head's input (2 B · h) and fp32 softmax (4 B · V).
         let layers = layer_activations(&p0, &pl);
         let tokens = 8192.0;
-        let stored = |p: &crate::Problem| stored_bytes_per_micro_batch(p, &pl, &stage, tokens, &layers);
+        let stored =
+            |p: &crate::Problem| stored_bytes_per_micro_batch(p, &pl, &stage, tokens, &layers);
         let per_depth = layers[2] + layers[1] + 2.0 * 2.0 * h + (2.0 * h + 4.0 * 131072.0);
         let got = stored(&p2) - stored(&p0);
-        assert!((got / (2.0 * tokens * per_depth) - 1.0).abs() < 1e-12, "{got}");
+        assert!(
+            (got / (2.0 * tokens * per_depth) - 1.0).abs() < 1e-12,
+            "{got}"
+        );
+    }
+
+    #[test]
+    fn recompute_modules_store_less_by_their_tensors_and_rebuild_one_block() {
+        // Qwen3-30B-A3B on one H100 rank of eight (EP 8), 4096 tokens, every layer on the rank.
+        let problem = crate::Problem::new(
+            crate::presets::model("qwen3-30b-a3b").unwrap(),
+            crate::hardware::Cluster {
+                gpu: crate::presets::gpu("h100-sxm").unwrap(),
+                num_gpus: 8,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            },
+            crate::Workload::new(8, 4096),
+        )
+        .unwrap();
+        let base: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":8,"recompute":"selective"}"#)
+                .unwrap();
+        let with = |m: &str| Plan {
+            recompute_modules: Some(RecomputeModules::parse(m).unwrap()),
+            ..base.clone()
+        };
+        let stage = crate::stages::stage_runs(&problem.model, 1, 4096)[0].stage;
+        let layers = layer_activations(&problem, &base);
+        let params = stage_params(&problem.model, &base, &stage);
+        let tokens = 4096.0;
+        let stored =
+            |pl: &Plan| stored_bytes_per_micro_batch(&problem, pl, &stage, tokens, &layers);
+        let transient = |pl: &Plan| transient_bytes(&problem, pl, &stage, tokens, &params, &layers);
+        // Without modules and with core_attn alone: what selective has always stored.
+        assert_eq!(stored(&with("core_attn")), stored(&base));
+        assert_eq!(transient(&with("core_attn")), transient(&base));
+        // layernorm + moe_act: per token and MoE layer 2·h + 8·2·f_e fewer bytes (the imbalance
+        // of 1.1 on the routed copies), 48 layers; one layer's worth rebuilt at a time.
+        let lambda = problem.workload.moe_imbalance;
+        let per_layer = 2.0 * 2048.0 + 8.0 * lambda * 2.0 * 768.0;
+        let saved = stored(&base) - stored(&with("layernorm+moe_act"));
+        assert!(
+            (saved / (48.0 * tokens * per_layer) - 1.0).abs() < 1e-12,
+            "{saved}"
+        );
+        let rebuilt = transient(&with("layernorm+moe_act")) - transient(&base);
+        assert!(
+            (rebuilt / (tokens * per_layer) - 1.0).abs() < 1e-12,
+            "{rebuilt}"
+        );
+        // The whole block stores less again.
+        assert!(stored(&with("layernorm+moe")) < stored(&with("layernorm+moe_act")));
     }
 
     #[test]

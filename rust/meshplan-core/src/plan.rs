@@ -647,7 +647,11 @@ impl Plan {
         }
         if let Some(m) = self.recompute_modules {
             if m.is_empty() {
-                return Err(Error::invalid("plan.recompute_modules", "[]", MODULES_ALLOWED));
+                return Err(Error::invalid(
+                    "plan.recompute_modules",
+                    "[]",
+                    MODULES_ALLOWED,
+                ));
             }
             if self.recompute != Recompute::Selective {
                 return Err(Error::invalid(
@@ -831,5 +835,44 @@ mod tests {
         assert!(other.to_string().ends_with(",order=tp-dp-cp-ep-pp"));
         let bad = serde_json::from_str::<Plan>(r#"{"dp": 2, "tp": 4, "pp": 1, "order": "tp"}"#);
         assert!(bad.unwrap_err().to_string().contains("exactly once"));
+    }
+
+    #[test]
+    fn recompute_modules_parse_print_in_megatrons_order_and_need_selective() {
+        let m = RecomputeModules::parse("layernorm+moe_act").unwrap();
+        assert_eq!(m, RecomputeModules::parse("moe_act, LAYERNORM").unwrap());
+        assert_eq!(m.to_string(), "moe_act+layernorm");
+        assert_eq!(
+            serde_json::to_string(&m).unwrap(),
+            r#"["moe_act","layernorm"]"#
+        );
+        let back: RecomputeModules = serde_json::from_str(r#"["layernorm","moe_act"]"#).unwrap();
+        assert_eq!(back, m);
+        let text: RecomputeModules = serde_json::from_str(r#""moe_act+layernorm""#).unwrap();
+        assert_eq!(text, m);
+        assert!(serde_json::from_str::<RecomputeModules>("[]").is_err());
+        let e = RecomputeModules::parse("layernorm+attn")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("plan.recompute_modules") && e.contains("mla_up_proj"),
+            "{e}"
+        );
+        assert_eq!(RecomputeModules::from_bits(m.bits()), m);
+        let mut plan: Plan = serde_json::from_str(
+            r#"{"dp":8,"tp":1,"pp":1,"recompute":"selective","recompute_modules":["moe"]}"#,
+        )
+        .unwrap();
+        plan.validate(8).unwrap();
+        assert!(
+            plan.to_string().ends_with(",recompute_modules=moe"),
+            "{plan}"
+        );
+        plan.recompute = Recompute::Full;
+        let e = plan.validate(8).unwrap_err().to_string();
+        assert!(
+            e.contains("plan.recompute_modules") && e.contains("selective"),
+            "{e}"
+        );
     }
 }

@@ -39,9 +39,7 @@ use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
 use crate::levels::{DegreeLevel, KnobLevel, KnobTimes, Pipeline};
 use crate::memory::layer_activations;
-use crate::plan::{
-    CpExchange, Dispatcher, Plan, RankOrder, Recompute, RecomputeModules, Schedule,
-};
+use crate::plan::{CpExchange, Dispatcher, Plan, RankOrder, Recompute, RecomputeModules, Schedule};
 use crate::report::{Evaluation, SearchResult, SearchStats};
 use crate::rules::{PruneCounts, Rule, Scope};
 use crate::space::{Degree, SearchSpace};
@@ -785,9 +783,7 @@ impl<'a> Searcher<'a> {
                 stack.recompute.contains(&r)
                     && stack.recompute_allowed(base, r)
                     && m.is_none_or(|m| {
-                        stack
-                            .recompute_modules_problem(&problem.model, m)
-                            .is_none()
+                        stack.recompute_modules_problem(&problem.model, m).is_none()
                     })
             })
             .collect();

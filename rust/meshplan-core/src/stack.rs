@@ -688,6 +688,38 @@ mod tests {
     }
 
     #[test]
+    fn only_megatron_core_offers_recompute_modules_and_mla_up_proj_needs_mla() {
+        let megatron = Stack::default_stack();
+        assert_eq!(megatron.recompute_modules.len(), RecomputeModule::ALL.len());
+        let qwen = crate::presets::model("qwen3-30b-a3b").unwrap();
+        let deepseek = crate::presets::model("deepseek-v3").unwrap();
+        let parse = |t: &str| RecomputeModules::parse(t).unwrap();
+        assert_eq!(
+            megatron.recompute_modules_problem(&qwen, parse("layernorm+moe")),
+            None
+        );
+        let why = megatron
+            .recompute_modules_problem(&qwen, parse("mla_up_proj"))
+            .unwrap();
+        assert!(why.contains("multi-head latent attention"), "{why}");
+        assert_eq!(
+            megatron.recompute_modules_problem(&deepseek, parse("mla_up_proj+mlp")),
+            None
+        );
+        for name in ["torchtitan", "deepspeed", "maxtext"] {
+            let s = Stack::named(name).unwrap();
+            assert!(s.recompute_modules.is_empty(), "{name}");
+            let why = s
+                .recompute_modules_problem(&qwen, parse("moe_act"))
+                .unwrap();
+            assert!(
+                why.contains("no fine-grained recompute modules"),
+                "{name}: {why}"
+            );
+        }
+    }
+
+    #[test]
     fn an_overlap_outside_zero_to_one_is_rejected_with_its_field() {
         let mut s = Stack::default_stack().clone();
         s.dp_overlap = 1.5;

@@ -14,15 +14,16 @@ use crate::device::Device;
 use crate::gemm::{grouped_linear_s, linear_s, GemmDevice, LinearTimes};
 use crate::hardware::Precision;
 use crate::layer::{
-    layer_ops, Gemm, GemmRole, LayerCounts, LayerOps, OpsContext, Shard, FP32_BYTES, MAX_LAYER_KINDS,
+    layer_ops, Gemm, GemmRole, LayerCounts, LayerOps, OpsContext, Shard, FP32_BYTES,
+    MAX_LAYER_KINDS,
 };
-use crate::precision::{GemmPrecision, PrecisionRecipe};
 use crate::layout::Group;
 use crate::layout::Groups;
 use crate::memory::StageParams;
 use crate::model::Model;
 use crate::plan::CpExchange;
 use crate::plan::{Plan, Recompute, RecomputeModule, RecomputeModules, Schedule};
+use crate::precision::{GemmPrecision, PrecisionRecipe};
 use crate::report::TimeBreakdown;
 use crate::stack::Stack;
 use crate::stages::{add_repeated, Stage};
@@ -126,9 +127,7 @@ impl LayerParts {
             // Every other matmul and the element-wise work between them are rebuilt; the
             // attention output is kept (its collectives are not repeated: the saved
             // reduce-scatter outputs are on the save list).
-            (Recompute::SelectiveOp, _) => {
-                bwd.compute += 0.5 * (fwd.compute - self.attention_fwd)
-            }
+            (Recompute::SelectiveOp, _) => bwd.compute += 0.5 * (fwd.compute - self.attention_fwd),
             (Recompute::None, _) => {}
         }
         LayerTime { fwd, bwd, wgrad }
@@ -1306,7 +1305,10 @@ mod tests {
                 wgrad: t.wgrad,
             }
         };
-        assert_eq!(run(GemmRole::Other, LinearMode::Recipe), with_casts(&tc.device.gemm));
+        assert_eq!(
+            run(GemmRole::Other, LinearMode::Recipe),
+            with_casts(&tc.device.gemm)
+        );
         // Attention projections: the 16-bit roofline, no casts.
         let bf16 = linear_s(&tc.device.gemm16, m, n, k);
         assert_eq!(run(GemmRole::AttentionProjection, LinearMode::Recipe), bf16);
@@ -1314,10 +1316,16 @@ mod tests {
         // Mamba out_proj: MXFP8 (GB200 has it), with the casts.
         let mx = tc.gemm_mxfp8.unwrap();
         assert_eq!(mx.element_bytes, 1.0);
-        assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Recipe), with_casts(&mx));
+        assert_eq!(
+            run(GemmRole::MambaOutProj, LinearMode::Recipe),
+            with_casts(&mx)
+        );
         // In the BF16 tail everything is BF16 but the MXFP8 override; an MTP block all BF16.
         assert_eq!(run(GemmRole::Other, LinearMode::Ends), bf16);
-        assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Ends), with_casts(&mx));
+        assert_eq!(
+            run(GemmRole::MambaOutProj, LinearMode::Ends),
+            with_casts(&mx)
+        );
         assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Bf16), bf16);
         // BF16 GEMMs of this shape take longer than NVFP4 ones.
         assert!(bf16.fwd > linear_s(&tc.device.gemm, m, n, k).fwd);
@@ -1325,7 +1333,11 @@ mod tests {
         let (p0, plan0) = nano(None, None);
         let tc0 = TimeContext::new(&p0, &plan0, Groups::of(&plan0, p0.cluster.nvlink_domain()));
         let mut acc = LinearTimes::default();
-        tc0.linear(&mut acc, &gemm(GemmRole::AttentionProjection), LinearMode::Recipe);
+        tc0.linear(
+            &mut acc,
+            &gemm(GemmRole::AttentionProjection),
+            LinearMode::Recipe,
+        );
         assert_eq!(acc, with_casts(&tc0.device.gemm));
     }
 
@@ -1375,7 +1387,10 @@ mod tests {
         let stage = crate::stages::stage_runs(&p0.model, 1, 8192)[0].stage;
         // The MTP block "*E" is the attention layer (kind 2) and the MoE layer (kind 1).
         assert_eq!(p2.model.mtp_kinds(), vec![2, 1]);
-        let (s0, s2) = (t0.stage(&stage, &t0.layers()), t2.stage(&stage, &t2.layers()));
+        let (s0, s2) = (
+            t0.stage(&stage, &t0.layers()),
+            t2.stage(&stage, &t2.layers()),
+        );
         // Per depth, forward: the two layers, eh_proj (8192 × 2688 × 5376 at NVFP4 with its
         // input cast, no recipe) and the head (8192 × 131072 × 2688) with the loss's passes.
         let (tok, h, v) = (8192.0, 2688.0, 131072.0);
@@ -1385,7 +1400,10 @@ mod tests {
         let ce = t0.stack.cross_entropy_passes * FP32_BYTES * tok * v / bw;
         let per_depth = t0.layer(2).fwd.compute + t0.layer(1).fwd.compute + eh + head + ce;
         let got = s2.fwd.compute - s0.fwd.compute;
-        assert!((got / (2.0 * per_depth) - 1.0).abs() < 1e-12, "{got} vs {per_depth}");
+        assert!(
+            (got / (2.0 * per_depth) - 1.0).abs() < 1e-12,
+            "{got} vs {per_depth}"
+        );
         // Its expert exchange comes along with the MoE layer.
         assert!((s2.fwd.ep - s0.fwd.ep - 2.0 * t0.layer(1).fwd.ep).abs() < 1e-12);
     }
@@ -1450,5 +1468,63 @@ mod tests {
         // A run of empty ranks as long as a pipeline can be costs one addition.
         let huge = PipelineTimes::of_runs(&[(a, 1), (zero, u32::MAX - 2), (b, 1)]);
         assert_eq!(huge.sum, a.total() + b.total());
+    }
+
+    #[test]
+    fn each_recompute_module_replays_its_own_forward_in_the_backward() {
+        // Nemotron 3 Nano (Mamba-2, attention, MoE with a shared expert) on 8 GB200, EP 8.
+        let (p, plan) = nano(None, None);
+        let tc = tc(&p, &plan);
+        let kinds = p.model.layer_kinds();
+        let moe_kind = (0..kinds.len())
+            .find(|&k| {
+                matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_))
+                    && !kinds.specs()[k].mixer.present()
+            })
+            .unwrap();
+        let parts = tc.layer_parts(moe_kind);
+        let sel = |m: Option<&str>| {
+            parts.with(
+                Recompute::Selective,
+                m.map(|t| RecomputeModules::parse(t).unwrap()),
+            )
+        };
+        let none = parts.with(Recompute::None, None);
+        // core_attn alone is what selective always meant, bit for bit.
+        assert_eq!(sel(Some("core_attn")), sel(None));
+        // moe replays the block's GEMMs and element-wise work, its TP points and its exposed
+        // forward EP exchange; the forward is untouched.
+        let moe = sel(Some("moe"));
+        let i = RecomputeModule::Moe.index();
+        assert_eq!(moe.fwd, none.fwd);
+        assert_eq!(moe.bwd.compute, none.bwd.compute + parts.modules.compute[i]);
+        assert_eq!(moe.bwd.ep, none.bwd.ep + none.fwd.ep);
+        assert!(none.fwd.ep > 0.0);
+        // moe_act: the experts' activation only, its element-wise bytes at HBM speed.
+        let ops = tc.layer_ops(moe_kind);
+        let a = RecomputeModule::MoeAct.index();
+        assert_eq!(
+            parts.modules.compute[a],
+            ops.module_elementwise_bytes[a] / tc.device.memory_bytes_per_s
+        );
+        // Nested checkpoints replay again: shared_experts and moe_act inside moe add.
+        let all = sel(Some("moe+moe_act+shared_experts"));
+        let s = RecomputeModule::SharedExperts.index();
+        let extra = parts.modules.compute[a] + parts.modules.compute[s];
+        assert!((all.bwd.compute - moe.bwd.compute - extra).abs() <= 1e-12 * all.bwd.compute);
+        // The block holds both: its replay is more than the two together.
+        assert!(parts.modules.compute[i] > extra);
+        // A Mamba layer has nothing the MoE modules replay.
+        let mamba = (0..kinds.len())
+            .find(|&k| matches!(kinds.specs()[k].mixer, crate::layer::Mixer::Mamba(_)))
+            .unwrap();
+        let mp = tc.layer_parts(mamba);
+        assert_eq!(
+            mp.with(
+                Recompute::Selective,
+                Some(RecomputeModules::parse("moe+moe_act+layernorm").unwrap())
+            ),
+            mp.with(Recompute::None, None)
+        );
     }
 }

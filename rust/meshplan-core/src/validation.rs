@@ -865,14 +865,13 @@ fn measured_tokens(case: &Case, problem: &Problem, plan: &Plan) -> Option<(Strin
         return Some(("model_tflops_per_gpu".into(), tf * 1e12 / flops_per_token));
     }
     if let Some(tf) = m.hardware_tflops_per_gpu {
-        let recompute =
-            recompute_flops_per_token(
-                &problem.model,
-                plan.recompute,
-                plan.recompute_modules,
-                w.seq_len as f64,
-                counting,
-            );
+        let recompute = recompute_flops_per_token(
+            &problem.model,
+            plan.recompute,
+            plan.recompute_modules,
+            w.seq_len as f64,
+            counting,
+        );
         return Some((
             "hardware_tflops_per_gpu".into(),
             tf * 1e12 / (flops_per_token + recompute),
