@@ -37,7 +37,10 @@ class Explanation(Mapping[str, Any]):
     their strides, ``groups`` with where each lands), ``axes`` (one dict per axis present:
     ``axis, degree, state_sharded, collectives, fabric, group_size, members_per_domain,
     domains, exposed_s, overlapped_s, notes``) and ``pipeline`` (per-stage, per-micro-batch
-    forward/backward seconds). :attr:`plan` and :attr:`evaluation` give the typed objects.
+    forward/backward seconds); with Megatron recompute modules in the plan also
+    ``recompute_modules`` (one dict per module: ``module, what, layers,
+    saved_gib_per_micro_batch, backward_s_per_micro_batch`` on the worst rank). :attr:`plan` and
+    :attr:`evaluation` give the typed objects.
     """
 
     def __init__(self, data: Mapping[str, Any]) -> None:
