@@ -23,7 +23,8 @@ SPACE = mp.SearchSpace(max_micro_batch=4, max_vpp=4)
 DTYPES = {
     **{k: np.uint32 for k in ("rank", "dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch",
                               "micro_batches", "worst_stage", "etp")},
-    **{k: np.uint8 for k in ("zero", "recompute", "schedule", "order", "dispatcher", "cp_exchange")},
+    **{k: np.uint8 for k in ("zero", "recompute", "schedule", "order", "dispatcher", "cp_exchange",
+                            "recompute_modules")},
     "sequence_parallel": np.bool_,
     "ep_overlap": np.bool_,
     **{k: np.float64 for k in ("step_time_s", "tokens_per_s_per_gpu", "mfu", "model_tflops_per_gpu",

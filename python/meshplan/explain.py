@@ -37,7 +37,10 @@ class Explanation(Mapping[str, Any]):
     their strides, ``groups`` with where each lands), ``axes`` (one dict per axis present:
     ``axis, degree, state_sharded, collectives, fabric, group_size, members_per_domain,
     domains, exposed_s, overlapped_s, notes``) and ``pipeline`` (per-stage, per-micro-batch
-    forward/backward seconds). :attr:`plan` and :attr:`evaluation` give the typed objects.
+    forward/backward seconds); with Megatron recompute modules in the plan also
+    ``recompute_modules`` (one dict per module: ``module, what, layers,
+    saved_gib_per_micro_batch, backward_s_per_micro_batch`` on the worst rank). :attr:`plan` and
+    :attr:`evaluation` give the typed objects.
     """
 
     def __init__(self, data: Mapping[str, Any]) -> None:
@@ -237,7 +240,23 @@ def format_explanation(x: Explanation) -> str:
                 f"latency {format_seconds(c['latency_seconds_per_step'])}){bound}"
             )
         lines += [f"  note      {n}" for n in a["notes"]]
+    lines += recompute_lines(x)
     return "\n".join(lines)
+
+
+def recompute_lines(x: Mapping[str, Any]) -> list[str]:
+    """Megatron-Core's recompute modules of the plan (none without modules): per module on the
+    worst rank, what it saves per in-flight micro-batch and adds to each backward."""
+    modules = x.get("recompute_modules") or []
+    if not modules:
+        return []
+    lines = ["", "recompute modules (worst rank, per micro-batch; each alone)"]
+    for m in modules:
+        lines.append(
+            f"  {m['module']:<14} {m['layers']} layers: saves {m['saved_gib_per_micro_batch']:.2f} GiB, "
+            f"replays {format_seconds(m['backward_s_per_micro_batch'])} in the backward; {m['what']}"
+        )
+    return lines
 
 
 def _axis_title(a: Mapping[str, Any]) -> str:

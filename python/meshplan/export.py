@@ -378,6 +378,12 @@ def megatron_args(
         ]
     elif plan.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+        if plan.recompute_modules is not None:
+            # Megatron-Core's fine-grained modules, space-separated (default core_attn)
+            # [megatron/core/transformer/transformer_config.py recompute_modules; e.g.
+            # examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh "--recompute-modules mlp moe
+            # mla_up_proj layernorm"].
+            args.append(("--recompute-modules", plan.recompute_modules.replace("+", " ")))
     args.append(("--micro-batch-size", str(plan.micro_batch)))
     if workload is not None:
         micro_batches(plan, workload)  # checks that the batch splits evenly
@@ -832,6 +838,7 @@ def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
     if strategy:
         zero = 2 if strategy == "optim_grads" else 3
     recompute = flags.get("--recompute-granularity") or "none"
+    modules = flags.get("--recompute-modules") if recompute == "selective" else None
     etp = flags.get("--expert-tensor-parallel-size")
     return _with_dp(
         world,
@@ -846,6 +853,7 @@ def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
         dispatcher=flags.get("--moe-token-dispatcher-type"),
         ep_overlap="--overlap-moe-expert-parallel-comm" in flags,
         cp_exchange={v: k for k, v in MEGATRON_CP_COMM.items()}.get(flags.get("--cp-comm-type") or ""),
+        recompute_modules=modules or None,
     )
 
 

@@ -14,6 +14,8 @@ Columns (dtype): ``rank`` (uint32, 1 = best), ``dp tp pp ep cp vpp micro_batch``
 ``zero`` (uint8), ``recompute schedule order`` (uint8 codes; labels in :attr:`categories`),
 ``etp`` (uint32: a folded plan's expert TP, 0 for an unfolded plan), ``dispatcher`` (uint8 code,
 ``none`` for ``ep = 1``), ``cp_exchange`` (uint8 code, ``default`` for the stack's),
+``recompute_modules`` (uint8 code: the module set's bits, bit ``i`` the ``i``-th of
+:data:`meshplan.plan.RECOMPUTE_MODULES`, labels ``layernorm+moe_act``; ``default`` for none named),
 ``sequence_parallel ep_overlap`` (bool), ``step_time_s tokens_per_s_per_gpu mfu model_tflops_per_gpu
 hardware_tflops_per_gpu peak_memory_gib`` (float64), ``micro_batches worst_stage`` (uint32), and
 the breakdowns ``memory_gib.{weights,gradients,optimizer,activations,transient,fixed}`` and
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_PLANS = 5_000_000
 """Default cap on the feasible plans :func:`feasible_space` returns (the core's)."""
 
-CATEGORICAL = ("recompute", "schedule", "order", "dispatcher", "cp_exchange")
+CATEGORICAL = ("recompute", "schedule", "order", "dispatcher", "cp_exchange", "recompute_modules")
 """Columns holding small integer codes; their labels are in :attr:`FeasibleSpace.categories`."""
 
 
@@ -117,6 +119,9 @@ class FeasibleSpace(Mapping[str, "npt.NDArray[Any]"]):
         # cp_exchange "default": the plan leaves it to the stack.
         if fields["cp_exchange"] == "default":
             fields["cp_exchange"] = None
+        # recompute_modules "default": Megatron's core attention alone (none named).
+        if fields["recompute_modules"] == "default":
+            fields["recompute_modules"] = None
         fields["ep_overlap"] = bool(self._columns["ep_overlap"][row])
         return Plan.from_dict(fields)
 

@@ -64,8 +64,16 @@ class Plan:
     ``"allgather"``, ``"a2a"`` (Ulysses all-to-all; heads and K/V groups per TP rank divisible
     by ``cp``) or ``"a2a+p2p"`` (all-to-all inside an NVLink domain, ring across); None: the
     workload's stack's default (Megatron ``--cp-comm-type``)."""
+    recompute_modules: Optional[str] = None
+    """Megatron-Core's selective-recompute modules, with ``recompute="selective"`` only:
+    ``core_attn``, ``moe_act``, ``layernorm``, ``mla_up_proj``, ``mlp``, ``moe``,
+    ``shared_experts`` joined by ``+`` (e.g. ``"layernorm+moe_act"``; a list of names is
+    accepted and normalised to that form, in Megatron's order). None: Megatron's default, core
+    attention alone (``--recompute-granularity selective --recompute-modules ...``)."""
 
     def __post_init__(self) -> None:
+        if self.recompute_modules is not None:
+            self.recompute_modules = normalise_modules(self.recompute_modules)
         check_fields(self, "plan", _KINDS)
 
     @property
@@ -115,6 +123,9 @@ class Plan:
             "dispatcher": self.dispatcher,
             "ep_overlap": self.ep_overlap,
             "cp_exchange": self.cp_exchange,
+            "recompute_modules": (
+                None if self.recompute_modules is None else self.recompute_modules.split("+")
+            ),
         }
 
     @classmethod
@@ -161,6 +172,7 @@ class Plan:
             del fields["order"]
         if not fields["ep_overlap"]:
             del fields["ep_overlap"]
+        fields["recompute_modules"] = self.recompute_modules
         parts = [f"{k}={v}" for k, v in fields.items() if v is not None]
         return ",".join(parts).replace("=True", "=true").replace("=False", "=false")
 
@@ -168,9 +180,33 @@ class Plan:
 _KINDS = {
     **{name: "int" for name in _INT_FIELDS}, "recompute": "str", "sequence_parallel": "bool",
     "schedule": "str?", "order": "str", "etp": "int?", "dispatcher": "str?", "ep_overlap": "bool",
-    "cp_exchange": "str?",
+    "cp_exchange": "str?", "recompute_modules": "str?",
 }
 """What :class:`Plan` checks at construction (see :func:`meshplan._fields.check_fields`)."""
+
+
+RECOMPUTE_MODULES: tuple[str, ...] = (
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+)
+"""Megatron-Core's selective-recompute modules, in its order (core ``RecomputeModule::ALL``)."""
+
+
+def normalise_modules(value: Any, where: str = "plan.recompute_modules") -> str:
+    """``"layernorm+moe_act"`` from that string (``+``, ``,`` or spaces between names) or a list
+    of names: known names, at least one, in Megatron's order."""
+    if isinstance(value, str):
+        names = [n for n in value.replace(",", "+").replace(" ", "+").split("+") if n]
+    elif isinstance(value, (list, tuple)) and all(isinstance(n, str) for n in value):
+        names = list(value)
+    else:
+        names = []
+    allowed = ", ".join(RECOMPUTE_MODULES)
+    lowered = {n.strip().lower() for n in names}
+    if not lowered or not lowered <= set(RECOMPUTE_MODULES):
+        raise InvalidInputError(
+            f"invalid {where}: {value!r} (allowed: one or more of {allowed}, joined by '+')"
+        )
+    return "+".join(m for m in RECOMPUTE_MODULES if m in lowered)
 
 
 def _value(key: str, text: str) -> Any:

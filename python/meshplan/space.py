@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from . import _core
 from ._fields import check_bool, check_fields, check_int, check_list, check_number, checked
 from .errors import InvalidInputError
+from .plan import normalise_modules
 
 DEGREES = ("dp", "tp", "pp", "ep", "cp", "etp", "vpp", "micro_batch")
 _OTHER = (
@@ -32,13 +33,14 @@ _OTHER = (
     "dispatchers",
     "ep_overlap",
     "cp_exchanges",
+    "recompute_modules",
 )
 
 
 _LIST_ITEMS = {
     "zero": "int", "recompute": "str", "sequence_parallel": "bool", "schedules": "str",
     "orders": "str", "dispatchers": "str", "ep_overlap": "bool",
-    "cp_exchanges": "str",
+    "cp_exchanges": "str", "recompute_modules": "str",
 }
 """The item type of each list of a :class:`SearchSpace`."""
 
@@ -135,6 +137,11 @@ class SearchSpace:
     cp_exchanges: Optional[Sequence[str]] = None
     """Context-parallel exchanges to try for plans with ``cp > 1``: ``ring``, ``allgather``,
     ``a2a``, ``a2a+p2p`` (None or empty: the stack's default, left unnamed in the plan)."""
+    recompute_modules: Optional[Sequence[str]] = None
+    """Megatron-Core selective-recompute module sets to try for ``recompute="selective"``, each
+    as :attr:`Plan.recompute_modules` writes it (``"layernorm+moe_act"``; ``"core_attn"`` is
+    Megatron's default, the plan without modules). None or empty: the default alone, plans
+    left unnamed."""
     fold: Optional[bool] = None
     """Also try folded MoE plans (MoE parallel folding, :attr:`Plan.etp`; None: True): expert
     meshes whose EP spans ranks the dense layers spend on TP, CP and DP."""
@@ -160,6 +167,10 @@ class SearchSpace:
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, check_list(f"space.{name}", value, item))
+        if self.recompute_modules is not None:
+            self.recompute_modules = [
+                normalise_modules(m, "space.recompute_modules") for m in self.recompute_modules
+            ]
         if self.memory_headroom_gib is not None:
             check_number("space.memory_headroom_gib", self.memory_headroom_gib)
         for name in ("tp_within_domain", "cp_within_domain", "ep_within_domain", "distinct",

@@ -28,7 +28,7 @@ from .errors import (
     MeshplanError,
     SpaceTooLargeError,
 )
-from .explain import Explanation
+from .explain import Explanation, recompute_lines
 from .hardware import Cluster, Gpu
 from .model import LinearAttention, Mamba, Mla, Model, Moe
 from .plan import Plan
@@ -243,7 +243,7 @@ def workload_message(workload: object) -> pb.Workload:
 
 
 _LISTS = ("zero", "recompute", "sequence_parallel", "schedules", "orders")
-_OPTIONAL_LISTS = ("dispatchers", "ep_overlap", "cp_exchanges")
+_OPTIONAL_LISTS = ("dispatchers", "ep_overlap", "cp_exchanges", "recompute_modules")
 """Lists whose empty value means the stack's default (sent only when set)."""
 _SCALARS = (
     "memory_headroom_gib",
@@ -304,6 +304,7 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         dispatcher=p.dispatcher,
         ep_overlap=p.ep_overlap,
         cp_exchange=p.cp_exchange,
+        recompute_modules=p.recompute_modules,
     )
     return msg
 
@@ -477,7 +478,8 @@ def plan_from(msg: Any) -> Plan:
     defaults."""
     fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
     for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
-                 "schedule", "order", "etp", "dispatcher", "ep_overlap", "cp_exchange"):
+                 "schedule", "order", "etp", "dispatcher", "ep_overlap", "cp_exchange",
+                 "recompute_modules"):
         if msg.HasField(name):
             fields[name] = getattr(msg, name)
     return Plan.from_dict(fields)
@@ -552,6 +554,8 @@ def explain_response(x: Explanation) -> pb.ExplainResponse:
         mesh=data["mesh"],
         axes=data["axes"],
         pipeline=data["pipeline"],
+        # Recompute modules have no message of their own: explain's lines for them as notes.
+        notes=[" ".join(line.split()) for line in recompute_lines(data)[2:]],
     )
 
 
@@ -595,6 +599,7 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "dispatcher": _opt(msg, "dispatcher"),
         "ep_overlap": msg.ep_overlap,
         "cp_exchange": _opt(msg, "cp_exchange"),
+        "recompute_modules": _opt(msg, "recompute_modules"),
     }
     return Plan.from_dict(fields)
 

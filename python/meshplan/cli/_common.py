@@ -140,6 +140,14 @@ def space_flags(p: argparse.ArgumentParser) -> None:
         "all_gather, a2a, a2a+p2p; default: the stack's, ring for megatron-core)",
     )
     g.add_argument(
+        "--recompute-modules", type=list_of(str, "recompute module sets"),
+        metavar="layernorm+moe_act,core_attn",
+        help="Megatron-Core selective-recompute module sets to try with recompute selective, "
+        "comma-separated, modules joined by '+' (core_attn, moe_act, layernorm, mla_up_proj, "
+        "mlp, moe, shared_experts; --recompute-granularity selective --recompute-modules; "
+        "default: core_attn alone)",
+    )
+    g.add_argument(
         "--ep-overlap", choices=("on", "off", "both"),
         help="EP communication overlap to try (Megatron --overlap-moe-expert-parallel-comm; "
         "default: the stack's, off)",
@@ -299,6 +307,7 @@ def space_from(args: argparse.Namespace) -> SearchSpace:
         fold=False if getattr(args, "no_fold", False) else None,
         dispatchers=getattr(args, "dispatchers", None),
         cp_exchanges=getattr(args, "cp_exchanges", None),
+        recompute_modules=getattr(args, "recompute_modules", None),
         ep_overlap={"on": [True], "off": [False], "both": [False, True], None: None}[
             getattr(args, "ep_overlap", None)
         ],

@@ -114,7 +114,10 @@ def plans_table(plans: Sequence[Evaluation]) -> str:
         p = ev.plan
         row: list[Any] = [
             ev.rank if ev.rank is not None else "-", p.dp, p.tp, p.pp, p.ep, p.cp, p.vpp,
-            p.micro_batch, p.zero, p.recompute, "on" if p.sequence_parallel else "off",
+            p.micro_batch, p.zero,
+            # Megatron's recompute modules beside the mode, where the plan names them.
+            p.recompute if p.recompute_modules is None else f"{p.recompute}({p.recompute_modules})",
+            "on" if p.sequence_parallel else "off",
             p.schedule or "-", f"{ev.step_time_s:.3f}", f"{ev.tokens_per_s_per_gpu:,.0f}",
             f"{100 * ev.mfu:.1f}", f"{ev.peak_memory_gib:.1f}",
         ]

@@ -122,7 +122,9 @@ def _stacks(args: argparse.Namespace, out: TextIO) -> int:
         "yes" if s["overlap_grad_reduce"] else "no", f"{s['dp_overlap']:g}", f"{s['tp_overlap']:g}",
         names(s["precisions"]), names(["dp", *s["parallelism"]]), names(s["schedules"]),
         s["pipeline_split"], f"{names(s['zero'])} / {names(s['zero_with_pp']) or '-'}",
-        names(s["recompute"]), s["expert_folding"],
+        # "+modules": selective recompute takes --recompute-modules (Plan.recompute_modules).
+        names(s["recompute"]) + (" +modules" if s["recompute_modules"] else ""),
+        s["expert_folding"],
         # The default dispatcher first, marked.
         names(f"{d}*" if d == s["default_dispatcher"] else d for d in s["dispatchers"]),
         "yes" if True in s["ep_overlap"] else "no",

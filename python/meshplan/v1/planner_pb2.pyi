@@ -636,6 +636,7 @@ class SearchSpace(_message.Message):
     DISPATCHERS_FIELD_NUMBER: _builtins.int
     EP_OVERLAP_FIELD_NUMBER: _builtins.int
     CP_EXCHANGES_FIELD_NUMBER: _builtins.int
+    RECOMPUTE_MODULES_FIELD_NUMBER: _builtins.int
     memory_headroom_gib: _builtins.float
     """GiB kept free on every GPU."""
     tp_within_domain: _builtins.bool
@@ -712,6 +713,13 @@ class SearchSpace(_message.Message):
         "a2a+p2p"); empty: the stack's default, left unset in the plans.
         """
 
+    @_builtins.property
+    def recompute_modules(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Megatron-Core selective-recompute module sets to try for recompute "selective", each as
+        Plan.recompute_modules writes it (e.g. "layernorm+moe_act"; "core_attn" is Megatron's
+        default, the plan without modules); empty: the default alone.
+        """
+
     def __init__(
         self,
         *,
@@ -739,10 +747,11 @@ class SearchSpace(_message.Message):
         dispatchers: _abc.Iterable[_builtins.str] | None = ...,
         ep_overlap: _abc.Iterable[_builtins.bool] | None = ...,
         cp_exchanges: _abc.Iterable[_builtins.str] | None = ...,
+        recompute_modules: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_within_domain", b"cp_within_domain", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "pp", b"pp", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_exchanges", b"cp_exchanges", "cp_within_domain", b"cp_within_domain", "dispatchers", b"dispatchers", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain", "_distinct", b"_distinct", "_ep_within_domain", b"_ep_within_domain", "_fold", b"_fold", "_max_candidates", b"_max_candidates", "_memory_headroom_gib", b"_memory_headroom_gib", "_top_k", b"_top_k", "_tp_within_domain", b"_tp_within_domain", "cp", b"cp", "cp_exchanges", b"cp_exchanges", "cp_within_domain", b"cp_within_domain", "dispatchers", b"dispatchers", "distinct", b"distinct", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "ep_within_domain", b"ep_within_domain", "etp", b"etp", "fold", b"fold", "max_candidates", b"max_candidates", "memory_headroom_gib", b"memory_headroom_gib", "micro_batch", b"micro_batch", "orders", b"orders", "pp", b"pp", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedules", b"schedules", "sequence_parallel", b"sequence_parallel", "top_k", b"top_k", "tp", b"tp", "tp_within_domain", b"tp_within_domain", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp_within_domain: _TypeAlias = _typing.Literal["cp_within_domain"]  # noqa: Y015
     _WhichOneofArgType__cp_within_domain: _TypeAlias = _typing.Literal["_cp_within_domain", b"_cp_within_domain"]  # noqa: Y015
@@ -805,6 +814,7 @@ class Plan(_message.Message):
     DISPATCHER_FIELD_NUMBER: _builtins.int
     EP_OVERLAP_FIELD_NUMBER: _builtins.int
     CP_EXCHANGE_FIELD_NUMBER: _builtins.int
+    RECOMPUTE_MODULES_FIELD_NUMBER: _builtins.int
     dp: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
@@ -834,6 +844,11 @@ class Plan(_message.Message):
     """Context parallelism's exchange: "ring", "allgather", "a2a" (Ulysses) or "a2a+p2p"
     (Megatron --cp-comm-type p2p, all_gather, a2a, a2a+p2p); unset: the stack's default.
     """
+    recompute_modules: _builtins.str
+    """Megatron-Core selective-recompute modules (--recompute-modules), with recompute "selective"
+    only: "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"
+    joined by "+" in that order (e.g. "layernorm+moe_act"); unset: core attention alone.
+    """
     def __init__(
         self,
         *,
@@ -853,10 +868,11 @@ class Plan(_message.Message):
         dispatcher: _builtins.str | None = ...,
         ep_overlap: _builtins.bool | None = ...,
         cp_exchange: _builtins.str | None = ...,
+        recompute_modules: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp: _TypeAlias = _typing.Literal["cp"]  # noqa: Y015
     _WhichOneofArgType__cp: _TypeAlias = _typing.Literal["_cp", b"_cp"]  # noqa: Y015
@@ -876,6 +892,8 @@ class Plan(_message.Message):
     _WhichOneofArgType__order: _TypeAlias = _typing.Literal["_order", b"_order"]  # noqa: Y015
     _WhichOneofReturnType__recompute: _TypeAlias = _typing.Literal["recompute"]  # noqa: Y015
     _WhichOneofArgType__recompute: _TypeAlias = _typing.Literal["_recompute", b"_recompute"]  # noqa: Y015
+    _WhichOneofReturnType__recompute_modules: _TypeAlias = _typing.Literal["recompute_modules"]  # noqa: Y015
+    _WhichOneofArgType__recompute_modules: _TypeAlias = _typing.Literal["_recompute_modules", b"_recompute_modules"]  # noqa: Y015
     _WhichOneofReturnType__schedule: _TypeAlias = _typing.Literal["schedule"]  # noqa: Y015
     _WhichOneofArgType__schedule: _TypeAlias = _typing.Literal["_schedule", b"_schedule"]  # noqa: Y015
     _WhichOneofReturnType__sequence_parallel: _TypeAlias = _typing.Literal["sequence_parallel"]  # noqa: Y015
@@ -902,6 +920,8 @@ class Plan(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__order) -> _WhichOneofReturnType__order | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__recompute) -> _WhichOneofReturnType__recompute | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__recompute_modules) -> _WhichOneofReturnType__recompute_modules | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule) -> _WhichOneofReturnType__schedule | None: ...
     @_typing.overload

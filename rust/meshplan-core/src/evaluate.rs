@@ -229,6 +229,7 @@ pub(crate) fn metrics(problem: &Problem, plan: &Plan, step_time_s: f64) -> Rates
         * crate::flops::recompute_flops_per_token(
             &problem.model,
             plan.recompute,
+            plan.recompute_modules,
             w.seq_len as f64,
             AttentionCounting::Causal,
         );

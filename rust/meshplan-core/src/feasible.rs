@@ -5,7 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::{CpExchange, Dispatcher, Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{
+    CpExchange, Dispatcher, Plan, RankOrder, Recompute, RecomputeModule, RecomputeModules, Schedule,
+};
 use crate::report::{MemoryBreakdown, SearchStats, TimeBreakdown};
 
 /// Default cap on the rows of a feasible space (about 200 bytes each).
@@ -171,6 +173,17 @@ impl Codes {
                     .chain(CpExchange::ALL.iter().map(|x| x.name().to_string()))
                     .collect(),
             ),
+            // The code is the set's bits (bit i: RecomputeModule::ALL[i]); 0 "default": the plan
+            // names no modules.
+            (
+                "recompute_modules".into(),
+                (0u8..1 << RecomputeModule::ALL.len())
+                    .map(|bits| match bits {
+                        0 => "default".to_string(),
+                        _ => RecomputeModules::from_bits(bits).to_string(),
+                    })
+                    .collect(),
+            ),
         ]
     }
 }
@@ -217,6 +230,7 @@ columns! {
     dispatcher: u8 = "dispatcher", U8, dispatcher_code(r.plan.dispatcher);
     ep_overlap: bool = "ep_overlap", Bool, r.plan.ep_overlap;
     cp_exchange: u8 = "cp_exchange", U8, cp_exchange_code(r.plan.cp_exchange);
+    recompute_modules: u8 = "recompute_modules", U8, r.plan.recompute_modules.map_or(0, |m| m.bits());
     step_time_s: f64 = "step_time_s", F64, r.time.total();
     tokens_per_s_per_gpu: f64 = "tokens_per_s_per_gpu", F64, r.tokens_per_s_per_gpu;
     mfu: f64 = "mfu", F64, r.mfu;
@@ -255,6 +269,7 @@ impl Rows {
                     self.dispatcher[i],
                     self.ep_overlap[i],
                     self.cp_exchange[i],
+                    self.recompute_modules[i],
                 ),
                 self.pp[i],
                 self.cp[i],

@@ -9,9 +9,9 @@
 //! attention over `s_ctx` keys (a window `w` caps them: `w − w²/(2s)` causal, `w` full), the
 //! linear-time scans of Mamba-2 and gated DeltaNet, nothing for a layer without a mixer.
 
-use crate::layer::{adapter_active_params, core_of, Adapters};
+use crate::layer::{adapter_active_params, core_of, layer_ops, Adapters, OpsContext, Shard};
 use crate::model::Model;
-use crate::plan::Recompute;
+use crate::plan::{Recompute, RecomputeModule, RecomputeModules};
 use crate::workload::Workload;
 
 /// How core-attention FLOPs are counted (docs/costmodel.md §9 item 1).
@@ -94,21 +94,86 @@ pub fn adapter_active_params_per_token(model: &Model, ad: &Adapters) -> f64 {
 /// FLOPs per token that `recompute` adds to a training step on sequences of `seq` tokens
 /// counted as `counting` (what hardware FLOP counts include and model FLOP counts do not):
 /// full recompute one more forward of every layer (not of the LM head), selective the core
-/// attention, op-level selective every other weight GEMM of the layers.
+/// attention (with `modules`, [`recompute_modules_flops_per_token`]), op-level selective every
+/// other weight GEMM of the layers.
 pub fn recompute_flops_per_token(
     model: &Model,
     recompute: Recompute,
+    modules: Option<RecomputeModules>,
     seq: f64,
     counting: AttentionCounting,
 ) -> f64 {
     let layer_gemms = 2.0 * (model.active_matmul_params() - model.embedding_params()) as f64;
     let attention = layers_core_fwd_flops_per_token(model, seq, counting);
-    match recompute {
-        Recompute::Full => layer_gemms + attention,
-        Recompute::Selective => attention,
-        Recompute::SelectiveOp => 0.5 * layer_gemms,
-        Recompute::None => 0.0,
+    match (recompute, modules) {
+        (Recompute::Full, _) => layer_gemms + attention,
+        (Recompute::Selective, Some(m)) => {
+            recompute_modules_flops_per_token(model, m, seq, counting)
+        }
+        (Recompute::Selective, None) => attention,
+        (Recompute::SelectiveOp, _) => 0.5 * layer_gemms,
+        (Recompute::None, _) => 0.0,
     }
+}
+
+/// Forward FLOPs per token Megatron-Core's selective recompute of `modules` replays over the
+/// layers (§5.4): each module's GEMMs (`2·m·n·k` of the linears whose role
+/// [`crate::layer::GemmRole::in_module`]; per token the top-k routed experts'), and core
+/// attention's for `core_attn`; element-wise work (norms, activations) counts no FLOPs.
+pub fn recompute_modules_flops_per_token(
+    model: &Model,
+    modules: RecomputeModules,
+    seq: f64,
+    counting: AttentionCounting,
+) -> f64 {
+    let s_ctx = s_ctx_of(seq, counting);
+    let kinds = model.layer_kinds();
+    let ctx = OpsContext {
+        tokens: 1.0,
+        moe_imbalance: 1.0,
+        elementwise_bytes_per_hidden: 0.0,
+        replicated_elementwise_bytes_per_hidden: 0.0,
+        routed_copy_bytes_per_hidden: 0.0,
+        expert_activation_bytes_per_width: 0.0,
+        adapters: None,
+        dequant_bytes_per_param: 0.0,
+    };
+    let shard = Shard {
+        tp: 1,
+        ep: 1,
+        etp: None,
+        sequence_parallel: false,
+    };
+    model
+        .layer_stack()
+        .iter()
+        .map(|&(k, n)| {
+            let spec = &kinds.specs()[k];
+            let ops = layer_ops(model, spec, &shard, &ctx);
+            let gemms: f64 = ops
+                .gemms()
+                .iter()
+                .filter(|g| modules.iter().any(|m| g.role.in_module(m)))
+                .map(|g| {
+                    // Nested checkpoints replay once per module they belong to.
+                    let times = modules.iter().filter(|&m| g.role.in_module(m)).count();
+                    times as f64 * 2.0 * g.m * g.n * g.k * g.repeat
+                })
+                .sum();
+            let core = if modules.contains(RecomputeModule::CoreAttn) {
+                let core = core_of(model, &spec.mixer, 1);
+                let keys = match (core.window, counting) {
+                    (Some(w), AttentionCounting::Full) => w.min(seq),
+                    (None, _) if model.layer_pattern.is_none() => s_ctx,
+                    _ => core.keys_per_query(seq),
+                };
+                core.fwd_flops_with_keys(keys)
+            } else {
+                0.0
+            };
+            n as f64 * (gemms + core)
+        })
+        .sum()
 }
 
 #[cfg(test)]
@@ -121,11 +186,47 @@ mod tests {
         let m = crate::presets::model("llama3-8b").unwrap();
         let gemms = 2.0 * (m.active_matmul_params() - m.embedding_params()) as f64;
         let attn = m.layers as f64 * attention_core_fwd_flops_per_token(&m, 4096.0);
-        let of = |r| recompute_flops_per_token(&m, r, 8192.0, AttentionCounting::Causal);
+        let of = |r| recompute_flops_per_token(&m, r, None, 8192.0, AttentionCounting::Causal);
         assert_eq!(of(Recompute::None), 0.0);
         assert_eq!(of(Recompute::Selective), attn);
         assert_eq!(of(Recompute::Full), gemms + attn);
         assert_eq!(of(Recompute::SelectiveOp), 0.5 * gemms);
+    }
+
+    #[test]
+    fn recompute_modules_add_their_forward_gemms_or_the_attention_core() {
+        let of = |m: &Model, text: &str| {
+            let modules = RecomputeModules::parse(text).unwrap();
+            recompute_flops_per_token(
+                m,
+                Recompute::Selective,
+                Some(modules),
+                8192.0,
+                AttentionCounting::Causal,
+            )
+        };
+        // Llama-3-8B: core_attn is selective's count; mlp one more forward of the 32 SwiGLU
+        // FFNs, 2·3·h·f per token each; layernorm (fused norms) nothing.
+        let l = crate::presets::model("llama3-8b").unwrap();
+        let selective = recompute_flops_per_token(
+            &l,
+            Recompute::Selective,
+            None,
+            8192.0,
+            AttentionCounting::Causal,
+        );
+        assert_eq!(of(&l, "core_attn"), selective);
+        assert_eq!(of(&l, "mlp"), 32.0 * 2.0 * 3.0 * 4096.0 * 14336.0);
+        assert_eq!(of(&l, "layernorm+moe_act"), 0.0);
+        // DeepSeek-V3: mla_up_proj replays q_up (1536 → 128·192) and kv_up (512 → 128·256) in
+        // all 61 layers; mlp only the 3 dense layers' FFNs (7168 ↔ 18432).
+        let d = crate::presets::model("deepseek-v3").unwrap();
+        let up = 2.0 * (1536.0 * 128.0 * 192.0 + 512.0 * 128.0 * 256.0);
+        assert_eq!(of(&d, "mla_up_proj"), 61.0 * up);
+        assert_eq!(of(&d, "mlp"), 3.0 * 2.0 * 3.0 * 7168.0 * 18432.0);
+        // moe: router, 8 routed experts and the shared one in the 58 MoE layers.
+        let block = 2.0 * 7168.0 * 256.0 + 9.0 * 2.0 * 3.0 * 7168.0 * 2048.0;
+        assert_eq!(of(&d, "moe"), 58.0 * block);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! for bit those of before (`tests/snapshot.rs`).
 
 use crate::model::{LinearAttention, Mamba, Mla, Model, Moe};
+use crate::plan::{RecomputeModule, RecomputeModules};
 use crate::traffic::WIRE_BYTES;
 
 /// Bytes per element of stored 16-bit activations.
@@ -882,6 +883,117 @@ pub fn activation_bytes_per_token(
     }
 }
 
+/// Norms of a `spec` layer that are modules of their own in Megatron-Core's Transformer Engine
+/// layer specs, so that the `layernorm` recompute module can discard their outputs: MLA's input
+/// norm (`input_layernorm=TENorm`) and an MoE block's pre-MLP norm (`pre_mlp_layernorm=TENorm`).
+/// Every other norm is fused into the linear after it (`TELayerNormColumnParallelLinear`, the
+/// layer's norm an `IdentityOp`), which `layernorm` leaves alone
+/// [NVIDIA/Megatron-LM megatron/core/models/gpt/gpt_layer_specs.py,
+/// megatron/core/models/hybrid/hybrid_layer_specs.py, megatron/core/transformer/
+/// transformer_layer.py `recompute_input_layernorm` / `recompute_pre_mlp_layernorm`].
+pub fn separate_norms(spec: &LayerSpec) -> u32 {
+    matches!(spec.mixer, Mixer::Latent(_)) as u32 + matches!(spec.mlp, Mlp::Moe(_)) as u32
+}
+
+/// Bytes per token one `spec` layer no longer stores when Megatron-Core recomputes `modules`
+/// (§2.4.5), and of them the most one block rebuilds at once in the backward (the mixer's or the
+/// FFN's: the transient of the replay). Each module's own tensors, the checkpoint inputs kept:
+///
+/// * `layernorm`: the outputs of the [`separate_norms`], kept only as linear inputs (`li` bytes
+///   per element of `h`, sequence-sharded);
+/// * `mla_up_proj`: MLA's per-head Q, K, V (16-bit), the up-projections' latents kept;
+/// * `mlp` (dense layers): the FFN's input and intermediates, its input (the residual, the
+///   fused norm's input) kept;
+/// * `moe` (MoE layers): the whole block's stored tensors — router logits, routed copies and
+///   their intermediates, shared experts, a latent MoE's combined latent — with its input (the
+///   pre-MLP norm's output) kept in 16 bits unless `layernorm` discards it;
+/// * `moe_act`: each routed copy's activation output, the fc2 input (`li` bytes per element of
+///   `f_e/t_e`), the fc1 output kept;
+/// * `shared_experts`: the shared experts' intermediates (their input is the router's too);
+/// * `core_attn`: nothing under flash attention (the unfused score tensors are handled with the
+///   plan's recompute in `memory`).
+///
+/// Every expression repeats [`activation_bytes_per_token`]'s terms for the same tensors.
+pub fn recompute_discarded_bytes_per_token(
+    model: &Model,
+    spec: &LayerSpec,
+    shard: &Shard,
+    imbalance: f64,
+    linear_input_bytes: f64,
+    adapters: Option<&Adapters>,
+    modules: RecomputeModules,
+) -> (f64, f64) {
+    let t = shard.tp as f64;
+    let sp_div = shard.sp_div();
+    let h = model.hidden as f64;
+    let li = linear_input_bytes;
+    let keep = |adapted: fn(&Adapters) -> bool| adapters.map_or(1.0, |ad| adapted(ad) as u8 as f64);
+    let (keep_in, keep_ffn, keep_down) = (
+        keep(Adapters::mixer_input),
+        keep(Adapters::ffn_input),
+        keep(Adapters::ffn_output),
+    );
+    let has = |m: RecomputeModule| modules.contains(m);
+    let norm = has(RecomputeModule::Layernorm);
+    let mut mixer = 0.0;
+    if let Mixer::Latent(_) = spec.mixer {
+        if norm {
+            mixer += li * keep_in * h / sp_div;
+        }
+        if has(RecomputeModule::MlaUpProj) {
+            let a_local = model.heads as f64 / t;
+            let (dqk, dv) = (model.qk_head_dim() as f64, model.v_head_dim() as f64);
+            mixer += a_local * ACT_BYTES * (2.0 * dqk + dv);
+        }
+    }
+    let li_ffn = li * keep_ffn;
+    let per_f = per_ffn_width_bytes(model, li * keep_down);
+    let ffn = match &spec.mlp {
+        Mlp::Dense { ffn_hidden } if has(RecomputeModule::Mlp) => {
+            li_ffn * h / sp_div + per_f * *ffn_hidden as f64 / t
+        }
+        Mlp::Moe(m) => {
+            let et = shard.expert_tp() as f64;
+            let copies = m.top_k as f64 * imbalance * shard.routed_share();
+            let shared = per_f * m.shared_ffn_hidden() as f64 / t;
+            // The block's input: the pre-MLP norm's output, kept at `li` as the router's and the
+            // experts' linear input; the checkpoint's own 16-bit input under `moe`; gone under
+            // `layernorm`.
+            let input = li_ffn * h / sp_div;
+            let kept_input = if norm {
+                0.0
+            } else if has(RecomputeModule::Moe) {
+                ACT_BYTES * h / sp_div
+            } else {
+                input
+            };
+            let block = if has(RecomputeModule::Moe) {
+                let router = FP32_BYTES * m.num_experts as f64 / sp_div;
+                let w = m.expert_width(model.hidden) as f64;
+                let routed = copies * (li_ffn * w + per_f * m.expert_ffn_hidden as f64 / et);
+                let li_latent = if adapters.is_some() { 0.0 } else { li };
+                let latent = m.latent_size.map_or(0.0, |l| li_latent * l as f64 / sp_div);
+                router + routed + shared + latent
+            } else {
+                let act = if has(RecomputeModule::MoeAct) {
+                    copies * li * keep_down * m.expert_ffn_hidden as f64 / et
+                } else {
+                    0.0
+                };
+                let shared = if has(RecomputeModule::SharedExperts) {
+                    shared
+                } else {
+                    0.0
+                };
+                act + shared
+            };
+            input - kept_input + block
+        }
+        Mlp::Dense { .. } | Mlp::None => 0.0,
+    };
+    (mixer + ffn, mixer.max(ffn))
+}
+
 /// Bytes per token the adapters of a `spec` layer keep for the backward besides their inputs:
 /// the rank-`r` intermediate `x·A` of each (16-bit; per routed copy for the experts'), which
 /// `B`'s weight gradient reads (§2.7). Megatron-Bridge gathers a column-parallel adapter's
@@ -981,8 +1093,21 @@ pub enum GemmRole {
     /// Every other linear layer (FFN, experts, router, Mamba-2 `in_proj`, DeltaNet projections).
     #[default]
     Other,
-    /// Softmax attention's projections (Megatron `linear_qkv`, `linear_proj`; MLA's).
+    /// Softmax attention's projections (Megatron `linear_qkv`, `linear_proj`; MLA's down and
+    /// output projections).
     AttentionProjection,
+    /// MLA's query and key/value up-projections (Megatron `linear_q_up_proj` or
+    /// `linear_q_proj`, `linear_kv_up_proj`): attention projections to a precision recipe, the
+    /// `mla_up_proj` recompute module's GEMMs.
+    MlaUpProjection,
+    /// A dense FFN's linears (the `mlp` recompute module).
+    DenseFfn,
+    /// An MoE block's router (`h → E`).
+    Router,
+    /// The routed experts' grouped linears.
+    RoutedExpert,
+    /// The shared experts' linears (the `shared_experts` recompute module).
+    SharedExpert,
     /// A latent MoE's `h → ℓ` and `ℓ → h` projections (Megatron `fc1_latent_proj`,
     /// `fc2_latent_proj`).
     LatentProjection,
@@ -990,6 +1115,30 @@ pub enum GemmRole {
     MambaOutProj,
     /// The LM head (Megatron `output_layer`; not part of a layer, timed with the last rank).
     LmHead,
+}
+
+impl GemmRole {
+    /// Whether recomputing `module` replays this linear's forward: MLA's up-projections for
+    /// `mla_up_proj`, the dense FFN's for `mlp`, the shared experts' for `shared_experts`, and
+    /// every linear of the MoE block (router, latent projections, routed and shared experts)
+    /// for `moe` (§5.4).
+    pub fn in_module(self, module: RecomputeModule) -> bool {
+        match module {
+            RecomputeModule::MlaUpProj => self == GemmRole::MlaUpProjection,
+            RecomputeModule::Mlp => self == GemmRole::DenseFfn,
+            RecomputeModule::SharedExperts => self == GemmRole::SharedExpert,
+            RecomputeModule::Moe => matches!(
+                self,
+                GemmRole::Router
+                    | GemmRole::LatentProjection
+                    | GemmRole::RoutedExpert
+                    | GemmRole::SharedExpert
+            ),
+            RecomputeModule::CoreAttn | RecomputeModule::MoeAct | RecomputeModule::Layernorm => {
+                false
+            }
+        }
+    }
 }
 
 /// One linear layer: `m` tokens (rows), `n` outputs, `k` inputs, run `repeat` times (once per
@@ -1166,6 +1315,9 @@ pub struct LayerComm {
     pub dispatch: Option<Dispatch>,
     /// Bytes of K and V one rank passes around the CP ring per local token.
     pub cp_kv_bytes_per_token: f64,
+    /// Of `tp_points`, the FFN's (after the mixer's one): what recomputing the dense MLP or the
+    /// MoE block replays with it.
+    pub ffn_tp_points: u32,
     /// Bytes one rank sends per local token in the all-to-alls of a Mamba-2 layer under CP
     /// (Megatron-Core's `MambaContextParallel`: the in_proj output from sequence- to
     /// head-sharded before the convolution and scan, the scan output back after), per pass.
@@ -1192,6 +1344,11 @@ pub struct LayerOps {
     /// NF4 base weights, or FP8 ones under 16-bit compute): read the stored format, write the
     /// 16-bit weight, once in the forward and once for the backward's input gradient (§2.7).
     pub dequant_bytes: f64,
+    /// Forward element-wise bytes each recompute module replays, indexed by
+    /// [`RecomputeModule::index`] (§5.4): part of [`LayerOps::elementwise_bytes`] and
+    /// [`LayerOps::routed_elementwise_bytes`]; the module's GEMMs are those whose
+    /// [`GemmRole::in_module`].
+    pub module_elementwise_bytes: [f64; RecomputeModule::ALL.len()],
 }
 
 impl LayerOps {
@@ -1230,7 +1387,7 @@ impl LayerOps {
             k,
             repeat: experts,
             grouped: true,
-            role: GemmRole::Other,
+            role: GemmRole::RoutedExpert,
         });
     }
 
@@ -1292,11 +1449,13 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             dispatch: None,
             cp_kv_bytes_per_token: cp_kv_bytes_per_token(model, &spec.mixer, shard.tp),
             cp_all_to_all_bytes_per_token: cp_all_to_all,
+            ffn_tp_points: 0,
         },
         params: params_per_rank(model, spec, shard),
         adapter_gemms: [Gemm::default(); 2 * MAX_ADAPTED],
         adapter_gemm_count: 0,
         dequant_bytes: 0.0,
+        module_elementwise_bytes: [0.0; RecomputeModule::ALL.len()],
     };
     if ctx.dequant_bytes_per_param > 0.0 {
         ops.dequant_bytes = ctx.dequant_bytes_per_param * (ops.params.dense + ops.params.expert);
@@ -1333,12 +1492,15 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
     match &spec.mixer {
         Mixer::Latent(m) => {
             let attn = GemmRole::AttentionProjection;
+            let up = GemmRole::MlaUpProjection;
             match m.q_lora_rank {
                 Some(r) => {
                     ops.push_as(attn, tok, r as f64, h, 1.0);
-                    ops.push_as(attn, tok, a_local * dqk, r as f64, 1.0);
+                    ops.push_as(up, tok, a_local * dqk, r as f64, 1.0);
                 }
-                None => ops.push_as(attn, tok, a_local * dqk, h, 1.0),
+                // Without a query LoRA `linear_q_proj` runs inside Megatron's up-projection
+                // function (`qkv_up_proj_and_rope_apply`), so `mla_up_proj` replays it.
+                None => ops.push_as(up, tok, a_local * dqk, h, 1.0),
             }
             ops.push_as(
                 attn,
@@ -1348,7 +1510,7 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
                 1.0,
             );
             ops.push_as(
-                attn,
+                up,
                 tok,
                 a_local * (m.qk_nope_head_dim as f64 + dv),
                 m.kv_lora_rank as f64,
@@ -1418,6 +1580,22 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
     if mixer_elementwise > 0.0 {
         ops.elementwise_bytes += ACT_BYTES * mixer_elementwise / t * tok;
     }
+    // What the recompute modules replay of that work (§5.4). `layernorm`: the norms that are
+    // modules of their own in Megatron-Core's TE layer specs — MLA's input norm and an MoE
+    // block's pre-MLP norm (`TENorm`); elsewhere the norm is fused into the next linear
+    // (`TELayerNormColumnParallelLinear`, the layer's norm an `IdentityOp`, which
+    // transformer_layer.py leaves alone) — each reading and writing h 16-bit values per token
+    // over its sequence shard. `mla_up_proj`: RoPE and the concatenations writing the per-head
+    // Q and K from their halves (read and write `2·(a/t)·d_qk`).
+    let norms = separate_norms(spec) as f64;
+    ops.module_elementwise_bytes[RecomputeModule::Layernorm.index()] =
+        norms * 2.0 * ACT_BYTES * h / shard.sp_div() * tok;
+    if let Mixer::Latent(_) = spec.mixer {
+        ops.module_elementwise_bytes[RecomputeModule::MlaUpProj.index()] =
+            2.0 * ACT_BYTES * 2.0 * a_local * dqk * tok;
+    }
+    // A dense activation reads its gate/up outputs and writes its output (16-bit).
+    let activation_bytes = ACT_BYTES * (gate_up + 1.0);
     match &spec.mlp {
         Mlp::Moe(m) => {
             let e = shard.ep as f64;
@@ -1428,7 +1606,13 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             let fe = m.expert_ffn_hidden as f64;
             // The width the experts and the dispatch see: a latent MoE's `ℓ`, else `h`.
             let w = m.expert_width(model.hidden) as f64;
-            ops.push(tok / shard.sp_div(), m.num_experts as f64, h, 1.0);
+            ops.push_as(
+                GemmRole::Router,
+                tok / shard.sp_div(),
+                m.num_experts as f64,
+                h,
+                1.0,
+            );
             // A latent MoE's projections are duplicated on the TP ranks (Megatron-Core `MoELayer`
             // builds `fc1_latent_proj`/`fc2_latent_proj` as `TELinear(parallel_mode=
             // "duplicated")`): each rank projects its own tokens (its sequence shard under SP,
@@ -1446,19 +1630,28 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
             }
             let fsh = m.shared_ffn_hidden() as f64;
             if fsh > 0.0 {
-                ops.push(tok, gate_up * fsh / t, h, 1.0);
-                ops.push(tok, h, fsh / t, 1.0);
+                ops.push_as(GemmRole::SharedExpert, tok, gate_up * fsh / t, h, 1.0);
+                ops.push_as(GemmRole::SharedExpert, tok, h, fsh / t, 1.0);
             }
             // Routed copies: permute and unpermute move each copy's hidden vector, the expert
             // activation its intermediates (§5.3, values in data/stacks.toml).
             let per_copy = ctx.routed_copy_bytes_per_hidden * w
                 + ctx.expert_activation_bytes_per_width * m.expert_ffn_hidden as f64 / et;
             ops.routed_elementwise_bytes = copies * per_copy;
+            let moe_act = copies * ctx.expert_activation_bytes_per_width * fe / et;
+            let shared_act = activation_bytes * fsh / t * tok;
+            ops.module_elementwise_bytes[RecomputeModule::MoeAct.index()] = moe_act;
+            ops.module_elementwise_bytes[RecomputeModule::SharedExperts.index()] = shared_act;
+            ops.module_elementwise_bytes[RecomputeModule::Moe.index()] =
+                ops.routed_elementwise_bytes + shared_act;
             // The mixer's point (none in a Nemotron-H MoE-only layer) comes first.
             let mixer_points = spec.mixer.present() as u32;
             match (shard.etp, m.latent_size) {
                 // One point after attention and one per routed copy gathered over TP (§3.4).
-                (None, None) => ops.comm.tp_points = mixer_points + m.top_k,
+                (None, None) => {
+                    ops.comm.tp_points = mixer_points + m.top_k;
+                    ops.comm.ffn_tp_points = m.top_k;
+                }
                 // Folded, or latent copies narrower than `h`: the copies gather over the
                 // expert-TP group (the TP group when unfolded) at the experts' width (§3.7).
                 (etp, _) => {
@@ -1477,10 +1670,13 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
         }
         Mlp::Dense { ffn_hidden } => {
             let f = *ffn_hidden as f64;
-            ops.push(tok, gate_up * f / t, h, 1.0);
-            ops.push(tok, h, f / t, 1.0);
+            ops.push_as(GemmRole::DenseFfn, tok, gate_up * f / t, h, 1.0);
+            ops.push_as(GemmRole::DenseFfn, tok, h, f / t, 1.0);
             // One point after attention and one after the MLP (§3.4).
             ops.comm.tp_points = spec.mixer.present() as u32 + 1;
+            ops.comm.ffn_tp_points = 1;
+            ops.module_elementwise_bytes[RecomputeModule::Mlp.index()] =
+                activation_bytes * f / t * tok;
         }
         // One point after the mixer (Mamba-2 and DeltaNet too: out_proj is row-parallel, and
         // under SP in_proj's input is gathered as attention's QKV input is).
@@ -1980,6 +2176,164 @@ mod tests {
             2.0 * 3.0 * 4096.0 / 2.0 * 4096.0
         );
         assert_eq!(a.params.dense - p.params.dense, 2048.0 * 4096.0 / 2.0);
+    }
+
+    fn modules(text: &str) -> RecomputeModules {
+        RecomputeModules::parse(text).unwrap()
+    }
+
+    #[test]
+    fn recompute_modules_drop_their_own_tensors_per_token() {
+        // Qwen3-30B-A3B's MoE layer, one GPU, bf16 (li = 2): h 2048, 128 experts top-8 of 768,
+        // no shared expert.
+        let m = crate::presets::model("qwen3-30b-a3b").unwrap();
+        let moe = m.layer_kinds().specs()[1];
+        let of = |text: &str, li: f64| {
+            recompute_discarded_bytes_per_token(&m, &moe, &one_gpu(), 1.0, li, None, modules(text))
+        };
+        // layernorm: the pre-MLP norm's output (a TENorm of its own before an MoE block), 2·h.
+        assert_eq!(of("layernorm", 2.0), (4096.0, 4096.0));
+        // moe_act: each of the 8 copies' activation output, 2 B × 768.
+        assert_eq!(of("moe_act", 2.0).0, 8.0 * 2.0 * 768.0);
+        assert_eq!(of("moe_act+layernorm", 2.0).0, 4096.0 + 12288.0);
+        // moe: router logits 4·128, per copy its input 2·2048 and intermediates (2 + 2 + 2)·768;
+        // the block's input stays (the checkpoint's, 16-bit as the norm output was).
+        let block = 4.0 * 128.0 + 8.0 * (2.0 * 2048.0 + 6.0 * 768.0);
+        assert_eq!(block, 70144.0);
+        assert_eq!(of("moe", 2.0).0, block);
+        // moe_act inside moe discards nothing more; layernorm takes the block's input too.
+        assert_eq!(of("moe_act+moe", 2.0).0, block);
+        assert_eq!(of("layernorm+moe", 2.0), (4096.0 + block, 4096.0 + block));
+        // FP8 linears keep 1-byte inputs: the checkpoint keeps its 16-bit input (h more than
+        // the quantised copy), the copies' inputs and activation outputs are 1 byte.
+        let fp8 = 4.0 * 128.0 + 8.0 * (2048.0 + 5.0 * 768.0) - 2048.0;
+        assert_eq!(of("moe", 1.0).0, fp8);
+        // core_attn and the modules of other blocks drop nothing here.
+        assert_eq!(of("core_attn+mlp+mla_up_proj+shared_experts", 2.0).0, 0.0);
+        // Nothing is discarded past what the layer stores.
+        let stored = activation_bytes_per_token(&m, &moe, &one_gpu(), 1.0, 2.0, None);
+        assert!(of("layernorm+moe", 2.0).0 < stored);
+
+        // A dense GQA layer (Llama-3-8B): its norms are fused into the linears after them
+        // (TELayerNormColumnParallelLinear), so layernorm drops nothing; mlp drops the FFN's
+        // input 2·h and its SwiGLU intermediates 6·f.
+        let l = crate::presets::model("llama3-8b").unwrap();
+        let dense = l.layer_kinds().specs()[0];
+        let of = |text: &str| {
+            recompute_discarded_bytes_per_token(
+                &l,
+                &dense,
+                &one_gpu(),
+                1.0,
+                2.0,
+                None,
+                modules(text),
+            )
+        };
+        assert_eq!(of("layernorm").0, 0.0);
+        assert_eq!(
+            of("mlp"),
+            (2.0 * 4096.0 + 6.0 * 14336.0, 2.0 * 4096.0 + 6.0 * 14336.0)
+        );
+        assert_eq!(of("moe+moe_act").0, 0.0);
+        // Split over TP 2 with SP: the input is sequence-sharded, the intermediates TP-split.
+        let tp2 = Shard {
+            tp: 2,
+            sequence_parallel: true,
+            ..one_gpu()
+        };
+        let split =
+            recompute_discarded_bytes_per_token(&l, &dense, &tp2, 1.0, 2.0, None, modules("mlp"));
+        assert_eq!(split.0, of("mlp").0 / 2.0);
+
+        // DeepSeek-V3's MLA: mla_up_proj drops the per-head Q, K, V (128 heads × (2·192 + 128),
+        // 16-bit); layernorm its input norm's output (a TENorm of its own, 2·7168).
+        let d = crate::presets::model("deepseek-v3").unwrap();
+        let mla = d.layer_kinds().specs()[0];
+        let of = |text: &str| {
+            recompute_discarded_bytes_per_token(&d, &mla, &one_gpu(), 1.0, 2.0, None, modules(text))
+        };
+        assert_eq!(of("mla_up_proj").0, 128.0 * 2.0 * (2.0 * 192.0 + 128.0));
+        assert_eq!(of("layernorm").0, 2.0 * 7168.0);
+        assert_eq!(separate_norms(&mla), 1);
+        assert_eq!(separate_norms(&d.layer_kinds().specs()[1]), 2);
+        assert_eq!(separate_norms(&dense), 0);
+    }
+
+    #[test]
+    fn each_recompute_module_owns_its_gemms_and_element_wise_work() {
+        // DeepSeek-V3's MoE layer, one GPU, 4096 tokens: q_up and kv_up are the mla_up_proj
+        // GEMMs; router, routed and shared experts the moe module's, the shared ones also
+        // shared_experts'.
+        let d = crate::presets::model("deepseek-v3").unwrap();
+        let spec = d.layer_kinds().specs()[1];
+        let tok = 4096.0;
+        let ops = layer_ops(&d, &spec, &one_gpu(), &ctx(tok));
+        let roles: Vec<GemmRole> = ops.gemms().iter().map(|g| g.role).collect();
+        assert_eq!(
+            roles,
+            [
+                GemmRole::AttentionProjection,
+                GemmRole::MlaUpProjection,
+                GemmRole::AttentionProjection,
+                GemmRole::MlaUpProjection,
+                GemmRole::AttentionProjection,
+                GemmRole::Router,
+                GemmRole::RoutedExpert,
+                GemmRole::RoutedExpert,
+                GemmRole::SharedExpert,
+                GemmRole::SharedExpert,
+            ]
+        );
+        let flops = |module: RecomputeModule| -> f64 {
+            ops.gemms()
+                .iter()
+                .filter(|g| g.role.in_module(module))
+                .map(|g| 2.0 * g.m * g.n * g.k * g.repeat)
+                .sum()
+        };
+        // q_up 1536 → 128·192 and kv_up 512 → 128·(128 + 128), per token.
+        let up = 2.0 * (1536.0 * 128.0 * 192.0 + 512.0 * 128.0 * 256.0);
+        assert_eq!(flops(RecomputeModule::MlaUpProj), tok * up);
+        // Shared expert: gate/up 7168 → 2·2048, down 2048 → 7168.
+        let shared = 2.0 * 3.0 * 7168.0 * 2048.0;
+        assert_eq!(flops(RecomputeModule::SharedExperts), tok * shared);
+        // The whole block: router 7168 → 256 and 8 routed copies of the same expert shape.
+        let routed = 8.0 * 2.0 * 3.0 * 7168.0 * 2048.0;
+        let router = 2.0 * 7168.0 * 256.0;
+        assert_eq!(
+            flops(RecomputeModule::Moe),
+            tok * (router + routed + shared)
+        );
+        assert_eq!(flops(RecomputeModule::Mlp), 0.0);
+        // Element-wise: two separate norms read and write h (4 B each); the activation of each
+        // copy 6 B per width; the shared expert's 6 B per width; RoPE/concat 2·2·(a·d_qk)·2 B.
+        let b = &ops.module_elementwise_bytes;
+        assert_eq!(
+            b[RecomputeModule::Layernorm.index()],
+            2.0 * 4.0 * 7168.0 * tok
+        );
+        assert_eq!(b[RecomputeModule::MoeAct.index()], 8.0 * tok * 6.0 * 2048.0);
+        assert_eq!(
+            b[RecomputeModule::SharedExperts.index()],
+            6.0 * 2048.0 * tok
+        );
+        assert_eq!(
+            b[RecomputeModule::Moe.index()],
+            ops.routed_elementwise_bytes + 6.0 * 2048.0 * tok
+        );
+        assert_eq!(
+            b[RecomputeModule::MlaUpProj.index()],
+            2.0 * 2.0 * 2.0 * 128.0 * 192.0 * tok
+        );
+        // The FFN's TP points: one per routed copy unfolded, one for a dense MLP.
+        assert_eq!(ops.comm.ffn_tp_points, 8);
+        let dense = layer_ops(&d, &d.layer_kinds().specs()[0], &one_gpu(), &ctx(tok));
+        assert_eq!(dense.comm.ffn_tp_points, 1);
+        assert_eq!(
+            dense.module_elementwise_bytes[RecomputeModule::Mlp.index()],
+            6.0 * 18432.0 * tok
+        );
     }
 
     fn adapters(rank: f64, qkv: bool, o: bool, mlp: bool) -> Adapters {

@@ -281,7 +281,10 @@ impl KnobTimes {
     pub fn new(
         degree: &mut DegreeLevel,
         tc: &TimeContext,
-        recompute: crate::plan::Recompute,
+        recompute: (
+            crate::plan::Recompute,
+            Option<crate::plan::RecomputeModules>,
+        ),
         m: u32,
         parts: &[LayerParts],
     ) -> Self {
@@ -290,7 +293,7 @@ impl KnobTimes {
         let dp_comm = &degree.dp_parts(tc).comm;
         let mut layers = LayerTimes::default();
         for (time, part) in layers.iter_mut().zip(parts) {
-            *time = part.with(recompute);
+            *time = part.with(recompute.0, recompute.1);
         }
         let shape_times: Vec<LayerTime> = pipeline
             .shapes
@@ -372,7 +375,13 @@ pub(crate) fn evaluate_levels(
     check()?;
     let tc = TimeContext::new(problem, plan, groups);
     let parts = KnobTimes::layer_parts(&tc, problem);
-    let times = KnobTimes::new(&mut degree, &tc, plan.recompute, m, &parts);
+    let times = KnobTimes::new(
+        &mut degree,
+        &tc,
+        (plan.recompute, plan.recompute_modules),
+        m,
+        &parts,
+    );
     let optimizer = degree.dp_parts(&tc).optimizer[0];
     let step = times.step(&tc, plan.schedule(), plan.vpp, 0, optimizer, m);
     Ok((memory, step))

@@ -14,12 +14,12 @@
 use crate::hardware::Precision;
 use crate::layer::{
     activation_bytes_per_token, adapter_params_per_rank, core_of, params_per_rank,
-    selective_op_bytes_per_token, LayerParams, Mixer, Shard, ACT_BYTES, FP32_BYTES, MASK_BYTES,
-    MAX_LAYER_KINDS,
+    recompute_discarded_bytes_per_token, selective_op_bytes_per_token, LayerParams, Mixer, Shard,
+    ACT_BYTES, FP32_BYTES, MASK_BYTES, MAX_LAYER_KINDS,
 };
 use crate::layout::Groups;
 use crate::model::Model;
-use crate::plan::{Plan, Recompute};
+use crate::plan::{Plan, Recompute, RecomputeModule, RecomputeModules};
 use crate::report::MemoryBreakdown;
 use crate::stages::Stage;
 use crate::Problem;
@@ -298,6 +298,32 @@ pub fn layer_activations(problem: &Problem, plan: &Plan) -> PerKind {
     out
 }
 
+/// Per layer kind, the bytes per token `plan`'s recompute modules no longer store, and the most
+/// one block rebuilds at once ([`recompute_discarded_bytes_per_token`]); zeros without modules.
+pub fn module_discards(problem: &Problem, plan: &Plan) -> (PerKind, PerKind) {
+    let mut discarded = [0.0; MAX_LAYER_KINDS];
+    let mut rebuilt = [0.0; MAX_LAYER_KINDS];
+    let Some(modules) = plan.recompute_modules else {
+        return (discarded, rebuilt);
+    };
+    let model = &problem.model;
+    let li = linear_input_bytes(problem.workload.precision);
+    let shard = Shard::of(plan);
+    let adapters = problem.workload.adapters();
+    for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
+        (discarded[k], rebuilt[k]) = recompute_discarded_bytes_per_token(
+            model,
+            spec,
+            &shard,
+            problem.workload.moe_imbalance,
+            li,
+            adapters.as_ref(),
+            modules,
+        );
+    }
+    (discarded, rebuilt)
+}
+
 /// Bytes one in-flight micro-batch keeps on `stage`: the layers' stored activations under
 /// `plan`'s recompute plus, on the last rank, the LM-head input and fp32 softmax. `layers` is
 /// [`layer_activations`] of the plan.
@@ -317,7 +343,16 @@ pub fn stored_bytes_per_micro_batch(
         Recompute::Full => stage.layers() as f64 * ACT_BYTES * model.hidden as f64 / sp_div,
         // With flash attention, core-attention recompute stores what no-recompute stores
         // minus nothing: the a·s² tensors it would save are never materialised (§2.4.2).
-        Recompute::Selective => full_layers,
+        Recompute::Selective => match plan.recompute_modules {
+            None => full_layers,
+            // Megatron-Core's modules (§2.4.5): what they no longer store goes; without
+            // core_attn the core attention keeps what no recompute keeps.
+            Some(modules) => {
+                let (discarded, _) = module_discards(problem, plan);
+                full_layers - stage.kinds.weighted_sum(&discarded)
+                    + core_attention_stored(problem, plan, stage, modules)
+            }
+        },
         Recompute::SelectiveOp => {
             let imbalance = problem.workload.moe_imbalance;
             let shard = Shard::of(plan);
@@ -360,6 +395,10 @@ pub fn stored_bytes_per_micro_batch(
             let h = model.hidden as f64;
             let block = if plan.recompute == Recompute::Full {
                 mtp.len() as f64 * ACT_BYTES * h / sp_div
+            } else if plan.recompute_modules.is_some() {
+                // Megatron's MTP layers are transformer layers: the modules apply there too.
+                let (discarded, _) = module_discards(problem, plan);
+                mtp.iter().map(|&k| layers[k] - discarded[k]).sum::<f64>()
             } else {
                 mtp.iter().map(|&k| layers[k]).sum::<f64>()
             };
@@ -368,6 +407,31 @@ pub fn stored_bytes_per_micro_batch(
         _ => 0.0,
     };
     stored_per_mb + head_per_mb + mtp_per_mb
+}
+
+/// Bytes per token `stage`'s layers store for core attention under selective recompute with
+/// `modules` that leave `core_attn` out: what no recompute stores there (unfused attention's
+/// score tensors, Ulysses' second attention output), nothing when `core_attn` is recomputed.
+fn core_attention_stored(
+    problem: &Problem,
+    plan: &Plan,
+    stage: &Stage,
+    modules: RecomputeModules,
+) -> f64 {
+    if modules.contains(RecomputeModule::CoreAttn) {
+        return 0.0;
+    }
+    let model = &problem.model;
+    if !problem.workload.flash_attention {
+        let per_score = 2.0 * ACT_BYTES + if model.dropout { MASK_BYTES } else { 0.0 };
+        per_score * model.heads as f64 / plan.tp as f64
+            * problem.workload.seq_len as f64
+            * stage.layers() as f64
+    } else {
+        stage
+            .kinds
+            .weighted_sum(&cp_a2a_output_bytes(problem, plan))
+    }
 }
 
 /// Bytes per token a layer of each kind stores on top of [`layer_activations`] when its
@@ -441,6 +505,18 @@ pub fn transient_bytes(
             .map(|(k, _)| layers[k])
             .fold(layers[0], f64::max);
         transient += tokens * rebuilt;
+    }
+    if plan.recompute_modules.is_some() {
+        // One block's discarded tensors rebuilt during its backward (§2.4.5): the most of the
+        // rank's kinds.
+        let (_, rebuilt) = module_discards(problem, plan);
+        let most = stage
+            .kinds
+            .iter()
+            .filter(|&(_, n)| n > 0)
+            .map(|(k, _)| rebuilt[k])
+            .fold(0.0, f64::max);
+        transient += tokens * most;
     }
     if plan.zero >= 3 {
         let grad_bytes = problem.workload.grad_bytes as f64;
@@ -564,6 +640,7 @@ mod tests {
             dispatcher: None,
             ep_overlap: false,
             cp_exchange: None,
+            recompute_modules: None,
         }
     }
 
@@ -678,6 +755,55 @@ mod tests {
             (got / (2.0 * tokens * per_depth) - 1.0).abs() < 1e-12,
             "{got}"
         );
+    }
+
+    #[test]
+    fn recompute_modules_store_less_by_their_tensors_and_rebuild_one_block() {
+        // Qwen3-30B-A3B on one H100 rank of eight (EP 8), 4096 tokens, every layer on the rank.
+        let problem = crate::Problem::new(
+            crate::presets::model("qwen3-30b-a3b").unwrap(),
+            crate::hardware::Cluster {
+                gpu: crate::presets::gpu("h100-sxm").unwrap(),
+                num_gpus: 8,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            },
+            crate::Workload::new(8, 4096),
+        )
+        .unwrap();
+        let base: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":8,"recompute":"selective"}"#)
+                .unwrap();
+        let with = |m: &str| Plan {
+            recompute_modules: Some(RecomputeModules::parse(m).unwrap()),
+            ..base.clone()
+        };
+        let stage = crate::stages::stage_runs(&problem.model, 1, 4096)[0].stage;
+        let layers = layer_activations(&problem, &base);
+        let params = stage_params(&problem.model, &base, &stage);
+        let tokens = 4096.0;
+        let stored =
+            |pl: &Plan| stored_bytes_per_micro_batch(&problem, pl, &stage, tokens, &layers);
+        let transient = |pl: &Plan| transient_bytes(&problem, pl, &stage, tokens, &params, &layers);
+        // Without modules and with core_attn alone: what selective has always stored.
+        assert_eq!(stored(&with("core_attn")), stored(&base));
+        assert_eq!(transient(&with("core_attn")), transient(&base));
+        // layernorm + moe_act: per token and MoE layer 2·h + 8·2·f_e fewer bytes (the imbalance
+        // of 1.1 on the routed copies), 48 layers; one layer's worth rebuilt at a time.
+        let lambda = problem.workload.moe_imbalance;
+        let per_layer = 2.0 * 2048.0 + 8.0 * lambda * 2.0 * 768.0;
+        let saved = stored(&base) - stored(&with("layernorm+moe_act"));
+        assert!(
+            (saved / (48.0 * tokens * per_layer) - 1.0).abs() < 1e-12,
+            "{saved}"
+        );
+        let rebuilt = transient(&with("layernorm+moe_act")) - transient(&base);
+        assert!(
+            (rebuilt / (tokens * per_layer) - 1.0).abs() < 1e-12,
+            "{rebuilt}"
+        );
+        // The whole block stores less again.
+        assert!(stored(&with("layernorm+moe")) < stored(&with("layernorm+moe_act")));
     }
 
     #[test]

@@ -220,6 +220,7 @@ mod tests {
             dispatcher: None,
             ep_overlap: false,
             cp_exchange: None,
+            recompute_modules: None,
         }
     }
 

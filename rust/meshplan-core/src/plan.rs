@@ -47,6 +47,192 @@ impl Recompute {
     }
 }
 
+/// One module of Megatron-Core's fine-grained selective recompute (`--recompute-granularity
+/// selective --recompute-modules ...`, docs/costmodel.md §2.4, §5.4): what it stops storing in
+/// the forward and replays in the backward
+/// [NVIDIA/Megatron-LM megatron/core/transformer/transformer_config.py `recompute_modules`].
+/// `moe_act`, `layernorm` and `mla_up_proj` run output-discarding checkpointing
+/// (`CheckpointWithoutOutput`: the output is freed after its consumer ran and rebuilt before that
+/// consumer's backward), the others normal checkpointing (`tensor_parallel.checkpoint`: only the
+/// module's input is kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecomputeModule {
+    /// Core attention: the unfused score tensors (what `selective` alone means).
+    CoreAttn,
+    /// The routed experts' activation (its output, the fc2 input, discarded).
+    MoeAct,
+    /// The input and pre-MLP norms where they are modules of their own (their outputs
+    /// discarded).
+    Layernorm,
+    /// MLA's query and key/value up-projections and RoPE (the per-head Q, K, V discarded).
+    MlaUpProj,
+    /// The dense MLP (dense layers only).
+    Mlp,
+    /// The whole MoE block: router, dispatch, experts, combine, shared experts.
+    Moe,
+    /// The shared experts of an MoE block.
+    SharedExperts,
+}
+
+impl RecomputeModule {
+    /// Every module, in Megatron's order (`transformer_config.py` docstring); bit `i` of a
+    /// [`RecomputeModules`] set is module `ALL[i]`.
+    pub const ALL: [RecomputeModule; 7] = [
+        RecomputeModule::CoreAttn,
+        RecomputeModule::MoeAct,
+        RecomputeModule::Layernorm,
+        RecomputeModule::MlaUpProj,
+        RecomputeModule::Mlp,
+        RecomputeModule::Moe,
+        RecomputeModule::SharedExperts,
+    ];
+
+    /// Megatron's name of the module.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecomputeModule::CoreAttn => "core_attn",
+            RecomputeModule::MoeAct => "moe_act",
+            RecomputeModule::Layernorm => "layernorm",
+            RecomputeModule::MlaUpProj => "mla_up_proj",
+            RecomputeModule::Mlp => "mlp",
+            RecomputeModule::Moe => "moe",
+            RecomputeModule::SharedExperts => "shared_experts",
+        }
+    }
+
+    /// Position in [`RecomputeModule::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether Megatron discards the module's output rather than checkpointing its input
+    /// (`CheckpointWithoutOutput`).
+    pub fn discards_output(self) -> bool {
+        matches!(
+            self,
+            RecomputeModule::MoeAct | RecomputeModule::Layernorm | RecomputeModule::MlaUpProj
+        )
+    }
+}
+
+/// What a set of recompute modules must look like (the `allowed` part of its errors).
+const MODULES_ALLOWED: &str = "one or more of core_attn, moe_act, layernorm, mla_up_proj, mlp, \
+     moe, shared_experts, joined by '+' (e.g. layernorm+moe_act)";
+
+/// A set of [`RecomputeModule`]s (a plan's `recompute_modules`): written `layernorm+moe_act` in a
+/// plan string (Megatron's order) and as a list of names in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct RecomputeModules(u8);
+
+impl RecomputeModules {
+    /// No module.
+    pub const EMPTY: RecomputeModules = RecomputeModules(0);
+    /// Megatron's default, `["core_attn"]`: what `recompute = selective` without modules means.
+    pub const CORE_ATTN: RecomputeModules = RecomputeModules(1);
+
+    /// The set of `modules`.
+    pub fn of(modules: &[RecomputeModule]) -> Self {
+        modules.iter().fold(Self::EMPTY, |s, &m| s.with(m))
+    }
+
+    /// This set and `m`.
+    pub fn with(self, m: RecomputeModule) -> Self {
+        RecomputeModules(self.0 | 1 << m.index())
+    }
+
+    pub fn contains(self, m: RecomputeModule) -> bool {
+        self.0 & (1 << m.index()) != 0
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether every module of `self` is in `other`.
+    pub fn is_subset(self, other: RecomputeModules) -> bool {
+        self.0 & !other.0 == 0
+    }
+
+    /// The modules, in Megatron's order.
+    pub fn iter(self) -> impl Iterator<Item = RecomputeModule> {
+        RecomputeModule::ALL
+            .into_iter()
+            .filter(move |m| self.contains(*m))
+    }
+
+    /// The bits (bit `i`: [`RecomputeModule::ALL`]`[i]`; the feasible-space column).
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// The set of `bits` (those beyond the modules dropped).
+    pub fn from_bits(bits: u8) -> Self {
+        RecomputeModules(bits & ((1 << RecomputeModule::ALL.len()) - 1))
+    }
+
+    /// Parses `layernorm+moe_act` (`+`, `,` or spaces between names, any order, case-insensitive;
+    /// at least one). Errors name `field`.
+    pub fn parse_field(field: &str, text: &str) -> Result<Self> {
+        let bad = || Error::invalid(field, format!("{text:?}"), MODULES_ALLOWED);
+        let mut set = Self::EMPTY;
+        for piece in text
+            .split(['+', ',', ' '])
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+        {
+            let m = RecomputeModule::ALL
+                .into_iter()
+                .find(|m| m.name().eq_ignore_ascii_case(piece))
+                .ok_or_else(bad)?;
+            set = set.with(m);
+        }
+        if set.is_empty() {
+            return Err(bad());
+        }
+        Ok(set)
+    }
+
+    /// [`Self::parse_field`] naming `plan.recompute_modules`.
+    pub fn parse(text: &str) -> Result<Self> {
+        Self::parse_field("plan.recompute_modules", text)
+    }
+}
+
+impl fmt::Display for RecomputeModules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.iter().map(|m| m.name()).collect();
+        f.write_str(&names.join("+"))
+    }
+}
+
+impl Serialize for RecomputeModules {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
+impl<'de> Deserialize<'de> for RecomputeModules {
+    /// A list of module names, or one string `layernorm+moe_act`.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Text(String),
+            List(Vec<RecomputeModule>),
+        }
+        match Form::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(format!("recompute_modules (allowed: {MODULES_ALLOWED})"))
+        })? {
+            Form::Text(t) => RecomputeModules::parse(&t).map_err(serde::de::Error::custom),
+            Form::List(l) if !l.is_empty() => Ok(RecomputeModules::of(&l)),
+            Form::List(_) => Err(serde::de::Error::custom(format!(
+                "empty recompute_modules (allowed: {MODULES_ALLOWED})"
+            ))),
+        }
+    }
+}
+
 /// Pipeline schedule (docs/costmodel.md §4).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
@@ -352,6 +538,10 @@ pub struct Plan {
     /// names it for plans with `cp > 1`).
     #[serde(default)]
     pub cp_exchange: Option<CpExchange>,
+    /// Megatron-Core's selective-recompute modules, with `recompute = selective` only (`None`:
+    /// Megatron's default, core attention alone: what `selective` has always meant here).
+    #[serde(default)]
+    pub recompute_modules: Option<RecomputeModules>,
 }
 
 fn one() -> u32 {
@@ -455,6 +645,26 @@ impl Plan {
                 ));
             }
         }
+        if let Some(m) = self.recompute_modules {
+            if m.is_empty() {
+                return Err(Error::invalid(
+                    "plan.recompute_modules",
+                    "[]",
+                    MODULES_ALLOWED,
+                ));
+            }
+            if self.recompute != Recompute::Selective {
+                return Err(Error::invalid(
+                    "plan.recompute_modules",
+                    m,
+                    format!(
+                        "none with recompute = {} (modules need recompute = selective, Megatron's \
+                         --recompute-granularity selective)",
+                        self.recompute.name()
+                    ),
+                ));
+            }
+        }
         match (self.schedule(), self.vpp) {
             (Schedule::Interleaved, 1) => {
                 return Err(Error::invalid(
@@ -509,6 +719,9 @@ impl fmt::Display for Plan {
         if let Some(x) = self.cp_exchange {
             write!(f, ",cp_exchange={}", x.name())?;
         }
+        if let Some(m) = self.recompute_modules {
+            write!(f, ",recompute_modules={m}")?;
+        }
         Ok(())
     }
 }
@@ -537,6 +750,7 @@ mod tests {
             dispatcher: None,
             ep_overlap: false,
             cp_exchange: None,
+            recompute_modules: None,
         };
         let e = plan.validate(8).unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");
@@ -621,5 +835,44 @@ mod tests {
         assert!(other.to_string().ends_with(",order=tp-dp-cp-ep-pp"));
         let bad = serde_json::from_str::<Plan>(r#"{"dp": 2, "tp": 4, "pp": 1, "order": "tp"}"#);
         assert!(bad.unwrap_err().to_string().contains("exactly once"));
+    }
+
+    #[test]
+    fn recompute_modules_parse_print_in_megatrons_order_and_need_selective() {
+        let m = RecomputeModules::parse("layernorm+moe_act").unwrap();
+        assert_eq!(m, RecomputeModules::parse("moe_act, LAYERNORM").unwrap());
+        assert_eq!(m.to_string(), "moe_act+layernorm");
+        assert_eq!(
+            serde_json::to_string(&m).unwrap(),
+            r#"["moe_act","layernorm"]"#
+        );
+        let back: RecomputeModules = serde_json::from_str(r#"["layernorm","moe_act"]"#).unwrap();
+        assert_eq!(back, m);
+        let text: RecomputeModules = serde_json::from_str(r#""moe_act+layernorm""#).unwrap();
+        assert_eq!(text, m);
+        assert!(serde_json::from_str::<RecomputeModules>("[]").is_err());
+        let e = RecomputeModules::parse("layernorm+attn")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("plan.recompute_modules") && e.contains("mla_up_proj"),
+            "{e}"
+        );
+        assert_eq!(RecomputeModules::from_bits(m.bits()), m);
+        let mut plan: Plan = serde_json::from_str(
+            r#"{"dp":8,"tp":1,"pp":1,"recompute":"selective","recompute_modules":["moe"]}"#,
+        )
+        .unwrap();
+        plan.validate(8).unwrap();
+        assert!(
+            plan.to_string().ends_with(",recompute_modules=moe"),
+            "{plan}"
+        );
+        plan.recompute = Recompute::Full;
+        let e = plan.validate(8).unwrap_err().to_string();
+        assert!(
+            e.contains("plan.recompute_modules") && e.contains("selective"),
+            "{e}"
+        );
     }
 }

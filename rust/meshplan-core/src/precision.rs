@@ -23,12 +23,17 @@ enum RoleName {
 }
 
 impl RoleName {
-    fn role(self) -> GemmRole {
+    /// Whether a linear of `role` is one the name covers ("attention": every projection of
+    /// softmax attention, MLA's up-projections included).
+    fn matches(self, role: GemmRole) -> bool {
         match self {
-            RoleName::Attention => GemmRole::AttentionProjection,
-            RoleName::LatentProjection => GemmRole::LatentProjection,
-            RoleName::MambaOutProj => GemmRole::MambaOutProj,
-            RoleName::LmHead => GemmRole::LmHead,
+            RoleName::Attention => matches!(
+                role,
+                GemmRole::AttentionProjection | GemmRole::MlaUpProjection
+            ),
+            RoleName::LatentProjection => role == GemmRole::LatentProjection,
+            RoleName::MambaOutProj => role == GemmRole::MambaOutProj,
+            RoleName::LmHead => role == GemmRole::LmHead,
         }
     }
 }
@@ -99,9 +104,9 @@ impl PrecisionRecipe {
     /// The precision a linear of `role` runs at in a layer outside the BF16 ends: the
     /// recipe's per-module override, else the workload's.
     pub fn of(&self, role: GemmRole) -> GemmPrecision {
-        if self.bf16.iter().any(|r| r.role() == role) {
+        if self.bf16.iter().any(|r| r.matches(role)) {
             GemmPrecision::Bf16
-        } else if self.mxfp8.iter().any(|r| r.role() == role) {
+        } else if self.mxfp8.iter().any(|r| r.matches(role)) {
             GemmPrecision::Mxfp8
         } else {
             GemmPrecision::Workload

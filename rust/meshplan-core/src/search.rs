@@ -39,7 +39,7 @@ use crate::feasible::{Codes, FeasibleSpace, Row, Rows};
 use crate::layout::Groups;
 use crate::levels::{DegreeLevel, KnobLevel, KnobTimes, Pipeline};
 use crate::memory::layer_activations;
-use crate::plan::{CpExchange, Dispatcher, Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{CpExchange, Dispatcher, Plan, RankOrder, Recompute, RecomputeModules, Schedule};
 use crate::report::{Evaluation, SearchResult, SearchStats};
 use crate::rules::{PruneCounts, Rule, Scope};
 use crate::space::{Degree, SearchSpace};
@@ -115,9 +115,13 @@ struct Knobs {
     /// (schedule, vpp) pairs.
     schedules: Vec<(Schedule, u32)>,
     zero: Vec<u8>,
-    recompute: Vec<Recompute>,
+    /// Recompute modes, `selective` once per module set of `space.recompute_modules`.
+    recompute: Vec<RecomputeKnob>,
     sequence_parallel: Vec<bool>,
 }
+
+/// A recompute mode and, for `selective`, its modules ([`Plan::recompute_modules`]).
+type RecomputeKnob = (Recompute, Option<RecomputeModules>);
 
 impl Knobs {
     /// Plans of one (micro-batch, schedule) cell: ZeRO × recompute × sequence parallel.
@@ -211,9 +215,26 @@ fn knobs(problem: &Problem, space: &SearchSpace, degrees: Degrees) -> Knobs {
         // Nothing to shard over: every ZeRO stage is the same plan; keep the lowest allowed.
         zero.truncate(1);
     }
-    let mut recompute = space.recompute.clone();
-    recompute.sort();
-    recompute.dedup();
+    let mut modes = space.recompute.clone();
+    modes.sort();
+    modes.dedup();
+    // Selective recompute once per module set asked for (Megatron's default core_attn alone is
+    // the plan without modules); without sets, as it always was.
+    let mut sets: Vec<Option<RecomputeModules>> = space
+        .recompute_modules
+        .iter()
+        .map(|&m| (m != RecomputeModules::CORE_ATTN).then_some(m))
+        .collect();
+    sets.sort();
+    sets.dedup();
+    let mut recompute: Vec<RecomputeKnob> = Vec::with_capacity(modes.len() + sets.len());
+    for r in modes {
+        if r == Recompute::Selective && !sets.is_empty() {
+            recompute.extend(sets.iter().map(|&m| (r, m)));
+        } else {
+            recompute.push((r, None));
+        }
+    }
     let mut sequence_parallel: Vec<bool> = if tp > 1 {
         space.sequence_parallel.clone()
     } else {
@@ -387,6 +408,7 @@ type PlanKey = (
         Option<Dispatcher>,
         bool,
         Option<CpExchange>,
+        Option<RecomputeModules>,
     ),
     u32,
     u32,
@@ -403,7 +425,14 @@ type PlanKey = (
 
 fn plan_key(p: &Plan) -> PlanKey {
     (
-        (p.tp, p.etp, p.dispatcher, p.ep_overlap, p.cp_exchange),
+        (
+            p.tp,
+            p.etp,
+            p.dispatcher,
+            p.ep_overlap,
+            p.cp_exchange,
+            p.recompute_modules,
+        ),
         p.pp,
         p.cp,
         p.ep,
@@ -474,6 +503,7 @@ fn base_plan(
         dispatcher,
         ep_overlap,
         cp_exchange,
+        recompute_modules: None,
     }
 }
 
@@ -643,9 +673,10 @@ impl<'a> Searcher<'a> {
             .collect();
         let mut least = f64::INFINITY;
         let mut knob = KnobLevel::new(degree, &probe, &layer_bytes);
-        for &recompute in &knobs.recompute {
+        for &(recompute, recompute_modules) in &knobs.recompute {
             let plan = Plan {
                 recompute,
+                recompute_modules,
                 ..probe.clone()
             };
             knob.fill(degree, &plan, &layer_bytes);
@@ -744,11 +775,17 @@ impl<'a> Searcher<'a> {
             cells * (zero - zeros.len() as u64) * recompute * sp,
         );
         let cells = cells * zeros.len() as u64;
-        let recomputes: Vec<Recompute> = knobs
+        let recomputes: Vec<RecomputeKnob> = knobs
             .recompute
             .iter()
             .copied()
-            .filter(|&r| stack.recompute.contains(&r) && stack.recompute_allowed(base, r))
+            .filter(|&(r, m)| {
+                stack.recompute.contains(&r)
+                    && stack.recompute_allowed(base, r)
+                    && m.is_none_or(|m| {
+                        stack.recompute_modules_problem(&problem.model, m).is_none()
+                    })
+            })
             .collect();
         part.prune(
             Rule::StackRecompute,
@@ -860,9 +897,10 @@ impl<'a> Searcher<'a> {
                 let layer_bytes = layer_activations(problem, &sp_plan);
                 // Layer times before recompute, per layer kind, shared by the recompute modes.
                 let mut layer_parts: Option<Vec<LayerParts>> = None;
-                for &rec in &knobs.recompute {
+                for &(rec, modules) in &knobs.recompute {
                     let plan = Plan {
                         recompute: rec,
+                        recompute_modules: modules,
                         ..sp_plan.clone()
                     };
                     knob.fill(degree, &plan, &layer_bytes);
@@ -937,7 +975,8 @@ impl<'a> Searcher<'a> {
                     let parts = cell
                         .layer_parts
                         .get_or_insert_with(|| KnobTimes::layer_parts(&tc, problem));
-                    let times = KnobTimes::new(degree, &tc, cell.plan.recompute, cell.m, parts);
+                    let recompute = (cell.plan.recompute, cell.plan.recompute_modules);
+                    let times = KnobTimes::new(degree, &tc, recompute, cell.m, parts);
                     (tc, times)
                 });
                 let optimizer = degree.dp_parts(tc).optimizer[zi];

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::limits;
-use crate::plan::{CpExchange, Dispatcher, RankOrder, Recompute, Schedule};
+use crate::plan::{CpExchange, Dispatcher, RankOrder, Recompute, RecomputeModules, Schedule};
 
 /// Constraint on one parallel degree: fixed, or bounded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -94,6 +94,10 @@ pub struct SearchSpace {
     pub cp_exchanges: Vec<CpExchange>,
     /// Allowed ZeRO stages.
     pub zero: Vec<u8>,
+    /// Megatron-Core selective-recompute module sets to try for `selective` (empty: Megatron's
+    /// default, core attention alone, left unnamed in the plan; `core_attn` alone names that
+    /// default among other sets).
+    pub recompute_modules: Vec<RecomputeModules>,
     /// Allowed recompute modes.
     pub recompute: Vec<Recompute>,
     /// Allowed sequence-parallel settings (only meaningful when tp > 1).
@@ -147,6 +151,7 @@ impl Default for SearchSpace {
             cp_exchanges: Vec::new(),
             zero: vec![0, 1, 2, 3],
             recompute: Recompute::DEFAULT.to_vec(),
+            recompute_modules: Vec::new(),
             sequence_parallel: vec![false, true],
             schedules: Schedule::ALL.to_vec(),
             orders: vec![RankOrder::DEFAULT],

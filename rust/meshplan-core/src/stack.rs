@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::hardware::{check_fraction, check_positive, Precision};
 use crate::model::Model;
-use crate::plan::{CpExchange, Dispatcher, Plan, RankOrder, Recompute, Schedule};
+use crate::plan::{
+    CpExchange, Dispatcher, Plan, RankOrder, Recompute, RecomputeModule, RecomputeModules, Schedule,
+};
 use crate::rules::Rule;
 
 /// The default stack's name.
@@ -178,6 +180,9 @@ pub struct Stack {
     pub zero_with_tp_cp: Vec<u8>,
     /// Recompute modes the stack has.
     pub recompute: Vec<Recompute>,
+    /// Modules of fine-grained selective recompute the stack can recompute
+    /// ([`Plan::recompute_modules`]; empty: none, `selective` is core attention only).
+    pub recompute_modules: Vec<RecomputeModule>,
     /// Sequence-parallel settings allowed with `tp > 1`.
     pub sequence_parallel: Vec<bool>,
 }
@@ -447,6 +452,11 @@ impl Stack {
             Rule::StackRecompute,
             "{name} cannot overlap EP communication under full recompute"
         );
+        if let Some(modules) = plan.recompute_modules {
+            if let Some(why) = self.recompute_modules_problem(model, modules) {
+                rule!(true, Rule::StackRecompute, "{name} {why}");
+            }
+        }
         rule!(
             plan.tp > 1 && !self.sequence_parallel.contains(&plan.sequence_parallel),
             Rule::StackSequenceParallel,
@@ -501,6 +511,39 @@ impl Stack {
     /// overlap drives the layers' backward itself: no whole-layer recompute).
     pub fn recompute_allowed(&self, plan: &Plan, r: Recompute) -> bool {
         !(plan.ep_overlap && r == Recompute::Full)
+    }
+
+    /// Why this stack cannot recompute `modules` of `model` (`None`: it can): a module it does
+    /// not offer, or `mla_up_proj` on a model without MLA (Megatron-Core raises "mla_up_proj in
+    /// recompute_modules is only supported with multi_latent_attention"
+    /// [megatron/core/transformer/transformer_config.py `__post_init__`]).
+    pub fn recompute_modules_problem(
+        &self,
+        model: &Model,
+        modules: RecomputeModules,
+    ) -> Option<String> {
+        let offered = RecomputeModules::of(&self.recompute_modules);
+        if let Some(m) = modules.iter().find(|m| !offered.contains(*m)) {
+            return Some(if self.recompute_modules.is_empty() {
+                format!(
+                    "has no fine-grained recompute modules ({} asked for)",
+                    m.name()
+                )
+            } else {
+                format!(
+                    "cannot recompute the {} module (it has {})",
+                    m.name(),
+                    list(self.recompute_modules.iter().map(|m| m.name()))
+                )
+            });
+        }
+        if modules.contains(RecomputeModule::MlaUpProj) && model.mla.is_none() {
+            return Some(
+                "recomputes mla_up_proj only with multi-head latent attention (the model has none)"
+                    .into(),
+            );
+        }
+        None
     }
 
     /// The ZeRO stages this stack allows for the degrees of `plan`.
@@ -645,6 +688,38 @@ mod tests {
     }
 
     #[test]
+    fn only_megatron_core_offers_recompute_modules_and_mla_up_proj_needs_mla() {
+        let megatron = Stack::default_stack();
+        assert_eq!(megatron.recompute_modules.len(), RecomputeModule::ALL.len());
+        let qwen = crate::presets::model("qwen3-30b-a3b").unwrap();
+        let deepseek = crate::presets::model("deepseek-v3").unwrap();
+        let parse = |t: &str| RecomputeModules::parse(t).unwrap();
+        assert_eq!(
+            megatron.recompute_modules_problem(&qwen, parse("layernorm+moe")),
+            None
+        );
+        let why = megatron
+            .recompute_modules_problem(&qwen, parse("mla_up_proj"))
+            .unwrap();
+        assert!(why.contains("multi-head latent attention"), "{why}");
+        assert_eq!(
+            megatron.recompute_modules_problem(&deepseek, parse("mla_up_proj+mlp")),
+            None
+        );
+        for name in ["torchtitan", "deepspeed", "maxtext"] {
+            let s = Stack::named(name).unwrap();
+            assert!(s.recompute_modules.is_empty(), "{name}");
+            let why = s
+                .recompute_modules_problem(&qwen, parse("moe_act"))
+                .unwrap();
+            assert!(
+                why.contains("no fine-grained recompute modules"),
+                "{name}: {why}"
+            );
+        }
+    }
+
+    #[test]
     fn an_overlap_outside_zero_to_one_is_rejected_with_its_field() {
         let mut s = Stack::default_stack().clone();
         s.dp_overlap = 1.5;
@@ -706,6 +781,7 @@ mod tests {
             dispatcher: None,
             ep_overlap: false,
             cp_exchange: None,
+            recompute_modules: None,
         }
     }
 

@@ -523,6 +523,7 @@ mod tests {
             dispatcher: None,
             ep_overlap: false,
             cp_exchange: None,
+            recompute_modules: None,
         };
         let got = in_flight(&plan, 64, 0);
         let want = 8.0 * (1.0 + 7.0 / 32.0);

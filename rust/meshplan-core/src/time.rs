@@ -22,7 +22,7 @@ use crate::layout::Groups;
 use crate::memory::StageParams;
 use crate::model::Model;
 use crate::plan::CpExchange;
-use crate::plan::{Plan, Recompute, Schedule};
+use crate::plan::{Plan, Recompute, RecomputeModule, RecomputeModules, Schedule};
 use crate::precision::{GemmPrecision, PrecisionRecipe};
 use crate::report::TimeBreakdown;
 use crate::stack::Stack;
@@ -80,31 +80,55 @@ impl LayerTime {
     }
 }
 
-/// A layer's time without recompute, and its core-attention forward (what selective recompute
-/// repeats).
+/// What recomputing each of Megatron-Core's selective-recompute modules replays in the backward
+/// of one layer (§5.4), indexed by [`RecomputeModule::index`]: the forward seconds of the
+/// module's GEMMs and element-wise work (core attention's forward for `core_attn`), its TP
+/// collectives (the FFN's points for `mlp` and `moe`), and for `moe` the dispatch and combine
+/// again.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ModuleReplay {
+    pub compute: [f64; RecomputeModule::ALL.len()],
+    pub tp: [f64; RecomputeModule::ALL.len()],
+    /// The MoE block's exposed forward EP exchange (`moe` only).
+    pub moe_ep: f64,
+}
+
+/// A layer's time without recompute, its core-attention forward (what selective recompute
+/// repeats) and what each recompute module replays.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct LayerParts {
     pub time: LayerTime,
     pub attention_fwd: f64,
+    pub modules: ModuleReplay,
 }
 
 impl LayerParts {
     /// The layer's time under `recompute`: full recompute repeats the forward in the backward,
-    /// selective the core attention, op-level selective half of the rest of the forward.
-    pub fn with(&self, recompute: Recompute) -> LayerTime {
+    /// selective the core attention (with `modules`, each module's replay: nested checkpoints
+    /// replay again, so the modules add), op-level selective half of the rest of the forward.
+    pub fn with(&self, recompute: Recompute, modules: Option<RecomputeModules>) -> LayerTime {
         let LayerTime {
             fwd,
             mut bwd,
             wgrad,
         } = self.time;
-        match recompute {
-            Recompute::Full => bwd.add_scaled(&fwd, 1.0),
-            Recompute::Selective => bwd.compute += self.attention_fwd,
+        match (recompute, modules) {
+            (Recompute::Full, _) => bwd.add_scaled(&fwd, 1.0),
+            (Recompute::Selective, Some(modules)) => {
+                for m in modules.iter() {
+                    bwd.compute += self.modules.compute[m.index()];
+                    bwd.tp += self.modules.tp[m.index()];
+                }
+                if modules.contains(RecomputeModule::Moe) {
+                    bwd.ep += self.modules.moe_ep;
+                }
+            }
+            (Recompute::Selective, None) => bwd.compute += self.attention_fwd,
             // Every other matmul and the element-wise work between them are rebuilt; the
             // attention output is kept (its collectives are not repeated: the saved
             // reduce-scatter outputs are on the save list).
-            Recompute::SelectiveOp => bwd.compute += 0.5 * (fwd.compute - self.attention_fwd),
-            Recompute::None => {}
+            (Recompute::SelectiveOp, _) => bwd.compute += 0.5 * (fwd.compute - self.attention_fwd),
+            (Recompute::None, _) => {}
         }
         LayerTime { fwd, bwd, wgrad }
     }
@@ -327,7 +351,8 @@ impl<'a> TimeContext<'a> {
 
     /// Seconds of one layer of `kind` for one micro-batch.
     pub fn layer(&self, kind: usize) -> LayerTime {
-        self.layer_parts(kind).with(self.plan.recompute)
+        self.layer_parts(kind)
+            .with(self.plan.recompute, self.plan.recompute_modules)
     }
 
     /// [`Self::layer`] before recompute, which only adds to the backward pass: the same for
@@ -343,8 +368,19 @@ impl<'a> TimeContext<'a> {
         let ops = self.layer_ops(kind);
         let mem_bw = self.device.memory_bytes_per_s;
         let mut g = LinearTimes::default();
+        // Each linear's forward also goes to the recompute modules it belongs to (§5.4).
+        let mut replay = ModuleReplay::default();
         for gemm in ops.gemms() {
-            self.linear(&mut g, gemm, mode);
+            let mut one = LinearTimes::default();
+            self.linear(&mut one, gemm, mode);
+            g.fwd += one.fwd;
+            g.dgrad += one.dgrad;
+            g.wgrad += one.wgrad;
+            for m in RecomputeModule::ALL {
+                if gemm.role.in_module(m) {
+                    replay.compute[m.index()] += one.fwd;
+                }
+            }
         }
 
         let seq = self.problem.workload.seq_len as f64;
@@ -434,13 +470,32 @@ impl<'a> TimeContext<'a> {
         } else {
             0.0
         };
+        // The FFN's points, which recomputing the dense MLP or the MoE block replays.
+        let mut ffn_tp = if plan.tp > 1 && ops.comm.ffn_tp_points > 0 {
+            let points = ops.comm.ffn_tp_points as f64;
+            (1.0 - self.tp_overlap()) * points * self.tp_point(ops.comm.tp_bytes)
+        } else {
+            0.0
+        };
         // A folded plan's routed copies gather over the expert-TP group (§3.7).
         if ops.comm.etp_points > 0 {
             let points = ops.comm.etp_points as f64;
-            tp_fwd += (1.0 - self.tp_overlap())
+            let etp = (1.0 - self.tp_overlap())
                 * points
                 * self.tp_point_on(ops.comm.etp_bytes, self.groups.etp);
+            tp_fwd += etp;
+            ffn_tp += etp;
         }
+        for m in RecomputeModule::ALL {
+            replay.compute[m.index()] += ops.module_elementwise_bytes[m.index()] / mem_bw;
+        }
+        replay.compute[RecomputeModule::CoreAttn.index()] = attn_fwd;
+        let ffn_module = if ops.comm.dispatch.is_some() {
+            RecomputeModule::Moe
+        } else {
+            RecomputeModule::Mlp
+        };
+        replay.tp[ffn_module.index()] = ffn_tp;
 
         // Context parallel K/V exchange (§3.8), as the stack runs it.
         let (cp_fwd, cp_bwd) = if plan.cp > 1 && ops.comm.cp_kv_bytes_per_token > 0.0 {
@@ -545,9 +600,11 @@ impl<'a> TimeContext<'a> {
             cp: cp_bwd,
             ep: ep_bwd,
         };
+        replay.moe_ep = ep_fwd;
         LayerParts {
             time: LayerTime { fwd, bwd, wgrad },
             attention_fwd: attn_fwd,
+            modules: replay,
         }
     }
 
@@ -614,7 +671,9 @@ impl<'a> TimeContext<'a> {
         let mut out = LayerTime::default();
         for kind in model.mtp_kinds() {
             out.add_scaled(
-                &self.layer_parts_at(kind, mode).with(self.plan.recompute),
+                &self
+                    .layer_parts_at(kind, mode)
+                    .with(self.plan.recompute, self.plan.recompute_modules),
                 1.0,
             );
         }
@@ -667,7 +726,7 @@ impl<'a> TimeContext<'a> {
                     if count > 0 {
                         let bf16 = self
                             .layer_parts_at(kind, LinearMode::Ends)
-                            .with(self.plan.recompute);
+                            .with(self.plan.recompute, self.plan.recompute_modules);
                         out.add_scaled(&bf16, count as f64);
                         out.add_scaled(&layers[kind], -(count as f64));
                     }
@@ -1312,7 +1371,7 @@ mod tests {
         for (kind, count) in [(0, 6.0), (1, 7.0), (2, 1.0)] {
             let bf16 = tc
                 .layer_parts_at(kind, LinearMode::Ends)
-                .with(plan.recompute);
+                .with(plan.recompute, plan.recompute_modules);
             want.add_scaled(&bf16, count);
             want.add_scaled(&layers[kind], -count);
         }
@@ -1414,5 +1473,63 @@ mod tests {
         // A run of empty ranks as long as a pipeline can be costs one addition.
         let huge = PipelineTimes::of_runs(&[(a, 1), (zero, u32::MAX - 2), (b, 1)]);
         assert_eq!(huge.sum, a.total() + b.total());
+    }
+
+    #[test]
+    fn each_recompute_module_replays_its_own_forward_in_the_backward() {
+        // Nemotron 3 Nano (Mamba-2, attention, MoE with a shared expert) on 8 GB200, EP 8.
+        let (p, plan) = nano(None, None);
+        let tc = tc(&p, &plan);
+        let kinds = p.model.layer_kinds();
+        let moe_kind = (0..kinds.len())
+            .find(|&k| {
+                matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_))
+                    && !kinds.specs()[k].mixer.present()
+            })
+            .unwrap();
+        let parts = tc.layer_parts(moe_kind);
+        let sel = |m: Option<&str>| {
+            parts.with(
+                Recompute::Selective,
+                m.map(|t| RecomputeModules::parse(t).unwrap()),
+            )
+        };
+        let none = parts.with(Recompute::None, None);
+        // core_attn alone is what selective always meant, bit for bit.
+        assert_eq!(sel(Some("core_attn")), sel(None));
+        // moe replays the block's GEMMs and element-wise work, its TP points and its exposed
+        // forward EP exchange; the forward is untouched.
+        let moe = sel(Some("moe"));
+        let i = RecomputeModule::Moe.index();
+        assert_eq!(moe.fwd, none.fwd);
+        assert_eq!(moe.bwd.compute, none.bwd.compute + parts.modules.compute[i]);
+        assert_eq!(moe.bwd.ep, none.bwd.ep + none.fwd.ep);
+        assert!(none.fwd.ep > 0.0);
+        // moe_act: the experts' activation only, its element-wise bytes at HBM speed.
+        let ops = tc.layer_ops(moe_kind);
+        let a = RecomputeModule::MoeAct.index();
+        assert_eq!(
+            parts.modules.compute[a],
+            ops.module_elementwise_bytes[a] / tc.device.memory_bytes_per_s
+        );
+        // Nested checkpoints replay again: shared_experts and moe_act inside moe add.
+        let all = sel(Some("moe+moe_act+shared_experts"));
+        let s = RecomputeModule::SharedExperts.index();
+        let extra = parts.modules.compute[a] + parts.modules.compute[s];
+        assert!((all.bwd.compute - moe.bwd.compute - extra).abs() <= 1e-12 * all.bwd.compute);
+        // The block holds both: its replay is more than the two together.
+        assert!(parts.modules.compute[i] > extra);
+        // A Mamba layer has nothing the MoE modules replay.
+        let mamba = (0..kinds.len())
+            .find(|&k| matches!(kinds.specs()[k].mixer, crate::layer::Mixer::Mamba(_)))
+            .unwrap();
+        let mp = tc.layer_parts(mamba);
+        assert_eq!(
+            mp.with(
+                Recompute::Selective,
+                Some(RecomputeModules::parse("moe+moe_act+layernorm").unwrap())
+            ),
+            mp.with(Recompute::None, None)
+        );
     }
 }

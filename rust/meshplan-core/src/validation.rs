@@ -65,7 +65,7 @@ use crate::evaluate::evaluate_in;
 use crate::flops::{recompute_flops_per_token, train_flops_per_token, AttentionCounting};
 use crate::hardware::{Cluster, Precision};
 use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
-use crate::plan::{CpExchange, Dispatcher, Plan, Recompute, Schedule};
+use crate::plan::{CpExchange, Dispatcher, Plan, Recompute, RecomputeModules, Schedule};
 use crate::report::Evaluation;
 use crate::search::{search_counting_faster, Control};
 use crate::space::{Degree, SearchSpace, DEFAULT_MAX_MICRO_BATCH, DEFAULT_MAX_VPP};
@@ -217,6 +217,10 @@ pub struct CasePlan {
     /// its stack's default ([`Plan::cp_exchange`]).
     #[serde(default)]
     pub cp_exchange: Option<CpExchange>,
+    /// Megatron-Core's selective-recompute modules the run used (`--recompute-modules`), where
+    /// its recipe names them; with `recompute = selective` ([`Plan::recompute_modules`]).
+    #[serde(default)]
+    pub recompute_modules: Option<RecomputeModules>,
 }
 
 impl CasePlan {
@@ -788,6 +792,7 @@ fn published_plan(
         dispatcher: p.dispatcher,
         ep_overlap: p.ep_overlap.unwrap_or(false),
         cp_exchange: p.cp_exchange,
+        recompute_modules: p.recompute_modules,
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),
@@ -820,6 +825,7 @@ fn published_plan(
         let mut best: Option<Evaluation> = None;
         for &v in &vpps {
             base.recompute = rec;
+            base.recompute_modules = p.recompute_modules.filter(|_| rec == Recompute::Selective);
             base.vpp = v;
             base.schedule = Some(if v > 1 {
                 Schedule::Interleaved
@@ -859,8 +865,13 @@ fn measured_tokens(case: &Case, problem: &Problem, plan: &Plan) -> Option<(Strin
         return Some(("model_tflops_per_gpu".into(), tf * 1e12 / flops_per_token));
     }
     if let Some(tf) = m.hardware_tflops_per_gpu {
-        let recompute =
-            recompute_flops_per_token(&problem.model, plan.recompute, w.seq_len as f64, counting);
+        let recompute = recompute_flops_per_token(
+            &problem.model,
+            plan.recompute,
+            plan.recompute_modules,
+            w.seq_len as f64,
+            counting,
+        );
         return Some((
             "hardware_tflops_per_gpu".into(),
             tf * 1e12 / (flops_per_token + recompute),
@@ -969,6 +980,11 @@ fn fill_row(case: &Case, options: &ValidateOptions, row: &mut CaseRow) -> Result
                 }
             }
             modes
+        },
+        // The published module set beside Megatron's default, where the row names one.
+        recompute_modules: match case.plan.recompute_modules {
+            Some(m) => vec![RecomputeModules::CORE_ATTN, m],
+            None => Vec::new(),
         },
         // Keeping TP inside the NVLink domain is the search's policy, not a limit of the
         // hardware: a published run whose TP spans domains (vTrain's TP 16 over two 8-GPU nodes)

@@ -66,6 +66,7 @@ fn base_plan(n: u32) -> Plan {
         dispatcher: None,
         ep_overlap: false,
         cp_exchange: None,
+        recompute_modules: None,
     }
 }
 

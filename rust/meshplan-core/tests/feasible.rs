@@ -91,6 +91,13 @@ fn plan_of(fs: &FeasibleSpace, i: usize) -> Plan {
             "default" => None,
             x => Some(serde_json::from_value(serde_json::json!(x)).unwrap()),
         },
+        recompute_modules: match labels(fs, "recompute_modules")
+            [u8s(fs, "recompute_modules")[i] as usize]
+            .as_str()
+        {
+            "default" => None,
+            m => Some(serde_json::from_value(serde_json::json!(m)).unwrap()),
+        },
     }
 }
 

@@ -53,6 +53,7 @@ fn plan(dp: u32, tp: u32, zero: u8, sp: bool) -> Plan {
         dispatcher: None,
         ep_overlap: false,
         cp_exchange: None,
+        recompute_modules: None,
     }
 }
 

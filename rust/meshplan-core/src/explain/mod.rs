@@ -21,6 +21,8 @@ mod cp;
 mod dp;
 mod ep;
 mod pp;
+mod recompute;
+pub use recompute::ModuleCost;
 mod tp;
 
 use std::time::Instant;
@@ -177,6 +179,10 @@ pub struct Explanation {
     /// One entry per axis present, in the order dp, tp, pp, ep, cp, zero.
     pub axes: Vec<AxisExplanation>,
     pub pipeline: PipelineTimes,
+    /// Megatron-Core's recompute modules of the plan, each with what it saves and replays on the
+    /// worst rank (absent without modules).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recompute_modules: Vec<recompute::ModuleCost>,
 }
 
 /// Explains `plan` on `problem` (an infeasible plan is explained too; its evaluation says why
@@ -213,6 +219,7 @@ pub fn explain_with(problem: &Problem, plan: &Plan, control: &Control) -> Result
     Ok(Explanation {
         mesh: mesh(problem, &plan),
         pipeline: ctx.pipeline(),
+        recompute_modules: ctx.recompute_modules(),
         axes,
         plan,
         evaluation,
@@ -633,6 +640,7 @@ pub fn decode_traffic(
         dispatcher: None,
         ep_overlap: false,
         cp_exchange: None,
+        recompute_modules: None,
     };
     let g = Groups::of(&plan, cluster.nvlink_domain()).tp;
     let fabric = Fabric::of(cluster);

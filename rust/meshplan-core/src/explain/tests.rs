@@ -768,3 +768,56 @@ fn ulysses_keeps_attention_output_twice_unless_recomputed() {
     let a2a = eval("dp=1,tp=1,pp=1,cp=8,zero=1,recompute=selective,cp_exchange=a2a");
     assert_eq!(ring.memory_gib.activations, a2a.memory_gib.activations);
 }
+
+#[test]
+fn explain_names_each_recompute_module_with_what_it_saves_and_replays() {
+    let p = problem(
+        presets::model("qwen3-30b-a3b").unwrap(),
+        "h100-sxm",
+        8,
+        64,
+        4096,
+    );
+    let none = explain(&p, &plan("dp=1,tp=1,pp=1,ep=8,recompute=selective")).unwrap();
+    assert!(none.recompute_modules.is_empty());
+    assert!(!serde_json::to_string(&none)
+        .unwrap()
+        .contains("recompute_modules\":["));
+    let x = explain(
+        &p,
+        &plan("dp=1,tp=1,pp=1,ep=8,recompute=selective,recompute_modules=layernorm+moe"),
+    )
+    .unwrap();
+    let names: Vec<&str> = x
+        .recompute_modules
+        .iter()
+        .map(|m| m.module.as_str())
+        .collect();
+    assert_eq!(names, ["layernorm", "moe"]);
+    for m in &x.recompute_modules {
+        // Every one of the 48 MoE layers, something saved and something replayed.
+        assert_eq!(m.layers, 48, "{m:?}");
+        assert!(
+            m.saved_gib_per_micro_batch > 0.0 && m.backward_s_per_micro_batch > 0.0,
+            "{m:?}"
+        );
+    }
+    // The MoE block dwarfs its norm, and its replay holds the EP exchange again.
+    assert!(
+        x.recompute_modules[1].saved_gib_per_micro_batch
+            > 10.0 * x.recompute_modules[0].saved_gib_per_micro_batch
+    );
+    // What the modules save is what the memory model stores less of (per micro-batch, rank 0).
+    let sel = &none.evaluation;
+    assert!(x.evaluation.memory_gib.activations < sel.memory_gib.activations);
+    // What they replay is the backward's growth over no recompute (core attention is not
+    // among them): the worst rank's backward per micro-batch.
+    let plain = explain(&p, &plan("dp=1,tp=1,pp=1,ep=8,recompute=none")).unwrap();
+    let grew = x.pipeline.stages[0].bwd_s - plain.pipeline.stages[0].bwd_s;
+    let sum: f64 = x
+        .recompute_modules
+        .iter()
+        .map(|m| m.backward_s_per_micro_batch)
+        .sum();
+    assert!((grew / sum - 1.0).abs() < 1e-9, "{grew} vs {sum}");
+}

@@ -132,6 +132,7 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                                     .then_some(p.workload.stack_profile().default_dispatcher),
                                 ep_overlap: false,
                                 cp_exchange: None,
+                                recompute_modules: None,
                             });
                         }
                     }
