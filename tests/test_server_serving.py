@@ -166,6 +166,19 @@ def test_explain_serving_over_grpc_equals_the_python_api(planner_client: Planner
     assert {a["axis"] for a in remote["axes"]} >= {"tp", "ep"}
 
 
+def test_weight_scaling_travels_over_grpc(planner_client: PlannerClient) -> None:
+    kw: dict[str, Any] = {"input_len": 3200, "output_len": 8, "weight_precision": "fp8", "concurrency": 4,
+                          "arrival": "waves", "num_requests": 4}
+    h200 = mp.Cluster("h200-sxm", 8)
+    for scaling in ("tensor", "block"):
+        local = mp.evaluate_serving("deepseek-v3", h200, "tp=8,batch=4", weight_scaling=scaling, **kw)
+        remote = planner_client.evaluate_serving("deepseek-v3", h200, "tp=8,batch=4", weight_scaling=scaling, **kw)
+        assert remote["time"] == local["time"]
+    with pytest.raises(InvalidInputError, match="weight_scaling: block"):
+        planner_client.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=1,batch=4",
+                                        weight_scaling="block", input_len=8, output_len=8)
+
+
 def test_the_client_searches_and_evaluates_serving_as_the_python_api(planner_client: PlannerClient) -> None:
     kw: dict[str, Any] = {"input_len": 1024, "output_len": 256, "tpot_s": 0.05}
     local = mp.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top_k": 3}, **kw)

@@ -250,3 +250,28 @@ def test_cli_plot_pareto(tmp_path: object) -> None:
     out = Path(str(tmp_path)) / "front.png"
     code, _ = run_cli("inference", "search", *PROBLEM, "--plot", "pareto", "--out", str(out))
     assert code == 0 and out.stat().st_size > 1000
+
+
+def test_block_scaled_fp8_prefill_runs_at_the_engines_block_kernel_rate() -> None:
+    # DeepSeek-V3/R1's FP8 checkpoints are block-scaled (128x128 weight blocks): the preset
+    # defaults to it, an HF config's quantization_config.weight_block_size says so, and the
+    # dense linears of a prefill run at block_fp8_gemm_efficiency (data/serving.toml).
+    h200 = mp.Cluster("h200-sxm", 8)
+    kw = dict(weight_precision="fp8", input_len=3200, output_len=800, concurrency=4, arrival="waves",
+              num_requests=4)
+    default = mp.evaluate_serving("deepseek-v3", h200, "tp=8,batch=4", **kw)
+    block = mp.evaluate_serving("deepseek-v3", h200, "tp=8,batch=4", weight_scaling="block", **kw)
+    tensor = mp.evaluate_serving("deepseek-v3", h200, "tp=8,batch=4", weight_scaling="tensor", **kw)
+    assert default["time"] == block["time"]
+    pb, pt = block["time"]["prefill"], tensor["time"]["prefill"]
+    # Same FLOPs, slower kernels: the wave's TTFT (its prefill) is longer.
+    assert pb["flops"] == pytest.approx(pt["flops"])
+    assert pb["linear_s"] > 1.2 * pt["linear_s"]
+    assert block["time"]["ttft_s"] - tensor["time"]["ttft_s"] == pytest.approx(pb["total_s"] - pt["total_s"])
+    fixture = "tests/fixtures/hf/DeepSeek-V3.json"
+    assert serving_problem(fixture, h200, **kw)["weight_scaling"] == "block"
+    assert "weight_scaling" not in serving_problem(fixture, h200, input_len=8, output_len=8)
+    hf = mp.evaluate_serving(fixture, h200, "tp=8,batch=4", **kw)
+    assert hf["time"]["prefill"]["linear_s"] == pytest.approx(pb["linear_s"])
+    with pytest.raises(mp.errors.InvalidInputError, match="weight_scaling: block"):
+        mp.evaluate_serving("llama3-8b", H100x8, "tp=1,batch=4", weight_scaling="block", input_len=8, output_len=8)

@@ -31,20 +31,31 @@ def as_model(model: object) -> Model:
     snapshot). Any other string is a preset name.
     """
     if isinstance(model, (str, os.PathLike)):
-        path = os.fspath(model)
-        is_path = (
-            not isinstance(model, str)
-            or path.endswith(".json")
-            or "/" in path
-            or os.sep in path
-            or os.path.exists(path)
-        )
-        if not is_path:
-            return Model.preset(path)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
+        path = hf_config_path(model)
+        if path is None:
+            return Model.preset(os.fspath(model))
         return Model.from_hf_config(path)
     return as_type(Model, model, "model")
+
+
+def hf_config_path(model: object) -> Optional[str]:
+    """The ``config.json`` path that ``model`` names (see :func:`as_model`), None when it is a
+    preset name or not a string or path."""
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    path = os.fspath(model)
+    is_path = (
+        not isinstance(model, str)
+        or path.endswith(".json")
+        or "/" in path
+        or os.sep in path
+        or os.path.exists(path)
+    )
+    if not is_path:
+        return None
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    return path
 
 
 def problem_dict(model: object, cluster: object, workload: object) -> dict[str, Any]:

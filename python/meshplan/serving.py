@@ -10,6 +10,7 @@ core's one line), and the results are the core's dicts. A deployment is
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -17,7 +18,7 @@ from typing import Any, Optional, Union
 from . import _core
 from ._core import CancelToken
 from ._fields import as_type
-from .api import ModelLike, as_model
+from .api import ModelLike, as_model, hf_config_path
 from .errors import InvalidInputError
 from .hardware import Cluster
 
@@ -76,6 +77,7 @@ def serving_problem(
     output_len: int,
     weight_precision: str = "bf16",
     kv_precision: str = "bf16",
+    weight_scaling: Optional[str] = None,
     prefix_fraction: float = 0.0,
     concurrency: Optional[int] = None,
     request_rate: Optional[float] = None,
@@ -86,8 +88,13 @@ def serving_problem(
     e2e_s: Optional[float] = None,
     objective: str = "throughput",
 ) -> dict[str, Any]:
-    """The core's serving-problem dict (the core checks every field)."""
-    return {
+    """The core's serving-problem dict (the core checks every field).
+
+    ``weight_scaling`` (``tensor`` or ``block``, FP8 only): None takes it from a Hugging Face
+    config's ``quantization_config.weight_block_size`` when ``model`` is one, else the core's
+    default (``block`` for presets whose published FP8 checkpoint is block-scaled).
+    """
+    problem: dict[str, Any] = {
         "model": as_model(model).to_dict(),
         "cluster": as_type(Cluster, cluster, "cluster").to_dict(),
         "weight_precision": weight_precision,
@@ -104,6 +111,28 @@ def serving_problem(
         "slo": {"ttft_s": ttft_s, "tpot_s": tpot_s, "e2e_s": e2e_s},
         "objective": objective,
     }
+    scaling = weight_scaling if weight_scaling is not None else _hf_weight_scaling(model, weight_precision)
+    if scaling is not None:
+        problem["weight_scaling"] = scaling
+    return problem
+
+
+def _hf_weight_scaling(model: ModelLike, weight_precision: str) -> Optional[str]:
+    """``block`` when ``model`` is a Hugging Face config whose FP8 ``quantization_config``
+    has a ``weight_block_size`` (DeepSeek-V3's ``[128, 128]``), ``tensor`` for another FP8
+    ``quantization_config``, None otherwise (a preset, or no quantisation stated)."""
+    path = hf_config_path(model)
+    if path is None or weight_precision != "fp8":
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None  # as_model has already read it; nothing more to say here
+    quant = config.get("quantization_config") if isinstance(config, dict) else None
+    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+        return None
+    return "block" if quant.get("weight_block_size") else "tensor"
 
 
 def search_serving(

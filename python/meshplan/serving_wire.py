@@ -47,6 +47,7 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
         },
         "slo": {"ttft_s": _opt(s, "ttft_s"), "tpot_s": _opt(s, "tpot_s"), "e2e_s": _opt(s, "e2e_s")},
         "objective": _opt(msg, "objective") or "throughput",
+        **({"weight_scaling": msg.weight_scaling} if msg.HasField("weight_scaling") else {}),
     }
 
 
@@ -168,6 +169,7 @@ def problem_message(problem: dict[str, Any]) -> pb.ServingProblem:
         ),
         slo=pb.ServingSlo(ttft_s=s["ttft_s"], tpot_s=s["tpot_s"], e2e_s=s["e2e_s"]),
         objective=problem["objective"],
+        weight_scaling=problem.get("weight_scaling"),
     )
 
 

@@ -42,6 +42,9 @@ def _flags() -> Parser:
     g.add_argument("--nvlink-domain", type=int, metavar="N", help="GPUs per NVLink domain (default: the preset's)")
     g.add_argument("--weight-precision", default="bf16", help="bf16 (default), fp16, fp8, mxfp8 or nvfp4")
     g.add_argument("--kv-precision", default="bf16", help="KV-cache precision: bf16 (default), fp16, fp8 or nvfp4")
+    g.add_argument("--weight-scaling", choices=("tensor", "block"),
+                   help="FP8 weights' scaling (default: the checkpoint's: block for DeepSeek-V3/R1 or an HF config with "
+                        "weight_block_size, else tensor)")
     g.add_argument("--input-len", required=True, type=int, metavar="T", help="prompt tokens per request (ISL)")
     g.add_argument("--output-len", required=True, type=int, metavar="T", help="output tokens per request (OSL)")
     g.add_argument("--prefix-fraction", type=float, default=0.0, metavar="F", help="shared, cached prompt prefix (0-0.99)")
@@ -99,6 +102,7 @@ def _problem(args: argparse.Namespace) -> dict[str, Any]:
         "output_len": args.output_len,
         "weight_precision": args.weight_precision,
         "kv_precision": args.kv_precision,
+        "weight_scaling": args.weight_scaling,
         "prefix_fraction": args.prefix_fraction,
         "concurrency": args.concurrency,
         "request_rate": args.request_rate,

@@ -1985,12 +1985,17 @@ class ServingProblem(_message.Message):
     TRAFFIC_FIELD_NUMBER: _builtins.int
     SLO_FIELD_NUMBER: _builtins.int
     OBJECTIVE_FIELD_NUMBER: _builtins.int
+    WEIGHT_SCALING_FIELD_NUMBER: _builtins.int
     weight_precision: _builtins.str
     """"bf16" (default), "fp16", "fp8", "mxfp8" or "nvfp4", where the GPU has it."""
     kv_precision: _builtins.str
     """KV-cache precision: "bf16" (default), "fp16", "fp8" or "nvfp4"."""
     objective: _builtins.str
     """"throughput" (default: tokens/s per GPU) or "latency" (end-to-end latency)."""
+    weight_scaling: _builtins.str
+    """FP8 weights' scaling: "tensor" or "block" (128x128 weight blocks, DeepSeek-V3's checkpoints).
+    Unset: "block" for presets whose published FP8 checkpoint is block-scaled, else "tensor".
+    """
     @_builtins.property
     def model(self) -> Global___Model: ...
     @_builtins.property
@@ -2009,10 +2014,11 @@ class ServingProblem(_message.Message):
         traffic: Global___ServingTraffic | None = ...,
         slo: Global___ServingSlo | None = ...,
         objective: _builtins.str | None = ...,
+        weight_scaling: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "cluster", b"cluster", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "_weight_scaling", b"_weight_scaling", "cluster", b"cluster", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision", "weight_scaling", b"weight_scaling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "cluster", b"cluster", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "_weight_scaling", b"_weight_scaling", "cluster", b"cluster", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision", "weight_scaling", b"weight_scaling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__kv_precision: _TypeAlias = _typing.Literal["kv_precision"]  # noqa: Y015
     _WhichOneofArgType__kv_precision: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision"]  # noqa: Y015
@@ -2020,12 +2026,16 @@ class ServingProblem(_message.Message):
     _WhichOneofArgType__objective: _TypeAlias = _typing.Literal["_objective", b"_objective"]  # noqa: Y015
     _WhichOneofReturnType__weight_precision: _TypeAlias = _typing.Literal["weight_precision"]  # noqa: Y015
     _WhichOneofArgType__weight_precision: _TypeAlias = _typing.Literal["_weight_precision", b"_weight_precision"]  # noqa: Y015
+    _WhichOneofReturnType__weight_scaling: _TypeAlias = _typing.Literal["weight_scaling"]  # noqa: Y015
+    _WhichOneofArgType__weight_scaling: _TypeAlias = _typing.Literal["_weight_scaling", b"_weight_scaling"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_precision) -> _WhichOneofReturnType__kv_precision | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__objective) -> _WhichOneofReturnType__objective | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__weight_precision) -> _WhichOneofReturnType__weight_precision | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight_scaling) -> _WhichOneofReturnType__weight_scaling | None: ...
 
 Global___ServingProblem: _TypeAlias = ServingProblem  # noqa: Y015
 

@@ -30,14 +30,16 @@ pub use evaluate::{evaluate_serving, evaluate_serving_with, ServingEvaluation, S
 pub use explain::{explain_serving, ServingAxis, ServingExplanation};
 pub use memory::ServingMemory;
 pub use plan::{ServingPlan, Worker};
-pub use problem::{bytes_per_element, Arrival, Objective, ServingProblem, Slo, Traffic};
+pub use problem::{
+    bytes_per_element, Arrival, Objective, ServingProblem, Slo, Traffic, WeightScaling,
+};
 pub use search::{search_serving, ServingSearchResult, ServingSearchStats, ServingSpace};
 pub use time::{PhaseTime, ServingTime};
 
 const SERVING_TOML: &str = include_str!("../../data/serving.toml");
 
 /// The constants of `data/serving.toml` (each field's source is cited there).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServingConstants {
     /// Share of HBM the engine may fill (weights, workspace and KV cache).
@@ -57,6 +59,11 @@ pub struct ServingConstants {
     /// Fraction of the dense peak that serving engines' fused-MoE grouped GEMMs reach with
     /// FP8/FP4 weights (in place of the GPU's large-GEMM efficiency, for the routed experts).
     pub moe_gemm_quantized_efficiency: f64,
+    /// Fraction of the FP8 dense peak that the engines' block-scaled FP8 GEMMs (128x128 weight
+    /// blocks, 1x128 activation groups) reach, in place of the GPU's large-GEMM efficiency.
+    pub block_fp8_gemm_efficiency: f64,
+    /// Model presets whose published FP8 checkpoint is block-scaled.
+    pub block_fp8_models: Vec<String>,
     /// Host time per decode iteration, µs.
     pub decode_step_overhead_us: f64,
     /// Launch time per layer per decode step under CUDA graphs, µs.

@@ -112,6 +112,17 @@ pub enum Objective {
     Latency,
 }
 
+/// How the FP8 weights of a serving problem are scaled (`ServingProblem::weight_scaling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightScaling {
+    /// One scale per tensor (or per output channel): the GEMM runs at the FP8 peak's rate.
+    Tensor,
+    /// 128x128 weight blocks and 1x128 activation groups, each with its own scale: the
+    /// engines' block-scaled kernels (`block_fp8_gemm_efficiency`).
+    Block,
+}
+
 /// A validated serving problem.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -124,6 +135,12 @@ pub struct ServingProblem {
     /// Precision of the KV cache (vLLM/SGLang `--kv-cache-dtype`).
     #[serde(default)]
     pub kv_precision: Precision,
+    /// How FP8 weights are scaled: `tensor` (one scale per tensor or channel) or `block`
+    /// (DeepSeek-V3's 128x128 weight blocks and 1x128 activation groups, an HF config's
+    /// `quantization_config.weight_block_size`). `None`: `block` for FP8 models whose published
+    /// checkpoint is block-scaled (`block_fp8_models` in data/serving.toml), else `tensor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_scaling: Option<WeightScaling>,
     pub traffic: Traffic,
     #[serde(default)]
     pub slo: Slo,
@@ -190,6 +207,18 @@ impl ServingProblem {
                 format!("{} on {}", allowed.join(", "), gpu.name),
             ));
         }
+        if self.weight_scaling == Some(WeightScaling::Block)
+            && self.weight_precision != Precision::Fp8
+        {
+            return Err(Error::invalid(
+                "weight_scaling",
+                "block",
+                format!(
+                    "tensor with weight_precision {}; block needs fp8",
+                    self.weight_precision.name()
+                ),
+            ));
+        }
         // A KV cache is stored, not computed in: any format the serving engines store it in.
         if self.kv_precision == Precision::Mxfp8 {
             return Err(Error::invalid(
@@ -199,6 +228,16 @@ impl ServingProblem {
             ));
         }
         Ok(())
+    }
+
+    /// The linear layers run block-scaled FP8 GEMMs: `weight_scaling`, or when it is unset an
+    /// FP8 model whose published checkpoint is block-scaled (data/serving.toml).
+    pub fn block_scaled_fp8(&self) -> bool {
+        self.weight_precision == Precision::Fp8
+            && match self.weight_scaling {
+                Some(s) => s == WeightScaling::Block,
+                None => constants().block_fp8_models.contains(&self.model.name),
+            }
     }
 
     /// Tokens held in the KV cache per sequence at its longest: the prompt and the output.
@@ -240,6 +279,7 @@ pub(crate) mod tests {
             },
             weight_precision: Precision::Bf16,
             kv_precision: Precision::Bf16,
+            weight_scaling: None,
             traffic: Traffic {
                 input_len: 1024,
                 output_len: 256,
@@ -274,6 +314,27 @@ pub(crate) mod tests {
         let mut p = problem("llama3-8b", "h100-sxm", 8);
         p.traffic.prefix_fraction = 1.0;
         assert!(p.validate().is_err());
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.weight_scaling = Some(WeightScaling::Block);
+        assert_eq!(
+            p.validate().unwrap_err().to_string(),
+            "invalid weight_scaling: block (allowed: tensor with weight_precision bf16; block needs fp8)"
+        );
+    }
+
+    #[test]
+    fn block_scaling_defaults_from_the_published_checkpoint() {
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.weight_precision = Precision::Fp8;
+        assert!(!p.block_scaled_fp8());
+        p.weight_scaling = Some(WeightScaling::Block);
+        assert!(p.block_scaled_fp8());
+        let mut d = problem("deepseek-v3", "h100-sxm", 8);
+        assert!(!d.block_scaled_fp8(), "bf16 weights");
+        d.weight_precision = Precision::Fp8;
+        assert!(d.block_scaled_fp8());
+        d.weight_scaling = Some(WeightScaling::Tensor);
+        assert!(!d.block_scaled_fp8());
     }
 
     #[test]

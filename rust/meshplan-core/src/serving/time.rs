@@ -144,6 +144,8 @@ pub(crate) struct TimeModel<'a> {
     ops: OpsContext,
     /// GEMMs of a layer's attention (the first ones [`layer_ops`] lists).
     attention_gemms: usize,
+    /// The dense linears run block-scaled FP8 kernels (`ServingProblem::block_scaled_fp8`).
+    block_scaled: bool,
 }
 
 /// Accumulated time and traffic of the linear layers.
@@ -200,6 +202,7 @@ impl<'a> TimeModel<'a> {
                 * constants().decode_bandwidth_fraction,
             ops,
             attention_gemms,
+            block_scaled: problem.block_scaled_fp8(),
         }
     }
 
@@ -229,6 +232,13 @@ impl<'a> TimeModel<'a> {
                 *dev
             };
             gemm::grouped_efficiency(&fused, touched, rows, g.n, g.k)
+        } else if self.block_scaled {
+            // Block-scaled FP8 kernels of the engines reach a fixed share of the FP8 peak.
+            let block = GemmDevice {
+                efficiency: dev.efficiency.min(constants().block_fp8_gemm_efficiency),
+                ..*dev
+            };
+            gemm::efficiency(&block, g.m.max(skinny), g.n, g.k)
         } else {
             gemm::efficiency(dev, g.m.max(skinny), g.n, g.k)
         };
@@ -644,5 +654,83 @@ mod tests {
         let (b, _) = tm.forward(&adp8, &decode(8.0), true);
         assert!((a.kv_bytes / b.kv_bytes - 8.0).abs() < 1e-9);
         assert!(b.ep_comm_s > 0.0 && a.ep_comm_s == 0.0);
+    }
+
+    #[test]
+    fn block_scaled_fp8_gemm_runs_at_the_engines_measured_rate() {
+        // DeepSeek-V3's published FP8 checkpoint is block-scaled: the preset defaults to it.
+        let mut p = problem("deepseek-v3", 8);
+        p.weight_precision = crate::hardware::Precision::Fp8;
+        assert!(p.block_scaled_fp8());
+        let tm = TimeModel::new(&p);
+        // vLLM PR 23280's shape (DeepSeek-V3, N=2112 K=7168) at M=4096 on H100.
+        let g = Gemm {
+            m: 4096.0,
+            n: 2112.0,
+            k: 7168.0,
+            repeat: 1.0,
+            grouped: false,
+            role: Default::default(),
+        };
+        let mut lin = Linear::default();
+        tm.gemm(&mut lin, &g, 1.0);
+        // By hand: 2·4096·2112·7168 = 1.2402e11 FLOPs; utilisation of the shape on 132 SMs:
+        // tiles 32 × 17 (N padded to 2176: 0.97059), 544 tiles in 5 waves of 132 (0.82424),
+        // K 7168/(7168+64) (0.99115), so 0.245 × 0.79291 = 0.19426 of 1978.9 TFLOP/s =
+        // 384.4 TFLOP/s, 322.6 µs (the PR measured 403.0 TFLOP/s, 307.8 µs). The bytes
+        // (15.1 MB of weights, 75.3 MB of 16-bit activations at 2.68 TB/s: 33.8 µs) are less.
+        let by_hand = 1.2402e11 / (1978.9e12 * 0.245 * 0.97059 * 0.82424 * 0.99115);
+        assert!(
+            (lin.seconds - by_hand).abs() / by_hand < 1e-3,
+            "{} vs {by_hand}",
+            lin.seconds
+        );
+        assert!((lin.seconds - 322.6e-6).abs() < 0.5e-6, "{}", lin.seconds);
+        let measured = 2.0 * 4096.0 * 2112.0 * 7168.0 / 403.0e12;
+        assert!(
+            (lin.seconds / measured - 1.0).abs() < 0.06,
+            "{} vs {measured}",
+            lin.seconds
+        );
+
+        // Per-tensor FP8 of the same shape keeps the GPU's calibrated FP8 efficiency, and a
+        // whole prefill forward is slower block-scaled.
+        let mut per_tensor = p.clone();
+        per_tensor.weight_scaling = Some(super::super::WeightScaling::Tensor);
+        let tt = TimeModel::new(&per_tensor);
+        let mut lt = Linear::default();
+        tt.gemm(&mut lt, &g, 1.0);
+        assert!(
+            lt.seconds < 0.5 * lin.seconds,
+            "{} vs {}",
+            lt.seconds,
+            lin.seconds
+        );
+        let prefill = Batch {
+            decode_seqs: 0.0,
+            decode_context: 0.0,
+            prefill_seqs: 4.0,
+            prefill_new: 3200.0,
+            prefill_cached: 0.0,
+        };
+        let (block, _) = tm.forward(&worker(8), &prefill, false);
+        let (tensor, _) = tt.forward(&worker(8), &prefill, false);
+        // The routed experts (fused-MoE, moe_gemm_quantized_efficiency) are the same in both.
+        assert!(
+            block.linear_s > 1.2 * tensor.linear_s,
+            "{} vs {}",
+            block.linear_s,
+            tensor.linear_s
+        );
+        assert!(block.linear_s < lin.seconds / lt.seconds * tensor.linear_s);
+        // Decode steps read the weights: the kernel's rate hardly matters there.
+        let (bd, _) = tm.forward(&worker(8), &decode(1.0), true);
+        let (td, _) = tt.forward(&worker(8), &decode(1.0), true);
+        assert!(
+            (bd.total_s / td.total_s - 1.0).abs() < 0.05,
+            "{:?} vs {:?}",
+            bd,
+            td
+        );
     }
 }
