@@ -1156,9 +1156,9 @@ pub struct Gemm {
     pub role: GemmRole,
 }
 
-/// Most linear layers one layer has (MLA with a query LoRA: 5; an MoE FFN with shared experts:
-/// router, 2 routed, 2 shared).
-pub const MAX_GEMMS: usize = 10;
+/// Most linear layers one layer has: MLA with a query LoRA (5) and a latent MoE FFN with shared
+/// experts (router, the latent `h → ℓ` and `ℓ → h` projections, 2 routed, 2 shared: 7).
+pub const MAX_GEMMS: usize = 12;
 
 /// The core of one layer's mixer on one GPU: softmax attention over `heads` local heads of the
 /// given head dims (0 heads for a layer without attention), each query seeing at most `window`
@@ -1940,6 +1940,33 @@ mod tests {
             moe.params.expert,
             2.0 * expert_params(&m, kinds.specs()[1].moe().unwrap()) as f64 / 2.0
         );
+    }
+
+    #[test]
+    fn mla_with_a_latent_moe_and_shared_experts_fits_the_gemm_list() {
+        // DeepSeek-V3's MLA (query LoRA: 5 linears) with a latent MoE FFN: router, h → ℓ, two
+        // routed, ℓ → h and two shared, MAX_GEMMS in all (this used to overrun the list).
+        let mut m = crate::presets::model("deepseek-v3").unwrap();
+        m.moe.as_mut().unwrap().latent_size = Some(1024);
+        let spec = m.layer_kinds().specs()[1];
+        let ops = layer_ops(
+            &m,
+            &spec,
+            &Shard {
+                tp: 1,
+                ep: 8,
+                etp: None,
+                sequence_parallel: false,
+            },
+            &ctx(4096.0),
+        );
+        assert_eq!(ops.gemms().len(), MAX_GEMMS);
+        let routed = ops
+            .gemms()
+            .iter()
+            .filter(|g| g.role == GemmRole::RoutedExpert)
+            .count();
+        assert_eq!(routed, 2);
     }
 
     fn ctx(tokens: f64) -> OpsContext {

@@ -291,6 +291,18 @@ fn outer_tuples(problem: &Problem, space: &SearchSpace) -> Vec<Degrees> {
     out
 }
 
+/// The values of a space's knob list, each once, in their first order: a list that repeats a
+/// value (a client may send any number of entries) must not multiply the plans tried.
+fn distinct<T: Copy + PartialEq>(values: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for &v in values {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
 /// `tuples` with every MoE token-exchange variant the space allows for a plan with `ep > 1`:
 /// each of `space.dispatchers` (empty: the stack's default) with each of `space.ep_overlap`
 /// (empty: the stack's default), those the stack offers; `ep = 1` tuples exchange nothing.
@@ -299,12 +311,12 @@ fn with_ep_comm(problem: &Problem, space: &SearchSpace, tuples: Vec<Degrees>) ->
     let dispatchers = if space.dispatchers.is_empty() {
         vec![stack.default_dispatcher]
     } else {
-        space.dispatchers.clone()
+        distinct(&space.dispatchers)
     };
     let overlaps = if space.ep_overlap.is_empty() {
         vec![stack.default_ep_overlap]
     } else {
-        space.ep_overlap.clone()
+        distinct(&space.ep_overlap)
     };
     let mut out = Vec::with_capacity(tuples.len());
     for t in tuples {
@@ -332,13 +344,14 @@ fn with_cp_exchange(space: &SearchSpace, tuples: Vec<Degrees>) -> Vec<Degrees> {
     if space.cp_exchanges.is_empty() {
         return tuples;
     }
-    let mut out = Vec::with_capacity(tuples.len() * space.cp_exchanges.len());
+    let exchanges = distinct(&space.cp_exchanges);
+    let mut out = Vec::with_capacity(tuples.len() * exchanges.len());
     for t in tuples {
         if t.cp <= 1 {
             out.push(t);
             continue;
         }
-        for &x in &space.cp_exchanges {
+        for &x in &exchanges {
             out.push(Degrees {
                 cp_exchange: Some(x),
                 ..t

@@ -478,3 +478,26 @@ fn a_long_layer_list_in_a_config_is_read_in_bounded_time() {
     // Every layer is listed: a dense model.
     assert!(r.unwrap().moe.is_none());
 }
+
+#[test]
+fn knob_lists_that_repeat_a_value_try_it_once() {
+    // A client may send any number of entries in a space's knob lists; repeats must neither
+    // multiply the plans tried nor the memory of the tuple lists.
+    let (m, c, w) = base_problem(64);
+    let p = Problem::new(m, c, w).unwrap();
+    let once = SearchSpace {
+        dispatchers: vec![Dispatcher::Flex],
+        ep_overlap: vec![false],
+        cp_exchanges: vec![CpExchange::Ring],
+        ..SearchSpace::default()
+    };
+    let many = SearchSpace {
+        dispatchers: vec![Dispatcher::Flex; 100_000],
+        ep_overlap: vec![false; 100_000],
+        cp_exchanges: vec![CpExchange::Ring; 100_000],
+        ..SearchSpace::default()
+    };
+    let a = timed("one entry each", || search(&p, &once, &control())).unwrap();
+    let b = timed("100,000 entries each", || search(&p, &many, &control())).unwrap();
+    assert_eq!(a.stats.candidates, b.stats.candidates);
+}

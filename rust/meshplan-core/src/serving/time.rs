@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 use crate::comm::{Collective, CollectiveModel, Fabric};
 use crate::device::Device;
 use crate::gemm::{self, GemmDevice};
-use crate::layer::{layer_ops, Gemm, LayerCounts, LayerSpec, Mixer, OpsContext, Shard, ACT_BYTES};
+use crate::layer::{
+    layer_ops, Gemm, GemmRole, LayerCounts, LayerSpec, Mixer, OpsContext, ACT_BYTES,
+};
 use crate::layout::{self, Group};
 use crate::mesh::Mesh;
 use crate::plan::{Axis, RankOrder};
@@ -142,8 +144,6 @@ pub(crate) struct TimeModel<'a> {
     /// HBM bytes/s of decode kernels.
     stream_bytes_per_s: f64,
     ops: OpsContext,
-    /// GEMMs of a layer's attention (the first ones [`layer_ops`] lists).
-    attention_gemms: usize,
     /// The dense linears run block-scaled FP8 kernels (`ServingProblem::block_scaled_fp8`).
     block_scaled: bool,
 }
@@ -163,7 +163,6 @@ impl<'a> TimeModel<'a> {
         let gpu = &problem.cluster.gpu;
         let device = Device::of(gpu, problem.weight_precision);
         let stack = Stack::default_stack();
-        let model = &problem.model;
         let ops = OpsContext {
             tokens: 1.0,
             moe_imbalance: crate::workload::DEFAULT_MOE_IMBALANCE,
@@ -174,22 +173,6 @@ impl<'a> TimeModel<'a> {
             adapters: None,
             dequant_bytes_per_param: 0.0,
         };
-        // The dense layer's two FFN GEMMs follow its attention GEMMs (layer_ops' order). Built
-        // here, not taken from the kinds: a layer pattern's kind 0 may be an MoE layer, and
-        // sliding-window and full attention have the same projections.
-        let dense = LayerSpec {
-            mixer: model.mixer(),
-            mlp: crate::layer::Mlp::Dense {
-                ffn_hidden: model.ffn_hidden,
-            },
-        };
-        let shard = Shard {
-            tp: 1,
-            ep: 1,
-            etp: None,
-            sequence_parallel: false,
-        };
-        let attention_gemms = layer_ops(model, &dense, &shard, &ops).gemms().len() - 2;
         TimeModel {
             problem,
             device,
@@ -201,7 +184,6 @@ impl<'a> TimeModel<'a> {
                 * 1e9
                 * constants().decode_bandwidth_fraction,
             ops,
-            attention_gemms,
             block_scaled: problem.block_scaled_fp8(),
         }
     }
@@ -269,11 +251,12 @@ impl<'a> TimeModel<'a> {
         };
         let ops = layer_ops(model, spec, &shard, &ctx);
         let mut lin = Linear::default();
-        let routed = self.attention_gemms + 1..self.attention_gemms + 3;
-        for (i, gm) in ops.gemms().iter().enumerate() {
-            if spec.moe().is_some() && routed.contains(&i) {
-                continue;
-            }
+        // The routed experts run on the expert-parallel ranks, timed below.
+        for gm in ops
+            .gemms()
+            .iter()
+            .filter(|g| g.role != GemmRole::RoutedExpert)
+        {
             self.gemm(&mut lin, gm, gm.repeat);
         }
         let mut elementwise_bytes = ops.elementwise_bytes;
@@ -292,7 +275,11 @@ impl<'a> TimeModel<'a> {
             // it (top-k of E, uniform routing).
             let e = moe.num_experts as f64;
             let touched = 1.0 - (1.0 - moe.top_k as f64 / e).powf(stage_tokens);
-            for gm in &eops.gemms()[routed] {
+            for gm in eops
+                .gemms()
+                .iter()
+                .filter(|g| g.role == GemmRole::RoutedExpert)
+            {
                 self.gemm(&mut lin, gm, gm.repeat * touched);
             }
             elementwise_bytes += eops.routed_elementwise_bytes;
@@ -532,19 +519,14 @@ pub struct ServingTime {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layer::Shard;
 
     pub(crate) fn problem(model: &str, n: u32) -> ServingProblem {
         crate::serving::problem::tests::problem(model, "h100-sxm", n)
     }
 
     fn decode(seqs: f64) -> Batch {
-        Batch {
-            decode_seqs: seqs,
-            decode_context: 1024.0,
-            prefill_seqs: 0.0,
-            prefill_new: 0.0,
-            prefill_cached: 0.0,
-        }
+        Batch::decode(seqs, 1024.0)
     }
 
     fn worker(tp: u32) -> Worker {
@@ -620,13 +602,38 @@ mod tests {
             },
         );
         let g = ops.gemms();
-        let a = tm.attention_gemms;
+        let a = g.iter().position(|x| x.role == GemmRole::Router).unwrap();
         let h = p.model.hidden as f64;
         assert_eq!((g[a].n, g[a].k), (moe.num_experts as f64, h), "router");
+        assert_eq!(
+            (g[a + 1].role, g[a + 2].role),
+            (GemmRole::RoutedExpert, GemmRole::RoutedExpert)
+        );
         assert_eq!(g[a + 1].k, h);
         assert_eq!(g[a + 1].n, 2.0 * moe.expert_ffn_hidden as f64 / 2.0);
         assert_eq!(g[a + 2].n, h);
         assert_eq!(g[a + 1].repeat, moe.num_experts as f64 / 8.0);
+        // A latent MoE puts its h → ℓ projection between the router and the experts: the
+        // experts are still the two routed linears, at the latent width.
+        let mut latent = p.model.clone();
+        latent.moe.as_mut().unwrap().latent_size = Some(1024);
+        let spec = latent.layer_kinds().specs()[1];
+        let ops = layer_ops(
+            &latent,
+            &spec,
+            &shard,
+            &OpsContext {
+                tokens: 64.0,
+                ..tm.ops
+            },
+        );
+        let routed: Vec<&Gemm> = ops
+            .gemms()
+            .iter()
+            .filter(|x| x.role == GemmRole::RoutedExpert)
+            .collect();
+        assert_eq!(routed.len(), 2);
+        assert_eq!((routed[0].k, routed[1].n), (1024.0, 1024.0));
     }
 
     #[test]
