@@ -128,16 +128,7 @@ pub fn recompute_modules_flops_per_token(
 ) -> f64 {
     let s_ctx = s_ctx_of(seq, counting);
     let kinds = model.layer_kinds();
-    let ctx = OpsContext {
-        tokens: 1.0,
-        moe_imbalance: 1.0,
-        elementwise_bytes_per_hidden: 0.0,
-        replicated_elementwise_bytes_per_hidden: 0.0,
-        routed_copy_bytes_per_hidden: 0.0,
-        expert_activation_bytes_per_width: 0.0,
-        adapters: None,
-        dequant_bytes_per_param: 0.0,
-    };
+    let ctx = OpsContext::shapes(1.0);
     let shard = Shard {
         tp: 1,
         ep: 1,

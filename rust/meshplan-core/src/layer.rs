@@ -1423,6 +1423,23 @@ pub struct OpsContext {
     pub dequant_bytes_per_param: f64,
 }
 
+impl OpsContext {
+    /// Shapes only: `tokens` tokens, balanced routing, no element-wise work, no adapters or
+    /// dequantisation (what FLOP and parameter counts read from [`layer_ops`]).
+    pub fn shapes(tokens: f64) -> Self {
+        OpsContext {
+            tokens,
+            moe_imbalance: 1.0,
+            elementwise_bytes_per_hidden: 0.0,
+            replicated_elementwise_bytes_per_hidden: 0.0,
+            routed_copy_bytes_per_hidden: 0.0,
+            expert_activation_bytes_per_width: 0.0,
+            adapters: None,
+            dequant_bytes_per_param: 0.0,
+        }
+    }
+}
+
 /// The operations of one `spec` layer under `shard` (the one function flops, memory, time and
 /// explain read a layer through).
 pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContext) -> LayerOps {
@@ -1688,16 +1705,7 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
 /// Parameters of the widest linear of any layer kind on one GPU under `shard` (a grouped expert
 /// linear counts all its local experts): what one dequantised 16-bit weight copy holds (§2.7).
 pub fn largest_linear_params(model: &Model, shard: &Shard) -> f64 {
-    let ctx = OpsContext {
-        tokens: 1.0,
-        moe_imbalance: 1.0,
-        elementwise_bytes_per_hidden: 0.0,
-        replicated_elementwise_bytes_per_hidden: 0.0,
-        routed_copy_bytes_per_hidden: 0.0,
-        expert_activation_bytes_per_width: 0.0,
-        adapters: None,
-        dequant_bytes_per_param: 0.0,
-    };
+    let ctx = OpsContext::shapes(1.0);
     model
         .layer_kinds()
         .specs()
@@ -1772,16 +1780,7 @@ mod tests {
         let plain = m.layer_kinds().specs()[1];
         m.moe.as_mut().unwrap().latent_size = Some(1024);
         let latent = m.layer_kinds().specs()[1];
-        let ctx = OpsContext {
-            tokens: 4096.0,
-            moe_imbalance: 1.0,
-            elementwise_bytes_per_hidden: 40.0,
-            replicated_elementwise_bytes_per_hidden: 20.0,
-            routed_copy_bytes_per_hidden: 8.0,
-            expert_activation_bytes_per_width: 6.0,
-            adapters: None,
-            dequant_bytes_per_param: 0.0,
-        };
+        let ctx = ctx(4096.0);
         let shard = Shard {
             tp: 1,
             ep: 8,
@@ -1867,16 +1866,7 @@ mod tests {
     fn a_folded_moe_layer_gathers_copies_over_the_expert_tp_group() {
         let m = crate::presets::model("mixtral-8x7b").unwrap();
         let spec = m.layer_kinds().specs()[1];
-        let ctx = OpsContext {
-            tokens: 4096.0,
-            moe_imbalance: 1.0,
-            elementwise_bytes_per_hidden: 40.0,
-            replicated_elementwise_bytes_per_hidden: 20.0,
-            routed_copy_bytes_per_hidden: 8.0,
-            expert_activation_bytes_per_width: 6.0,
-            adapters: None,
-            dequant_bytes_per_param: 0.0,
-        };
+        let ctx = ctx(4096.0);
         let shard = |etp| Shard {
             tp: 4,
             ep: 8,
@@ -1916,16 +1906,7 @@ mod tests {
             etp: None,
             sequence_parallel: true,
         };
-        let ctx = OpsContext {
-            tokens: 4096.0,
-            moe_imbalance: 1.0,
-            elementwise_bytes_per_hidden: 40.0,
-            replicated_elementwise_bytes_per_hidden: 20.0,
-            routed_copy_bytes_per_hidden: 8.0,
-            expert_activation_bytes_per_width: 6.0,
-            adapters: None,
-            dequant_bytes_per_param: 0.0,
-        };
+        let ctx = ctx(4096.0);
         let dense = layer_ops(&m, &kinds.specs()[0], &shard, &ctx);
         let moe = layer_ops(&m, &kinds.specs()[1], &shard, &ctx);
         assert_eq!(dense.comm.tp_points, 2);
