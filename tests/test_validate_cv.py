@@ -4,6 +4,7 @@ GEMM-efficiency fit it reuses, on the repository's published runs (validation/ca
 from __future__ import annotations
 
 import json
+import statistics
 from typing import Any
 
 import pytest
@@ -72,8 +73,12 @@ def test_leave_one_gpu_out_never_uses_the_held_out_gpus_own_fit() -> None:
     scored = {r["group"] for r in cv.cases if r["status"] == "ok"}
     assert len(scored) >= 5
     for fold in (f for f in cv.folds if f["group"] in scored):
-        # The held-out GPU has no runs in its training set, so its efficiency is a fleet median.
-        assert fold["origin"] and set(fold["origin"].values()) == {"fleet median"}, fold
+        # The held-out GPU has no runs in its training set: its efficiency comes from its own
+        # matmul microbenchmark where one is on record, else from the fleet median.
+        origins = set(fold["origin"].values())
+        assert origins and origins <= {"matmul fact", "fleet median"}, fold
+        has_fact = mp.validation.matmul_fact(fold["group"], {}) is not None
+        assert ("matmul fact" in origins) == has_fact, fold
         assert all(k.startswith(fold["group"] + "/") for k in fold["gemm_efficiency"])
     # Every case is predicted exactly once, by the fold that held it out.
     assert sorted(r["id"] for r in cv.cases) == sorted(c["id"] for c in CASES)
@@ -82,6 +87,28 @@ def test_leave_one_gpu_out_never_uses_the_held_out_gpus_own_fit() -> None:
     assert cv.summary["throughput"]["n"] == in_sample["n"]
     # Out of sample is worse than in sample on these runs (the constants were fitted to them).
     assert cv.summary["throughput"]["median_ape"] > in_sample["median_ape"]
+
+
+def test_a_held_out_gpu_is_predicted_from_its_microbenchmark() -> None:
+    """The prior is the GPU's measured BF16 matmul fraction times the median, over the fitted
+    groups of the same precision whose GPU has a fact, of fitted / fact (16-bit pooled)."""
+    from meshplan.validation import matmul_fact, matmul_prior
+
+    h100, a100, b200 = (matmul_fact(g, {}) for g in ("h100-sxm", "a100-sxm-80g", "b200"))
+    assert h100 == pytest.approx(0.803) and a100 == pytest.approx(0.869) and b200 == pytest.approx(0.734)
+    assert matmul_fact("h100-sxm-96g", {}) is None  # 500 W cap: no microbenchmark on record
+    fitted = {("a100-sxm-80g", "fp16"): 0.80, ("h100-sxm", "bf16"): 0.75, ("h100-sxm", "fp8"): 0.69,
+              ("h100-sxm-96g", "bf16"): 0.40}
+    # 16-bit: ratios 0.80/0.869 and 0.75/0.803 (h100-sxm-96g has no fact and does not vote).
+    expected = b200 * statistics.median([0.80 / a100, 0.75 / h100])
+    assert matmul_prior(("b200", "bf16"), fitted, {}) == pytest.approx(expected, abs=1e-4)
+    assert matmul_prior(("b200", "fp8"), fitted, {}) == pytest.approx(b200 * 0.69 / h100, abs=1e-4)
+    assert matmul_prior(("b200", "mxfp8"), fitted, {}) is None  # no fitted group at MXFP8
+    assert matmul_prior(("h100-sxm-96g", "bf16"), fitted, {}) is None
+    # A calibration override states a user's own microbenchmark.
+    base = {"h100-sxm-96g": {"matmul_efficiency": {"bf16": 0.7}}}
+    assert matmul_fact("h100-sxm-96g", base) == 0.7
+    assert matmul_prior(("h100-sxm-96g", "bf16"), fitted, base) is not None
 
 
 def test_leave_one_source_out_groups_by_id_prefix() -> None:
@@ -99,7 +126,8 @@ def test_unknown_group_is_a_clear_error() -> None:
 def test_cli_cross_validate_prints_both_columns_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(REPO_CASES), "--cross-validate", "gpu"]) == 0
     out = capsys.readouterr().out
-    assert "median in" in out and "median LO-gpu-O" in out and "fleet median" in out
+    assert "median in" in out and "median LO-gpu-O" in out
+    assert "(matmul fact)" in out and "(fleet median)" in out
     assert main(["validate", str(REPO_CASES), "--cross-validate", "gpu", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["cross_validation"]["by"] == "gpu"

@@ -74,8 +74,11 @@ def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any]
         "GPU type, source (the case-id prefix: `mbridge`, `dgxc`, `narayanan21`, ...), model or "
         "training stack, the GEMM "
         "efficiency of every (GPU, precision) is refitted on the *other* groups' dense runs and the "
-        "group is predicted with it; a held-out GPU (always so when leaving a GPU out) gets the median "
-        "of the fold's fitted values at its precision. The four constants shared by every GPU "
+        "group is predicted with it; a held-out GPU (always so when leaving a GPU out) is predicted "
+        "from hardware facts where its GPU has a published matmul microbenchmark (its measured "
+        "BF16 matmul fraction times the fold's median fitted / matmul ratio at that precision, "
+        "docs/calibration.md) and gets the median of the fold's fitted values at its precision "
+        "otherwise. The four constants shared by every GPU "
         "(element-wise bytes, attention efficiency, layer overhead, TP overlap) keep their "
         "shipped values in every fold — they were fitted on all runs and a grid per fold is too slow — "
         "so the leave-one-out figures are, if anything, still slightly optimistic. The DP overlap is "
@@ -238,8 +241,8 @@ def stack_table(report: mp.ValidationReport, loso: Any) -> list[str]:
         lines += [
             "",
             "Stacks whose runs are the only ones on their GPUs: " + "; ".join(alone) + ". In sample "
-            "those GPUs' GEMM efficiencies are fitted on that stack's own runs; held out, they are "
-            "the fleet median of the other GPUs, so the leave-one-stack-out figure mixes the stack "
+            "those GPUs' GEMM efficiencies are fitted on that stack's own runs; held out, they come "
+            "from the other GPUs (hardware prior or fleet median), so the leave-one-stack-out figure mixes the stack "
             "with the GPU and cannot tell which of the two the in-sample fit absorbed.",
         ]
     return lines

@@ -235,6 +235,51 @@ def fit_gemm_efficiency(
     return mid
 
 
+SIXTEEN_BIT = ("bf16", "fp16")
+"""Precisions that run at the same tensor-core rate, pooled when realisation ratios are compared."""
+
+
+def matmul_fact(gpu: str, base: Mapping[str, Any]) -> Optional[float]:
+    """The BF16 maximum-achievable-matmul fraction of ``gpu`` (its preset's
+    ``calibration.matmul_efficiency.bf16``, overridden by ``base``), or None when no
+    microbenchmark is on record (a user GPU, a power-capped SKU)."""
+    presets = _core.gpu_presets()
+    table: dict[str, Any] = {}
+    if gpu in presets:
+        table.update(_core.gpu_preset(gpu)["calibration"].get("matmul_efficiency") or {})
+    for key in ("*", gpu):
+        table.update((base.get(key) or {}).get("matmul_efficiency") or {})
+    value = table.get("bf16")
+    return float(value) if value is not None else None
+
+
+def matmul_prior(
+    key: tuple[str, str],
+    fitted: Mapping[tuple[str, str], float],
+    base: Mapping[str, Any],
+) -> Optional[float]:
+    """GEMM efficiency of a (GPU, precision) no training run fitted, from hardware facts: the GPU's
+    measured BF16 matmul fraction (:func:`matmul_fact`) times the median, over the fitted groups
+    of the same precision (16-bit precisions pooled) whose GPU has one, of fitted efficiency over
+    that GPU's BF16 matmul fraction; None when the GPU has no fact or no fitted group has one.
+
+    A GPU's fitted efficiency is mostly its microbenchmark times how much of it the software
+    realises (0.91-0.98 for the Megatron sources, docs/costmodel.md §5.2), so a held-out GPU is
+    predicted from its own hardware rather than from the other GPUs' median."""
+    fact = matmul_fact(key[0], base)
+    if fact is None:
+        return None
+    same_class = (lambda p: p in SIXTEEN_BIT) if key[1] in SIXTEEN_BIT else (lambda p: p == key[1])
+    ratios = []
+    for (gpu, precision), value in fitted.items():
+        other = matmul_fact(gpu, base)
+        if other is not None and same_class(precision):
+            ratios.append(value / other)
+    if not ratios:
+        return None
+    return round(fact * statistics.median(ratios), 4)
+
+
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``throughput``, ``by_gpu``, ``by_arch`` and ``by_stack`` of case rows, as in
     :attr:`ValidationReport.summary` (the core's own summary of them)."""
@@ -257,8 +302,9 @@ class CrossValidationReport:
     ``by_stack`` over them
     and ``by_group`` (each held-out group's statistics); ``folds`` lists per group the training
     and held-out case counts, the GEMM efficiencies used for the held-out group and where each
-    came from (``fitted`` on the other groups' runs, or ``fleet median`` of the fitted values at
-    that precision when the other groups have too few runs of that GPU and precision).
+    came from (``fitted`` on the other groups' runs; when the other groups have too few runs of
+    that GPU and precision, ``matmul fact`` from its microbenchmark, or ``fleet median`` of the
+    fitted values at that precision).
     """
 
     by: str
@@ -283,8 +329,10 @@ def cross_validate(
     refitted by :func:`fit_gemm_efficiency` on the *other* groups' runs, and the group is
     predicted with them; a (GPU, precision) the other groups cannot fit (fewer than
     :data:`FIT_MIN_RUNS` dense runs: always so for the held-out GPU under ``by="gpu"``) gets
-    the median of that fold's fitted values at the same precision (or of all of them), never the
-    data file's in-sample value. The four constants shared by every GPU
+    a prior from hardware facts (:func:`matmul_prior`: its measured matmul fraction times the
+    fold's realisation ratio) when the GPU has a microbenchmark on record, else the median of
+    that fold's fitted values at the same precision (or of all of them), never the data file's
+    in-sample value. The four constants shared by every GPU
     (``elementwise_bytes_per_hidden``, ``attention_efficiency``, ``layer_overhead_us``,
     ``tp_overlap``) keep the data file's values (or ``calibration``'s): they were
     fitted once on all cases on a grid that is too slow to rerun per fold, so they remain
@@ -312,6 +360,8 @@ def cross_validate(
                 continue
             if key in fitted:
                 used[key], how = fitted[key], "fitted"
+            elif (prior := matmul_prior(key, fitted, base)) is not None:
+                used[key], how = prior, "matmul fact"
             else:
                 same = [v for (_, p), v in fitted.items() if p == key[1]]
                 pool = same or list(fitted.values())
@@ -341,5 +391,5 @@ def cross_validate(
 __all__ = [
     "validate", "calibrated", "calibration_text", "calibration_mapping", "ValidationReport",
     "CalibrationLike", "fit_gemm_efficiency", "cross_validate", "CrossValidationReport",
-    "summarize", "throughput_stats", "source_family", "case_stacks", "CROSS_VALIDATION_GROUPS",
+    "summarize", "throughput_stats", "matmul_fact", "matmul_prior", "source_family", "case_stacks", "CROSS_VALIDATION_GROUPS",
 ]

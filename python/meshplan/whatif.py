@@ -130,8 +130,9 @@ def apply(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, An
             constant = key.split(".", 1)[1]
             known = [*out["calibration"]] + [
                 k for k in OPTIONAL_CALIBRATION if k not in out["calibration"]]
-            if constant not in known or constant == "gemm_efficiency":
-                allowed = ", ".join(k for k in known if k != "gemm_efficiency")
+            tables = ("gemm_efficiency", "matmul_efficiency")  # per precision, not one number
+            if constant not in known or constant in tables:
+                allowed = ", ".join(k for k in known if k not in tables)
                 raise InvalidInputError(
                     f"invalid gpu override {shown(key)}: unknown calibration constant "
                     f"(allowed: {allowed})"

@@ -22,6 +22,8 @@ pub struct CalibrationOverride {
     #[serde(default)]
     pub gemm_efficiency: Option<PerPrecision>,
     #[serde(default)]
+    pub matmul_efficiency: Option<PerPrecision>,
+    #[serde(default)]
     pub attention_efficiency: Option<f64>,
     #[serde(default)]
     pub memory_efficiency: Option<f64>,
@@ -107,17 +109,22 @@ fn parse_complaint(reason: &str) -> String {
 impl CalibrationOverride {
     /// Sets the fields this override names.
     pub fn apply(&self, cal: &mut Calibration) {
-        if let Some(g) = &self.gemm_efficiency {
-            for p in Precision::ALL {
-                if let Some(v) = g.get(p) {
-                    let slot = match p {
-                        Precision::Bf16 => &mut cal.gemm_efficiency.bf16,
-                        Precision::Fp16 => &mut cal.gemm_efficiency.fp16,
-                        Precision::Fp8 => &mut cal.gemm_efficiency.fp8,
-                        Precision::Mxfp8 => &mut cal.gemm_efficiency.mxfp8,
-                        Precision::Nvfp4 => &mut cal.gemm_efficiency.nvfp4,
-                    };
-                    *slot = Some(v);
+        for (over, table) in [
+            (&self.gemm_efficiency, &mut cal.gemm_efficiency),
+            (&self.matmul_efficiency, &mut cal.matmul_efficiency),
+        ] {
+            if let Some(g) = over {
+                for p in Precision::ALL {
+                    if let Some(v) = g.get(p) {
+                        let slot = match p {
+                            Precision::Bf16 => &mut table.bf16,
+                            Precision::Fp16 => &mut table.fp16,
+                            Precision::Fp8 => &mut table.fp8,
+                            Precision::Mxfp8 => &mut table.mxfp8,
+                            Precision::Nvfp4 => &mut table.nvfp4,
+                        };
+                        *slot = Some(v);
+                    }
                 }
             }
         }

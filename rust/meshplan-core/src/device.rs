@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 
 use crate::gemm::GemmDevice;
-use crate::hardware::{Gpu, Precision};
+use crate::hardware::{Calibration, Gpu, Precision};
 
 const DEVICE_TOML: &str = include_str!("../data/device.toml");
 
@@ -17,6 +17,9 @@ const DEVICE_TOML: &str = include_str!("../data/device.toml");
 struct DeviceDefaults {
     /// GEMM efficiency of a GPU with none for the precision and none for bf16.
     fallback_gemm_efficiency: f64,
+    /// Fraction of a GPU's measured maximum achievable matmul rate (its `matmul_efficiency`)
+    /// that a training run's GEMMs realise, for a precision without a `gemm_efficiency`.
+    matmul_realisation: f64,
     /// Rows each expert's segment of a grouped GEMM is padded to.
     grouped_gemm_tile_rows: f64,
 }
@@ -26,6 +29,22 @@ fn defaults() -> DeviceDefaults {
     *DEFAULTS.get_or_init(|| {
         toml::from_str(DEVICE_TOML).expect("data/device.toml holds the device defaults")
     })
+}
+
+/// The GEMM efficiency of `cal` at `precision`: the fitted `gemm_efficiency` at that precision;
+/// else the measured `matmul_efficiency` there times `matmul_realisation` (data/device.toml);
+/// else the same two at BF16; else `fallback_gemm_efficiency` (docs/costmodel.md §5.2).
+pub fn gemm_efficiency(cal: &Calibration, precision: Precision) -> f64 {
+    let d = defaults();
+    let at = |p: Precision| {
+        cal.gemm_efficiency.get(p).or(cal
+            .matmul_efficiency
+            .get(p)
+            .map(|m| m * d.matmul_realisation))
+    };
+    at(precision)
+        .or(at(Precision::Bf16))
+        .unwrap_or(d.fallback_gemm_efficiency)
 }
 
 /// One GPU at one training precision.
@@ -56,7 +75,6 @@ impl Device {
     /// The device model of `gpu` training at `precision`.
     pub fn of(gpu: &Gpu, precision: Precision) -> Self {
         let cal = &gpu.calibration;
-        let fallback = defaults().fallback_gemm_efficiency;
         let memory_bytes_per_s = gpu.memory_bandwidth_gbps * 1e9 * cal.memory_efficiency;
         let quantized = matches!(
             precision,
@@ -77,11 +95,7 @@ impl Device {
             * 1e12;
         let gemm = GemmDevice {
             peak_flops: gpu.peak_tflops.get(precision).unwrap_or(0.0) * 1e12,
-            efficiency: cal
-                .gemm_efficiency
-                .get(precision)
-                .or(cal.gemm_efficiency.get(Precision::Bf16))
-                .unwrap_or(fallback),
+            efficiency: gemm_efficiency(cal, precision),
             sm_count: gpu.sm_count,
             memory_bytes_per_s,
             element_bytes: match precision {
@@ -93,11 +107,7 @@ impl Device {
         };
         let gemm16 = GemmDevice {
             peak_flops: attention_peak,
-            efficiency: cal
-                .gemm_efficiency
-                .get(attention_precision)
-                .or(cal.gemm_efficiency.get(Precision::Bf16))
-                .unwrap_or(fallback),
+            efficiency: gemm_efficiency(cal, attention_precision),
             element_bytes: 2.0,
             ..gemm
         };
@@ -155,6 +165,40 @@ mod tests {
         assert_eq!(d.gemm16.element_bytes, 2.0);
         assert!(d.gemm.peak_flops > d.gemm16.peak_flops);
         assert_eq!(Device::of(&gpu, Precision::Bf16).gemm, d.gemm16);
+    }
+
+    #[test]
+    fn a_measured_matmul_efficiency_stands_in_for_a_missing_fitted_one() {
+        let mut gpu = crate::presets::gpu("h100-sxm").unwrap();
+        let r = defaults().matmul_realisation;
+        assert!(r > 0.5 && r <= 1.0, "{r}");
+        // The fitted value wins where both are known.
+        assert_eq!(
+            Device::of(&gpu, Precision::Fp8).gemm.efficiency,
+            gpu.calibration.gemm_efficiency.fp8.unwrap()
+        );
+        // A GPU whose only GEMM figure is its microbenchmark (a user GPU, a what-if).
+        gpu.calibration.gemm_efficiency = Default::default();
+        let m = gpu.calibration.matmul_efficiency.clone();
+        assert_eq!(
+            Device::of(&gpu, Precision::Fp8).gemm.efficiency,
+            m.fp8.unwrap() * r
+        );
+        assert_eq!(
+            Device::of(&gpu, Precision::Bf16).gemm.efficiency,
+            m.bf16.unwrap() * r
+        );
+        // FP8 without its own figure takes the BF16 one; nothing at all takes the fallback.
+        gpu.calibration.matmul_efficiency.fp8 = None;
+        assert_eq!(
+            Device::of(&gpu, Precision::Fp8).gemm.efficiency,
+            m.bf16.unwrap() * r
+        );
+        gpu.calibration.matmul_efficiency = Default::default();
+        assert_eq!(
+            Device::of(&gpu, Precision::Fp8).gemm.efficiency,
+            defaults().fallback_gemm_efficiency
+        );
     }
 
     #[test]

@@ -70,6 +70,11 @@ impl PerPrecision {
         }
     }
 
+    /// No precision has a value.
+    pub fn is_empty(&self) -> bool {
+        self.available().is_empty()
+    }
+
     /// The precisions with a value, in [`Precision::ALL`] order.
     pub fn available(&self) -> Vec<Precision> {
         Precision::ALL
@@ -98,6 +103,13 @@ pub enum ScaleupTopology {
 pub struct Calibration {
     /// Fraction of the dense peak a large, well-shaped GEMM reaches, per precision (§5.2).
     pub gemm_efficiency: PerPrecision,
+    /// Maximum achievable matmul FLOP/s (MAMF) of a published single-GPU GEMM microbenchmark,
+    /// as a fraction of the dense peak, per precision: a hardware fact, not fitted to training
+    /// runs. A precision without a `gemm_efficiency` takes this times the device model's
+    /// `matmul_realisation` (§5.2), and leave-one-GPU-out validation predicts a held-out GPU
+    /// from it.
+    #[serde(default, skip_serializing_if = "PerPrecision::is_empty")]
+    pub matmul_efficiency: PerPrecision,
     /// Fraction of the BF16 peak reached by flash-attention forward kernels (§5.2, FA2/FA3).
     pub attention_efficiency: f64,
     /// Fraction of the HBM bandwidth reached by element-wise kernels and the optimizer (§5.3).
@@ -223,6 +235,14 @@ impl Gpu {
             if let Some(v) = self.calibration.gemm_efficiency.get(p) {
                 check_fraction(
                     &format!("gpu.calibration.gemm_efficiency.{}", p.name()),
+                    v,
+                    0.01,
+                    1.0,
+                )?;
+            }
+            if let Some(v) = self.calibration.matmul_efficiency.get(p) {
+                check_fraction(
+                    &format!("gpu.calibration.matmul_efficiency.{}", p.name()),
                     v,
                     0.01,
                     1.0,

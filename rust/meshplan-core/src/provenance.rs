@@ -68,8 +68,8 @@ pub const SHARED: &[(&str, &str)] = &[
     ("dp_overlap", "framework behaviour (the stack's value unless overridden)"),
 ];
 
-/// The hardware constants `gpu`'s preset must state an origin for: its GEMM efficiency at every
-/// precision it has, the attention and memory efficiencies, both bus efficiencies, and NVLS and
+/// The hardware constants `gpu`'s preset must state an origin for: its GEMM efficiency and its
+/// measured matmul efficiency at every precision it has them, the attention and memory efficiencies, both bus efficiencies, and NVLS and
 /// the measured latencies where it sets them.
 pub fn required(gpu: &Gpu) -> Vec<String> {
     let cal = &gpu.calibration;
@@ -78,6 +78,12 @@ pub fn required(gpu: &Gpu) -> Vec<String> {
         .filter(|p| cal.gemm_efficiency.get(*p).is_some())
         .map(|p| format!("gemm_efficiency.{}", p.name()))
         .collect();
+    out.extend(
+        Precision::ALL
+            .into_iter()
+            .filter(|p| cal.matmul_efficiency.get(*p).is_some())
+            .map(|p| format!("matmul_efficiency.{}", p.name())),
+    );
     for name in [
         "attention_efficiency",
         "memory_efficiency",
@@ -193,6 +199,12 @@ mod tests {
             .collect();
         let done = complete(&gpu, p.clone()).unwrap();
         assert_eq!(done["fragmentation"].kind, Source::Shared);
+        // A measured matmul efficiency is a hardware constant like the others: it needs its source.
+        assert!(gpu.calibration.matmul_efficiency.bf16.is_some());
+        let mut without = p.clone();
+        without.remove("matmul_efficiency.bf16");
+        let e = complete(&gpu, without).unwrap_err().to_string();
+        assert!(e.contains("gpu.provenance.matmul_efficiency.bf16"), "{e}");
         p.remove("scaleup_bus_efficiency");
         let e = complete(&gpu, p.clone()).unwrap_err().to_string();
         assert!(e.contains("gpu.provenance.scaleup_bus_efficiency"), "{e}");
