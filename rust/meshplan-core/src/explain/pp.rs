@@ -99,7 +99,12 @@ impl Ctx<'_> {
             })
             .collect();
         Some(format!(
-            "layers split by cost, not count (a custom pipeline layout; Megatron-Core's MambaStack deals a hybrid pattern out by count): each layer weighs its forward FLOPs per token at s = {seq} ({}), the last stage also the LM head ({:.2} GFLOP); {}",
+            "layers split by cost, not count (a custom pipeline layout; Megatron-Core's MambaStack deals a hybrid pattern out by count): each layer weighs its forward FLOPs per token at s = {seq}{} ({}), the last stage also the LM head ({:.2} GFLOP); {}",
+            if model.mamba.is_some() {
+                " (a Mamba-2 scan at its flash-attention-equivalent floor, docs/costmodel.md §1.4)"
+            } else {
+                ""
+            },
             kinds
                 .specs()
                 .iter()
