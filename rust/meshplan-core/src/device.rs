@@ -22,6 +22,8 @@ struct DeviceDefaults {
     matmul_realisation: f64,
     /// Rows each expert's segment of a grouped GEMM is padded to.
     grouped_gemm_tile_rows: f64,
+    /// Sequence length at which Mamba-2's SSD kernels match FlashAttention-2 per token.
+    ssd_flash_crossover_seq: f64,
 }
 
 fn defaults() -> DeviceDefaults {
@@ -45,6 +47,13 @@ pub fn gemm_efficiency(cal: &Calibration, precision: Precision) -> f64 {
     at(precision)
         .or(at(Precision::Bf16))
         .unwrap_or(d.fallback_gemm_efficiency)
+}
+
+/// Keys per query of the flash attention whose time per head and token Mamba-2's SSD kernels take
+/// at least (`data/device.toml` `ssd_flash_crossover_seq`: the sequence length at which the Mamba-2
+/// paper measures SSD as fast as FlashAttention-2; docs/costmodel.md §1.4).
+pub fn ssd_flash_crossover_keys() -> f64 {
+    defaults().ssd_flash_crossover_seq
 }
 
 /// One GPU at one training precision.

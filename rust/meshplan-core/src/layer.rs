@@ -1177,6 +1177,11 @@ pub struct CoreAttention {
     /// the scan is timed by its FLOPs alone: attention, gated DeltaNet).
     pub scan_fwd_bytes_per_token: f64,
     pub scan_bwd_bytes_per_token: f64,
+    /// Local Mamba-2 heads (0 for every other mixer) and their head dim `P`: Mamba-2's SSD
+    /// kernels take per head and token at least as long as flash attention of head dim `P` over
+    /// the crossover keys of `data/device.toml` ([`CoreAttention::ssd_floor_fwd_flops_per_token`]).
+    pub ssd_heads: f64,
+    pub ssd_head_dim: f64,
 }
 
 impl CoreAttention {
@@ -1188,6 +1193,23 @@ impl CoreAttention {
             Some(w) if w < seq => w - w * w / (2.0 * seq),
             _ => seq / 2.0,
         }
+    }
+
+    /// Attention-equivalent forward FLOPs per local token that Mamba-2's SSD kernels take at
+    /// least: flash attention of `ssd_heads` heads of dim `P` over `crossover_keys` keys,
+    /// `4·H·P·K` (0 without Mamba-2). A time floor, not FLOPs the model counts (docs/costmodel.md
+    /// §1.4).
+    pub fn ssd_floor_fwd_flops_per_token(&self, crossover_keys: f64) -> f64 {
+        4.0 * self.ssd_heads * self.ssd_head_dim * crossover_keys
+    }
+
+    /// [`CoreAttention::fwd_flops_with_keys`] with Mamba-2's scan at no less than its
+    /// attention-equivalent floor ([`CoreAttention::ssd_floor_fwd_flops_per_token`]): the core's
+    /// forward in FLOPs at the attention rate, what its time is (stage balancing weighs it).
+    pub fn fwd_time_flops_with_keys(&self, keys: f64, crossover_keys: f64) -> f64 {
+        self.fwd_flops_with_keys(keys)
+            + (self.ssd_floor_fwd_flops_per_token(crossover_keys) - self.scan_fwd_flops_per_token)
+                .max(0.0)
     }
 
     /// Forward FLOPs of the core per local token when each query sees `keys` keys: `QKᵀ` and
@@ -1212,6 +1234,10 @@ pub fn core_of(model: &Model, mixer: &Mixer, tp: u32) -> CoreAttention {
         Mixer::Mamba(m) => mamba_scan_bytes_per_token(m, tp),
         _ => (0.0, 0.0),
     };
+    let (ssd_heads, ssd_head_dim) = match mixer {
+        Mixer::Mamba(m) => (m.heads as f64 / tp as f64, m.head_dim as f64),
+        _ => (0.0, 0.0),
+    };
     CoreAttention {
         heads,
         qk_head_dim: model.qk_head_dim() as f64,
@@ -1220,6 +1246,8 @@ pub fn core_of(model: &Model, mixer: &Mixer, tp: u32) -> CoreAttention {
         scan_fwd_flops_per_token: scan,
         scan_fwd_bytes_per_token: scan_fwd_bytes,
         scan_bwd_bytes_per_token: scan_bwd_bytes,
+        ssd_heads,
+        ssd_head_dim,
     }
 }
 
@@ -2098,6 +2126,8 @@ mod tests {
             scan_fwd_flops_per_token: 0.0,
             scan_fwd_bytes_per_token: 0.0,
             scan_bwd_bytes_per_token: 0.0,
+            ssd_heads: 0.0,
+            ssd_head_dim: 0.0,
         };
         // w − w²/(2s): 128 − 128²/8192 = 126.
         assert_eq!(core.keys_per_query(4096.0), 126.0);

@@ -14,7 +14,8 @@
 //!
 //! A hybrid model (a `layer_pattern`: Mamba-2, attention, FFN-only layers of very different
 //! cost) is split by cost instead ([`balanced_ranks`]): each layer weighs its forward FLOPs per
-//! token ([`layer_costs`], from the same [`crate::layer::layer_ops`] shapes), the last rank also
+//! token ([`layer_costs`], from the same [`crate::layer::layer_ops`] shapes; a Mamba-2 scan at
+//! the flash-attention-equivalent floor its time is charged at), the last rank also
 //! the LM head, and the contiguous split into `pp` non-empty ranks minimises the heaviest rank
 //! (a custom layout: GPT models take one with Megatron's `--pipeline-model-parallel-layout`;
 //! Megatron-Core's MambaStack itself deals the pattern out by count). Its ranks are at
@@ -112,13 +113,15 @@ pub fn rank_layer_runs(layers: u32, pp: u32) -> [(u32, u32, u32); 4] {
 
 /// Forward FLOPs per token of one layer of each kind of `model` (unsharded) on sequences of
 /// `seq_len` tokens: `2·N_active` of its matmuls plus its core (attention over its causal keys,
-/// a scan): what [`balanced_ranks`] weighs layers by.
+/// a scan; Mamba-2's SSD at its flash-attention-equivalent floor, docs/costmodel.md §1.4, the
+/// FLOPs its time is worth): what [`balanced_ranks`] weighs layers by.
 pub fn layer_costs(model: &Model, seq_len: u32) -> [f64; MAX_LAYER_KINDS] {
     let mut out = [0.0; MAX_LAYER_KINDS];
+    let crossover = crate::device::ssd_flash_crossover_keys();
     for (k, spec) in model.layer_kinds().specs().iter().enumerate() {
         let core = core_of(model, &spec.mixer, 1);
         out[k] = 2.0 * spec.active_matmul_params(model) as f64
-            + core.fwd_flops_with_keys(core.keys_per_query(seq_len as f64));
+            + core.fwd_time_flops_with_keys(core.keys_per_query(seq_len as f64), crossover);
     }
     out
 }

@@ -389,7 +389,13 @@ impl<'a> TimeContext<'a> {
         // the device's attention throughput, the backward the stack's attention ratio of the
         // forward [assumed: same kernel family, Triton], or the HBM bytes they move where that
         // is longer (Mamba-2's chunk states and `C·Bᵀ` blocks: `layer::mamba_scan_bytes_per_token`).
-        let scan_fwd = self.tokens * att.scan_fwd_flops_per_token;
+        // Mamba-2's SSD kernels take at least the time of flash attention of the same heads over
+        // the crossover keys at which the Mamba-2 paper measures them as fast as
+        // FlashAttention-2 (`device::ssd_flash_crossover_keys`, §1.4): far more than their own
+        // FLOPs at the attention rate.
+        let ssd_floor = self.tokens
+            * att.ssd_floor_fwd_flops_per_token(crate::device::ssd_flash_crossover_keys());
+        let scan_fwd = (self.tokens * att.scan_fwd_flops_per_token).max(ssd_floor);
         let scan_bytes = (
             self.tokens * att.scan_fwd_bytes_per_token / mem_bw,
             self.tokens * att.scan_bwd_bytes_per_token / mem_bw,
@@ -1473,6 +1479,65 @@ mod tests {
         // A run of empty ranks as long as a pipeline can be costs one addition.
         let huge = PipelineTimes::of_runs(&[(a, 1), (zero, u32::MAX - 2), (b, 1)]);
         assert_eq!(huge.sum, a.total() + b.total());
+    }
+
+    #[test]
+    fn the_mamba_2_scan_takes_at_least_flash_attention_over_the_crossover_keys() {
+        // Nemotron 3 Nano on 8 GB200 (tp 1): 64 Mamba-2 heads of 64 channels, 8192 tokens per
+        // micro-batch. The SSD kernels are charged flash attention of 64 heads of dim 64 over
+        // the crossover keys of data/device.toml (2048, the Mamba-2 paper's SSD/FlashAttention-2
+        // crossover), 4·64·64·2048 FLOPs per token at the attention rate; the backward the
+        // stack's attention ratio of it.
+        let (p, plan) = nano(None, None);
+        let t = tc(&p, &plan);
+        let kinds = p.model.layer_kinds();
+        let mamba = (0..kinds.len())
+            .find(|&k| matches!(kinds.specs()[k].mixer, crate::layer::Mixer::Mamba(_)))
+            .unwrap();
+        let keys = crate::device::ssd_flash_crossover_keys();
+        assert_eq!(keys, 2048.0);
+        let core = t.layer_ops(mamba).attention;
+        assert_eq!((core.ssd_heads, core.ssd_head_dim), (64.0, 64.0));
+        let rate = t.device.attention_flops_per_s;
+        let floor = 8192.0 * 4.0 * 64.0 * 64.0 * keys / rate;
+        // The floor is what binds at Nemotron's shapes: over 9x the scan's own FLOPs at the
+        // same rate and over 2.5x the HBM time of its kernels' bytes.
+        let own = 8192.0 * core.scan_fwd_flops_per_token / rate;
+        let bytes = 8192.0 * core.scan_fwd_bytes_per_token / t.device.memory_bytes_per_s;
+        assert!(
+            floor > 9.0 * own && floor > 2.5 * bytes,
+            "{floor} {own} {bytes}"
+        );
+        let parts = t.layer_parts(mamba);
+        assert!((parts.attention_fwd / floor - 1.0).abs() < 1e-12);
+        // The whole layer: its GEMMs, element-wise work and overhead beside the scan.
+        let ratio = t.stack.attention_backward_ratio;
+        let ops = t.layer_ops(mamba);
+        let mut g = LinearTimes::default();
+        for gemm in ops.gemms() {
+            t.linear(&mut g, gemm, LinearMode::Recipe);
+        }
+        let elem = ops.elementwise_bytes / t.device.memory_bytes_per_s;
+        let overhead = p.cluster.gpu.calibration.layer_overhead_us * 1e-6;
+        let want_fwd = g.fwd + floor + elem + overhead;
+        let want_bwd = g.dgrad + g.wgrad + ratio * floor + 2.0 * elem + 2.0 * overhead;
+        assert!((parts.time.fwd.compute / want_fwd - 1.0).abs() < 1e-12);
+        assert!((parts.time.bwd.compute / want_bwd - 1.0).abs() < 1e-12);
+        // Split over TP 2, each GPU runs half the heads: half the floor.
+        let tp2: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":2,"pp":1,"ep":4,"micro_batch":1}"#).unwrap();
+        let t2 = tc(&p, &tp2);
+        assert!((t2.layer_parts(mamba).attention_fwd / (floor / 2.0) - 1.0).abs() < 1e-12);
+        // Attention layers keep their own keys: no floor.
+        let attn = (0..kinds.len())
+            .find(|&k| {
+                matches!(
+                    kinds.specs()[k].mixer,
+                    crate::layer::Mixer::Attention { .. }
+                )
+            })
+            .unwrap();
+        assert_eq!(t.layer_ops(attn).attention.ssd_heads, 0.0);
     }
 
     #[test]

@@ -155,6 +155,36 @@ fn the_pipeline_split_balances_cost_not_layer_count() {
 }
 
 #[test]
+fn a_mamba_layer_weighs_its_scan_at_the_flash_attention_floor() {
+    // Nemotron-H 8B: Mamba-2 layers of 128 heads x 64 channels. Their weight in the pipeline
+    // split is the matmuls plus the scan at the time it is charged: flash attention of 128 heads
+    // of dim 64 over the crossover keys (data/device.toml), not the scan's own FLOPs.
+    let m = presets::model("nemotron-h-8b").unwrap();
+    let kinds = m.layer_kinds();
+    let k = (0..kinds.len())
+        .find(|&k| {
+            matches!(
+                kinds.specs()[k].mixer,
+                meshplan_core::layer::Mixer::Mamba(_)
+            )
+        })
+        .unwrap();
+    let spec = kinds.specs()[k];
+    let keys = meshplan_core::device::ssd_flash_crossover_keys();
+    let matmuls = 2.0 * spec.active_matmul_params(&m) as f64;
+    let floor = 4.0 * 128.0 * 64.0 * keys;
+    let costs = layer_costs(&m, 8192);
+    assert!(
+        (costs[k] / (matmuls + floor) - 1.0).abs() < 1e-12,
+        "{}",
+        costs[k]
+    );
+    // The floor is a time, not FLOPs the model counts: the scan's own FLOPs are far fewer.
+    let core = meshplan_core::layer::core_of(&m, &spec.mixer, 1);
+    assert!(core.scan_fwd_flops_per_token < floor / 5.0);
+}
+
+#[test]
 fn a_homogeneous_model_keeps_the_count_split() {
     // No layer pattern: Megatron's even split, whatever the costs.
     let m = presets::model("llama3-70b").unwrap();

@@ -99,7 +99,7 @@ impl Ctx<'_> {
             })
             .collect();
         Some(format!(
-            "layers split by cost, not count (a custom pipeline layout; Megatron-Core's MambaStack deals a hybrid pattern out by count): each layer weighs its forward FLOPs per token at s = {seq} ({}), the last stage also the LM head ({:.2} GFLOP); {}",
+            "layers split by cost, not count (a custom pipeline layout; Megatron-Core's MambaStack deals a hybrid pattern out by count): each layer weighs its forward FLOPs per token at s = {seq} ({}{}), the last stage also the LM head ({:.2} GFLOP); {}",
             kinds
                 .specs()
                 .iter()
@@ -107,6 +107,11 @@ impl Ctx<'_> {
                 .map(|(spec, c)| format!("{} {:.2} GFLOP", spec.describe(), c / 1e9))
                 .collect::<Vec<_>>()
                 .join(", "),
+            if model.mamba.is_some() {
+                "; a Mamba-2 scan weighs its flash-attention-equivalent floor, docs/costmodel.md §1.4"
+            } else {
+                ""
+            },
             head / 1e9,
             ranks.join("; ")
         ))
