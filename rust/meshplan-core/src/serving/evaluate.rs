@@ -139,6 +139,8 @@ pub(crate) fn score(
     // waves differs from the steady state.
     let mut run_rate = None;
     let mut b = b;
+    // Steps after which the (decode or aggregated) worker returns a step's tokens.
+    let lag_steps = w.output_lag_steps.unwrap_or(0) as f64;
     match &plan.prefill {
         None => {
             // A new prompt rides on steps in chunks of what the running decodes leave free.
@@ -199,14 +201,28 @@ pub(crate) fn score(
                     let round = wave_s + (osl - 1.0) * period;
                     let x = b / round;
                     decode = d;
+                    // An engine that returns a step's tokens only after `lag` further steps
+                    // delays the first token by the steps that follow the median's forward:
+                    // the wave's later forwards, then decode steps. The last token of a round
+                    // is returned at once (no step follows it before the next wave arrives).
+                    let later = all - median;
+                    let k = lag_steps.min(later);
+                    let later_forwards_s = if k <= 0.0 {
+                        0.0
+                    } else if k < later {
+                        k * fperiod
+                    } else {
+                        (later - 1.0) * fperiod + last_s
+                    };
+                    let lag_s = later_forwards_s + (lag_steps - k) * period;
                     // The engines run a waiting prompt's prefill before the next decode step,
                     // so the median request, decoding from its first token on, stalls for the
-                    // wave's forwards that follow it: their time spreads over its OSL − 1
-                    // tokens.
-                    tpot = period + (wave_s - first_s) / (osl - 1.0).max(1.0);
+                    // wave's forwards that follow it: their time (less what the lag moved into
+                    // its TTFT) spreads over its OSL − 1 tokens.
+                    tpot = period + (wave_s - first_s - lag_s) / (osl - 1.0).max(1.0);
                     prefill = f;
                     queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x);
-                    ttft = first_s + queue_s;
+                    ttft = first_s + lag_s + queue_s;
                     requests_per_s = replicas * x;
                     if let Some(n) = run {
                         // Whole waves: the last one may be partly empty.
@@ -221,7 +237,8 @@ pub(crate) fn score(
                     prefill = f;
                     let x = b / (osl * tpot);
                     queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x);
-                    ttft = chunks * f.total_s + queue_s;
+                    // Tokens returned `lag` steps late: the first one too.
+                    ttft = chunks * f.total_s + lag_steps * period + queue_s;
                     requests_per_s = replicas * x;
                 }
                 Arrival::Poisson => {
@@ -259,7 +276,7 @@ pub(crate) fn score(
                             })
                         }
                     };
-                    ttft = own + queue_s;
+                    ttft = own + lag_steps * period + queue_s;
                     // The deployment's rate is its capacity, what its full batch completes (as
                     // for a closed loop); TTFT and TPOT are those at the offered load.
                     let capacity = if n < cap {
@@ -434,6 +451,7 @@ mod tests {
                 max_sequences: batch,
                 max_batched_tokens: None,
                 kv_tokens: None,
+                output_lag_steps: None,
             },
             replicas: 1,
             prefill: None,
@@ -531,6 +549,45 @@ mod tests {
         let round = 2.0 * three + two + 255.0 * ev.time.decode.total_s;
         assert!((ev.time.e2e_s - round).abs() < 1e-9 * round);
         assert!((ev.requests_per_s - 8.0 / round).abs() < 1e-9 * ev.requests_per_s);
+    }
+
+    #[test]
+    fn tokens_returned_a_step_late_move_the_wave_into_the_first_token() {
+        // vLLM V0's asynchronous output processing returns step N's tokens when step N+1 ends.
+        // 8 prompts of 1024 in forwards of 4096: the median (4th) prompt completes in the
+        // first forward and is returned after the second, which no longer stalls its decode.
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.arrival = Some(Arrival::Waves);
+        p.traffic.concurrency = Some(8);
+        let mut plan = worker(1, 8);
+        plan.worker.max_batched_tokens = Some(4096);
+        let now = evaluate_serving(&p, &plan).unwrap();
+        plan.worker.output_lag_steps = Some(1);
+        let late = evaluate_serving(&p, &plan).unwrap();
+        let forward = now.time.prefill.total_s;
+        assert!((late.time.ttft_s - 2.0 * forward).abs() < 1e-9 * forward);
+        assert!((now.time.ttft_s - forward).abs() < 1e-9 * forward);
+        assert!((late.time.tpot_s - late.time.decode.total_s).abs() < 1e-12);
+        assert!((late.time.e2e_s - now.time.e2e_s).abs() < 1e-9 * now.time.e2e_s);
+        assert_eq!(late.requests_per_s, now.requests_per_s);
+        // A wave of one forward: the next step is a decode step.
+        p.traffic.concurrency = Some(4);
+        let mut one = worker(1, 4);
+        let now = evaluate_serving(&p, &one).unwrap();
+        one.worker.output_lag_steps = Some(1);
+        let late = evaluate_serving(&p, &one).unwrap();
+        let step = now.time.decode.total_s;
+        assert!((late.time.ttft_s - now.time.ttft_s - step).abs() < 1e-9);
+        // In a steady state of mixed steps the first token waits one more step.
+        p.traffic.arrival = Some(Arrival::Spread);
+        let now = evaluate_serving(&p, &worker(1, 4)).unwrap();
+        let late = evaluate_serving(&p, &one).unwrap();
+        assert!((late.time.ttft_s - now.time.ttft_s - now.time.tpot_s).abs() < 1e-9);
+        assert_eq!(late.time.tpot_s, now.time.tpot_s);
+        // Bounded, naming the field.
+        one.worker.output_lag_steps = Some(9);
+        let e = evaluate_serving(&p, &one).unwrap_err().to_string();
+        assert!(e.contains("serving_plan.worker.output_lag_steps"), "{e}");
     }
 
     #[test]

@@ -559,6 +559,7 @@ mod tests {
             max_sequences: 1,
             max_batched_tokens: None,
             kv_tokens: None,
+            output_lag_steps: None,
         }
     }
 
@@ -671,6 +672,7 @@ mod tests {
             max_sequences: 64,
             max_batched_tokens: None,
             kv_tokens: None,
+            output_lag_steps: None,
         };
         let adp8 = Worker {
             tp: 1,
@@ -699,6 +701,7 @@ mod tests {
             max_sequences: 128,
             max_batched_tokens: None,
             kv_tokens: None,
+            output_lag_steps: None,
         };
         let g = worker_groups(&w, tm.domain);
         assert_eq!(g.expert_tp.size, 8);
