@@ -66,6 +66,24 @@ def test_evaluate_serving_round_trips_a_disaggregated_plan(stub: pb_grpc.Planner
     assert ev.ttft_s == pytest.approx(local["time"]["ttft_s"])
 
 
+def test_the_output_lag_travels_over_grpc(stub: pb_grpc.PlannerStub) -> None:
+    # vLLM V0 returns a step's tokens when the next step ends (output_lag_steps 1): over gRPC as
+    # in Python, and back in the evaluation's plan; unset stays unset.
+    plan = pb.ServingPlan(worker=pb.ServingWorker(tp=2, max_sequences=64, max_batched_tokens=16384,
+                                                  output_lag_steps=1), replicas=4)
+    traffic = {"concurrency": 256, "arrival": "waves", "num_requests": 512}
+    ev = stub.EvaluateServing(pb.EvaluateServingRequest(problem=problem(**traffic), plan=plan),
+                              timeout=60).evaluation
+    local = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=64,replicas=4,tokens=16384,lag=1",
+                                input_len=1024, output_len=256, **traffic)
+    none = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=2,batch=64,replicas=4,tokens=16384",
+                               input_len=1024, output_len=256, **traffic)
+    assert ev.ttft_s == pytest.approx(local["time"]["ttft_s"]) and ev.ttft_s > none["time"]["ttft_s"]
+    assert ev.plan.worker.output_lag_steps == 1
+    assert serving_wire.evaluation_from(ev)["plan"]["worker"]["output_lag_steps"] == 1
+    assert "output_lag_steps" not in none["plan"]["worker"]
+
+
 def test_the_arrival_process_travels_over_grpc(stub: pb_grpc.PlannerStub) -> None:
     plan = pb.ServingPlan(worker=pb.ServingWorker(tp=2, max_sequences=64), replicas=4)
     for traffic, local_kw in (

@@ -275,3 +275,33 @@ def test_block_scaled_fp8_prefill_runs_at_the_engines_block_kernel_rate() -> Non
     assert hf["time"]["prefill"]["linear_s"] == pytest.approx(pb["linear_s"])
     with pytest.raises(mp.errors.InvalidInputError, match="weight_scaling: block"):
         mp.evaluate_serving("llama3-8b", H100x8, "tp=1,batch=4", weight_scaling="block", input_len=8, output_len=8)
+
+
+def test_dp_attention_with_tensor_parallel_experts_gathers_and_reduces_each_token_once() -> None:
+    # SGLang 0.4's --enable-dp-attention without expert parallelism (tp=1, adp=8, ep=1, etp=8):
+    # explain names the all-gather + all-reduce of the expert-TP axis, its time per (pure, waves)
+    # decode step is the evaluation's expert-parallel communication, and its message is one
+    # h-vector per token of the stage (64 x 7168 x 2 bytes), not one per routed copy.
+    kw = dict(input_len=1024, output_len=1024, weight_precision="fp8", concurrency=64, arrival="waves")
+    h200 = mp.Cluster("h200-sxm", 8)
+    ex = mp.explain_serving("deepseek-v3", h200, "tp=1,adp=8,ep=1,batch=64", **kw)
+    etp = next(a for a in ex["axes"] if a["axis"] == "expert_tp")
+    assert etp["collective"] == "all-gather+all-reduce"
+    ev = mp.evaluate_serving("deepseek-v3", h200, "tp=1,adp=8,ep=1,batch=64", **kw)
+    assert etp["seconds_per_step"] == pytest.approx(ev["time"]["decode"]["ep_comm_s"], rel=1e-9)
+    assert etp["message_bytes"] == pytest.approx(64 * 7168 * 2)
+
+
+def test_a_wave_prefilled_in_several_forwards_stalls_its_first_decoders() -> None:
+    # 8 prompts of 1024 tokens in forwards of 3072 tokens: the median (4th) prompt completes in
+    # the second forward, and the requests then decode through the third, spread over their
+    # 255 tokens; the round (three forwards, 255 decode steps) is the e2e latency.
+    kw = dict(input_len=1024, output_len=256, arrival="waves")
+    h100 = mp.Cluster("h100-sxm", 1)
+    ev = mp.evaluate_serving("llama3-8b", h100, "tp=1,batch=8,tokens=3072", concurrency=8, **kw)
+    three = mp.evaluate_serving("llama3-8b", h100, "tp=1,batch=3", concurrency=3, **kw)["time"]["ttft_s"]
+    two = mp.evaluate_serving("llama3-8b", h100, "tp=1,batch=2", concurrency=2, **kw)["time"]["ttft_s"]
+    t = ev["time"]
+    assert t["ttft_s"] == pytest.approx(2 * three)
+    assert t["tpot_s"] == pytest.approx(t["decode"]["total_s"] + two / 255)
+    assert t["e2e_s"] == pytest.approx(2 * three + two + 255 * t["decode"]["total_s"])

@@ -57,9 +57,10 @@ PROBLEM_FIELDS = ["traffic.input_len", "traffic.output_len", "traffic.concurrenc
                   "cluster.num_gpus", "model.layers", "model.hidden"]
 PLAN_FIELDS = [f"serving_plan.{k}" for k in (
     "worker.tp", "worker.pp", "worker.attention_dp", "worker.ep", "worker.expert_tp",
-    "worker.max_sequences", "worker.max_batched_tokens", "worker.kv_tokens", "replicas", "prefill.tp",
-    "prefill.pp", "prefill.attention_dp", "prefill.ep", "prefill.expert_tp", "prefill.max_sequences",
-    "prefill.max_batched_tokens", "prefill.kv_tokens", "prefill_replicas")]
+    "worker.max_sequences", "worker.max_batched_tokens", "worker.kv_tokens", "worker.output_lag_steps",
+    "replicas", "prefill.tp", "prefill.pp", "prefill.attention_dp", "prefill.ep", "prefill.expert_tp",
+    "prefill.max_sequences", "prefill.max_batched_tokens", "prefill.kv_tokens", "prefill.output_lag_steps",
+    "prefill_replicas")]
 SPACE_FIELDS = ["serving_space.top_k", "serving_space.max_tp", "serving_space.max_pp",
                 "serving_space.max_attention_dp", "serving_space.max_sequences",
                 "serving_space.max_candidates"]

@@ -51,6 +51,8 @@ _WORKER_KEYS = {
     "max_batched_tokens": "max_batched_tokens",
     "tokens": "max_batched_tokens",
     "kv_tokens": "kv_tokens",
+    "output_lag_steps": "output_lag_steps",
+    "lag": "output_lag_steps",
 }
 
 
@@ -233,7 +235,8 @@ def parse_serving_plan(plan: PlanLike, prefill: Optional[PlanLike] = None) -> di
     disaggregated one, ``prefill`` as ``tp=4,batch=4,replicas=1``). Keys: tp, pp, attention_dp
     (adp), ep, expert_tp (etp; default: the stage's GPUs over ep), max_sequences (batch),
     max_batched_tokens (tokens: one forward's tokens per attention-DP rank), kv_tokens (the KV
-    cache's tokens per rank as the engine reports them), replicas."""
+    cache's tokens per rank as the engine reports them), output_lag_steps (lag: engine steps
+    before a step's tokens are returned; vLLM V0's asynchronous output processing: 1), replicas."""
     if isinstance(plan, dict):
         if prefill is not None:
             raise InvalidInputError("invalid prefill: give the prefill pool inside the plan dict")

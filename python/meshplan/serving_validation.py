@@ -86,7 +86,7 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     ep = int(plan.get("ep", 1))
     worker = {"tp": plan["tp"], "pp": plan.get("pp", 1), "attention_dp": adp, "ep": ep,
               "expert_tp": plan.get("expert_tp", stage // ep), "max_sequences": adp}
-    for key in ("max_batched_tokens", "kv_tokens"):
+    for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps"):
         if plan.get(key) is not None:
             worker[key] = int(plan[key])
     deployment = {"worker": worker, "replicas": plan.get("replicas", 1)}

@@ -53,7 +53,8 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
 
 def _worker_from(msg: pb.ServingWorker) -> dict[str, Any]:
     w: dict[str, Any] = {"tp": msg.tp, "max_sequences": msg.max_sequences}
-    for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens"):
+    for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens",
+                 "output_lag_steps"):
         if msg.HasField(name):
             w[name] = getattr(msg, name)
     if "expert_tp" not in w:
@@ -97,7 +98,8 @@ def space_from(msg: pb.ServingSpace, max_candidates: Optional[int] = None) -> di
 def _worker_message(w: dict[str, Any]) -> pb.ServingWorker:
     return pb.ServingWorker(tp=w["tp"], pp=w["pp"], attention_dp=w["attention_dp"], ep=w["ep"],
                             expert_tp=w["expert_tp"], max_sequences=w["max_sequences"],
-                            max_batched_tokens=w.get("max_batched_tokens"), kv_tokens=w.get("kv_tokens"))
+                            max_batched_tokens=w.get("max_batched_tokens"), kv_tokens=w.get("kv_tokens"),
+                            output_lag_steps=w.get("output_lag_steps"))
 
 
 def evaluation_message(ev: dict[str, Any]) -> pb.ServingEvaluation:
@@ -184,7 +186,8 @@ def plan_message(plan: dict[str, Any]) -> pb.ServingPlan:
 
 def _request_worker(w: dict[str, Any]) -> pb.ServingWorker:
     msg = pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"])
-    for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens"):
+    for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens",
+                 "output_lag_steps"):
         if w.get(name) is not None:
             setattr(msg, name, w[name])
     return msg
@@ -219,7 +222,7 @@ def evaluation_from(msg: pb.ServingEvaluation) -> dict[str, Any]:
     out: dict[str, Any] = wire.plain(msg)
     # An unset token budget or KV size is absent, as in the core's plan (not a 0).
     for name in ("worker", "prefill"):
-        for key in ("max_batched_tokens", "kv_tokens"):
+        for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps"):
             if isinstance(out["plan"].get(name), dict) and not getattr(msg.plan, name).HasField(key):
                 out["plan"][name].pop(key, None)
     extra: Optional[str] = out.pop("extra_json", None)

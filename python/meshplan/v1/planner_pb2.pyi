@@ -2053,6 +2053,7 @@ class ServingWorker(_message.Message):
     MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
     MAX_BATCHED_TOKENS_FIELD_NUMBER: _builtins.int
     KV_TOKENS_FIELD_NUMBER: _builtins.int
+    OUTPUT_LAG_STEPS_FIELD_NUMBER: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
     """Unset: 1."""
@@ -2070,6 +2071,10 @@ class ServingWorker(_message.Message):
     """KV-cache tokens of each attention-DP rank as the engine reports them; unset: the memory
     model's.
     """
+    output_lag_steps: _builtins.int
+    """Engine steps after which a step's tokens are returned (vLLM V0's asynchronous output
+    processing: 1); unset: 0.
+    """
     def __init__(
         self,
         *,
@@ -2081,10 +2086,11 @@ class ServingWorker(_message.Message):
         max_sequences: _builtins.int = ...,
         max_batched_tokens: _builtins.int | None = ...,
         kv_tokens: _builtins.int | None = ...,
+        output_lag_steps: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "pp", b"pp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "output_lag_steps", b"output_lag_steps", "pp", b"pp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "output_lag_steps", b"output_lag_steps", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attention_dp: _TypeAlias = _typing.Literal["attention_dp"]  # noqa: Y015
     _WhichOneofArgType__attention_dp: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp"]  # noqa: Y015
@@ -2096,6 +2102,8 @@ class ServingWorker(_message.Message):
     _WhichOneofArgType__kv_tokens: _TypeAlias = _typing.Literal["_kv_tokens", b"_kv_tokens"]  # noqa: Y015
     _WhichOneofReturnType__max_batched_tokens: _TypeAlias = _typing.Literal["max_batched_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_batched_tokens: _TypeAlias = _typing.Literal["_max_batched_tokens", b"_max_batched_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__output_lag_steps: _TypeAlias = _typing.Literal["output_lag_steps"]  # noqa: Y015
+    _WhichOneofArgType__output_lag_steps: _TypeAlias = _typing.Literal["_output_lag_steps", b"_output_lag_steps"]  # noqa: Y015
     _WhichOneofReturnType__pp: _TypeAlias = _typing.Literal["pp"]  # noqa: Y015
     _WhichOneofArgType__pp: _TypeAlias = _typing.Literal["_pp", b"_pp"]  # noqa: Y015
     @_typing.overload
@@ -2108,6 +2116,8 @@ class ServingWorker(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_tokens) -> _WhichOneofReturnType__kv_tokens | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_batched_tokens) -> _WhichOneofReturnType__max_batched_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__output_lag_steps) -> _WhichOneofReturnType__output_lag_steps | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pp) -> _WhichOneofReturnType__pp | None: ...
 

@@ -92,6 +92,9 @@ pub const MAX_LISTED_STAGES: usize = 1 << 10;
 pub const MAX_SEQUENCES: u32 = 1 << 24;
 /// Most KV-cache tokens of one rank a serving plan may state (2^31 − 1: far beyond any GPU's HBM).
 pub const MAX_KV_TOKENS: u32 = (1 << 31) - 1;
+/// Most engine steps a serving plan may say a step's tokens wait before they are returned
+/// (vLLM V0's asynchronous output processing: 1).
+pub const MAX_OUTPUT_LAG_STEPS: u32 = 8;
 
 /// Inclusive bounds of one integer field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,6 +246,10 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("serving_plan.worker.max_sequences", up_to(MAX_SEQUENCES)),
     ("serving_plan.worker.max_batched_tokens", up_to(MAX_SEQ_LEN)),
     ("serving_plan.worker.kv_tokens", up_to(MAX_KV_TOKENS)),
+    (
+        "serving_plan.worker.output_lag_steps",
+        from_zero(MAX_OUTPUT_LAG_STEPS),
+    ),
     ("serving_plan.replicas", DEGREE),
     ("serving_plan.prefill.tp", DEGREE),
     ("serving_plan.prefill.pp", DEGREE),
@@ -255,6 +262,10 @@ pub const TABLE: &[(&str, Limit)] = &[
         up_to(MAX_SEQ_LEN),
     ),
     ("serving_plan.prefill.kv_tokens", up_to(MAX_KV_TOKENS)),
+    (
+        "serving_plan.prefill.output_lag_steps",
+        from_zero(MAX_OUTPUT_LAG_STEPS),
+    ),
     ("serving_plan.prefill_replicas", DEGREE),
     ("serving_space.top_k", up_to(MAX_TOP_K)),
     ("serving_space.max_tp", DEGREE),

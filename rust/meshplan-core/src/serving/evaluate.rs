@@ -139,6 +139,8 @@ pub(crate) fn score(
     // waves differs from the steady state.
     let mut run_rate = None;
     let mut b = b;
+    // Steps after which the (decode or aggregated) worker returns a step's tokens.
+    let lag_steps = w.output_lag_steps.unwrap_or(0) as f64;
     match &plan.prefill {
         None => {
             // A new prompt rides on steps in chunks of what the running decodes leave free.
@@ -172,24 +174,55 @@ pub(crate) fn score(
                     let b_rank = b / w.attention_dp as f64;
                     let step = Batch::decode(b_rank, context);
                     let (d, period) = tm.forward(w, &step, true);
+                    // The scheduler fills every forward to the token budget (the last one
+                    // takes what is left): the median prompt's first token comes with the
+                    // forward that holds its last token.
                     let (all, median) = queue::wave_forwards(b_rank, new, chunk);
-                    let per_forward = (b_rank * new / all).max(1.0);
-                    let wave = Batch {
+                    let (full, last) = queue::wave_forward_tokens(b_rank, new, chunk);
+                    let wave_batch = |tokens: f64| Batch {
                         decode_seqs: 0.0,
                         decode_context: 0.0,
-                        prefill_seqs: per_forward / new,
+                        prefill_seqs: tokens / new,
                         prefill_new: new,
                         prefill_cached: cached,
                     };
-                    let (f, fperiod) = tm.forward(w, &wave, false);
-                    let wave_s = f.total_s + (all - 1.0) * fperiod;
+                    let (f, fperiod) = tm.forward(w, &wave_batch(full), false);
+                    let last_s = if all > 1.0 {
+                        tm.forward(w, &wave_batch(last), false).0.total_s
+                    } else {
+                        f.total_s
+                    };
+                    let wave_s = (all - 1.0) * fperiod + last_s;
+                    let first_s = if median < all {
+                        (median - 1.0) * fperiod + f.total_s
+                    } else {
+                        wave_s
+                    };
                     let round = wave_s + (osl - 1.0) * period;
                     let x = b / round;
                     decode = d;
-                    tpot = period;
+                    // An engine that returns a step's tokens only after `lag` further steps
+                    // delays the first token by the steps that follow the median's forward:
+                    // the wave's later forwards, then decode steps. The last token of a round
+                    // is returned at once (no step follows it before the next wave arrives).
+                    let later = all - median;
+                    let k = lag_steps.min(later);
+                    let later_forwards_s = if k <= 0.0 {
+                        0.0
+                    } else if k < later {
+                        k * fperiod
+                    } else {
+                        (later - 1.0) * fperiod + last_s
+                    };
+                    let lag_s = later_forwards_s + (lag_steps - k) * period;
+                    // The engines run a waiting prompt's prefill before the next decode step,
+                    // so the median request, decoding from its first token on, stalls for the
+                    // wave's forwards that follow it: their time (less what the lag moved into
+                    // its TTFT) spreads over its OSL − 1 tokens.
+                    tpot = period + (wave_s - first_s - lag_s) / (osl - 1.0).max(1.0);
                     prefill = f;
                     queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x);
-                    ttft = f.total_s + (median - 1.0) * fperiod + queue_s;
+                    ttft = first_s + lag_s + queue_s;
                     requests_per_s = replicas * x;
                     if let Some(n) = run {
                         // Whole waves: the last one may be partly empty.
@@ -204,7 +237,8 @@ pub(crate) fn score(
                     prefill = f;
                     let x = b / (osl * tpot);
                     queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x);
-                    ttft = chunks * f.total_s + queue_s;
+                    // Tokens returned `lag` steps late: the first one too.
+                    ttft = chunks * f.total_s + lag_steps * period + queue_s;
                     requests_per_s = replicas * x;
                 }
                 Arrival::Poisson => {
@@ -242,7 +276,7 @@ pub(crate) fn score(
                             })
                         }
                     };
-                    ttft = own + queue_s;
+                    ttft = own + lag_steps * period + queue_s;
                     // The deployment's rate is its capacity, what its full batch completes (as
                     // for a closed loop); TTFT and TPOT are those at the offered load.
                     let capacity = if n < cap {
@@ -417,6 +451,7 @@ mod tests {
                 max_sequences: batch,
                 max_batched_tokens: None,
                 kv_tokens: None,
+                output_lag_steps: None,
             },
             replicas: 1,
             prefill: None,
@@ -464,11 +499,95 @@ mod tests {
         let chunked = evaluate_serving(&p, &small).unwrap();
         assert_eq!(chunked.time.ttft_s, chunked.time.prefill.total_s);
         assert!(chunked.time.ttft_s < ev.time.ttft_s);
-        assert_eq!(chunked.time.tpot_s, ev.time.tpot_s);
+        // It then decodes while the second forward runs (prefill first): one forward of two
+        // prompts spread over its 255 tokens, on top of the pure decode step.
+        let stall = chunked.time.tpot_s - chunked.time.decode.total_s;
+        assert!(
+            (stall - chunked.time.prefill.total_s / 255.0).abs() < 1e-9,
+            "{stall}"
+        );
+        assert_eq!(chunked.time.decode.total_s, ev.time.tpot_s);
         // A run of 10 requests is three waves of 4, the last one half empty.
         p.traffic.num_requests = Some(10);
         let run = evaluate_serving(&p, &worker(1, 4)).unwrap();
         assert!((run.requests_per_s - 10.0 / (3.0 * round)).abs() < 1e-9 * run.requests_per_s);
+    }
+
+    #[test]
+    fn a_wave_fills_its_forwards_to_the_token_budget() {
+        // 8 prompts of 1024 tokens in forwards of 3072: 3072, 3072 and the last 2048. The
+        // median (4th) prompt ends at token 4096, in the second full forward; the requests
+        // decode through the third.
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.arrival = Some(Arrival::Waves);
+        let one_forward = |prompts: u32| {
+            let mut q = p.clone();
+            q.traffic.concurrency = Some(prompts);
+            evaluate_serving(&q, &worker(1, prompts))
+                .unwrap()
+                .time
+                .ttft_s
+        };
+        let (three, two) = (one_forward(3), one_forward(2));
+        p.traffic.concurrency = Some(8);
+        let mut plan = worker(1, 8);
+        plan.worker.max_batched_tokens = Some(3072);
+        let ev = evaluate_serving(&p, &plan).unwrap();
+        assert!(
+            (ev.time.ttft_s - 2.0 * three).abs() < 1e-9 * three,
+            "{:?}",
+            ev.time
+        );
+        assert!((ev.time.prefill.total_s - three).abs() < 1e-12);
+        let stall = ev.time.tpot_s - ev.time.decode.total_s;
+        assert!(
+            (stall - two / 255.0).abs() < 1e-9,
+            "{stall} vs {}",
+            two / 255.0
+        );
+        // The round is the three forwards and 255 decode steps: e2e is the whole of it.
+        let round = 2.0 * three + two + 255.0 * ev.time.decode.total_s;
+        assert!((ev.time.e2e_s - round).abs() < 1e-9 * round);
+        assert!((ev.requests_per_s - 8.0 / round).abs() < 1e-9 * ev.requests_per_s);
+    }
+
+    #[test]
+    fn tokens_returned_a_step_late_move_the_wave_into_the_first_token() {
+        // vLLM V0's asynchronous output processing returns step N's tokens when step N+1 ends.
+        // 8 prompts of 1024 in forwards of 4096: the median (4th) prompt completes in the
+        // first forward and is returned after the second, which no longer stalls its decode.
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.arrival = Some(Arrival::Waves);
+        p.traffic.concurrency = Some(8);
+        let mut plan = worker(1, 8);
+        plan.worker.max_batched_tokens = Some(4096);
+        let now = evaluate_serving(&p, &plan).unwrap();
+        plan.worker.output_lag_steps = Some(1);
+        let late = evaluate_serving(&p, &plan).unwrap();
+        let forward = now.time.prefill.total_s;
+        assert!((late.time.ttft_s - 2.0 * forward).abs() < 1e-9 * forward);
+        assert!((now.time.ttft_s - forward).abs() < 1e-9 * forward);
+        assert!((late.time.tpot_s - late.time.decode.total_s).abs() < 1e-12);
+        assert!((late.time.e2e_s - now.time.e2e_s).abs() < 1e-9 * now.time.e2e_s);
+        assert_eq!(late.requests_per_s, now.requests_per_s);
+        // A wave of one forward: the next step is a decode step.
+        p.traffic.concurrency = Some(4);
+        let mut one = worker(1, 4);
+        let now = evaluate_serving(&p, &one).unwrap();
+        one.worker.output_lag_steps = Some(1);
+        let late = evaluate_serving(&p, &one).unwrap();
+        let step = now.time.decode.total_s;
+        assert!((late.time.ttft_s - now.time.ttft_s - step).abs() < 1e-9);
+        // In a steady state of mixed steps the first token waits one more step.
+        p.traffic.arrival = Some(Arrival::Spread);
+        let now = evaluate_serving(&p, &worker(1, 4)).unwrap();
+        let late = evaluate_serving(&p, &one).unwrap();
+        assert!((late.time.ttft_s - now.time.ttft_s - now.time.tpot_s).abs() < 1e-9);
+        assert_eq!(late.time.tpot_s, now.time.tpot_s);
+        // Bounded, naming the field.
+        one.worker.output_lag_steps = Some(9);
+        let e = evaluate_serving(&p, &one).unwrap_err().to_string();
+        assert!(e.contains("serving_plan.worker.output_lag_steps"), "{e}");
     }
 
     #[test]

@@ -181,7 +181,31 @@ pub fn explain_serving(
             tok,
             ep_call,
         ));
-        let etp_call = if w.attention_dp > 1 && w.expert_tp > 1 {
+        let etp_call = if w.attention_dp > 1 && w.ep == 1 && w.expert_tp > 1 {
+            // Tensor-parallel experts behind DP attention (time.rs): every rank's tokens
+            // gathered to the stage, one all-reduce of h per token after the top-k sum.
+            let bytes = tok * w.attention_dp as f64 * h * WIRE_BYTES;
+            let gather = tm
+                .fabric
+                .collective(Collective::AllGather, bytes, g.expert_tp);
+            let reduce = tm
+                .fabric
+                .collective(Collective::AllReduce, bytes, g.expert_tp);
+            Some(Call {
+                kind: "all-gather+all-reduce",
+                calls: moe_layers,
+                message: bytes,
+                wire: wire_bytes(Collective::AllGather, bytes, g.expert_tp.size)
+                    + wire_bytes(Collective::AllReduce, bytes, g.expert_tp.size),
+                cost: CollectiveCost {
+                    latency_s: gather.latency_s + reduce.latency_s,
+                    bandwidth_s: gather.bandwidth_s + reduce.bandwidth_s,
+                    total_s: gather.total_s + reduce.total_s,
+                    ..reduce
+                },
+                group: g.expert_tp,
+            })
+        } else if w.attention_dp > 1 && w.expert_tp > 1 {
             let received = tok * w.attention_dp as f64 * top_k as f64 / w.ep as f64;
             Some(ar(received * h * WIRE_BYTES, g.expert_tp, moe_layers))
         } else {

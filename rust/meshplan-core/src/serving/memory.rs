@@ -249,6 +249,7 @@ mod tests {
             max_sequences: 1,
             max_batched_tokens: None,
             kv_tokens: None,
+            output_lag_steps: None,
         }
     }
 

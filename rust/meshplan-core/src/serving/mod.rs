@@ -59,6 +59,9 @@ pub struct ServingConstants {
     /// Fraction of the dense peak that serving engines' fused-MoE grouped GEMMs reach with
     /// FP8/FP4 weights (in place of the GPU's large-GEMM efficiency, for the routed experts).
     pub moe_gemm_quantized_efficiency: f64,
+    /// Fraction of the FP8 dense peak that the engines' fused-MoE grouped GEMMs reach with
+    /// block-scaled FP8 weights (DeepSeek-V3/R1's checkpoints), for the routed experts.
+    pub moe_block_fp8_gemm_efficiency: f64,
     /// Fraction of the FP8 dense peak that the engines' block-scaled FP8 GEMMs (128x128 weight
     /// blocks, 1x128 activation groups) reach, in place of the GPU's large-GEMM efficiency.
     pub block_fp8_gemm_efficiency: f64,

@@ -48,6 +48,11 @@ pub struct Worker {
     /// memory model leaves for it (docs/serving.md §4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_tokens: Option<u32>,
+    /// Engine steps after which a step's tokens reach the client: vLLM V0's asynchronous output
+    /// processor handles step N's outputs while step N+1 runs and returns them when it ends (1);
+    /// `None`: 0, published when the step ends (docs/serving.md §5.1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_lag_steps: Option<u32>,
 }
 
 impl Worker {
@@ -126,6 +131,7 @@ impl Worker {
         limits::check(&field("max_sequences"), self.max_sequences)?;
         limits::check_opt(&field("max_batched_tokens"), self.max_batched_tokens)?;
         limits::check_opt(&field("kv_tokens"), self.kv_tokens)?;
+        limits::check_opt(&field("output_lag_steps"), self.output_lag_steps)?;
         let stage = self.stage_gpus();
         if self.ep as u64 * self.expert_tp as u64 != stage {
             return Err(Error::invalid(

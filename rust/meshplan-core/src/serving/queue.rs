@@ -62,6 +62,17 @@ pub fn wave_forwards(seqs: f64, tokens: f64, budget: f64) -> (f64, f64) {
     (all, median)
 }
 
+/// Tokens of the forwards of a wave of `seqs` prompts of `tokens` each under a `budget`:
+/// `(full, last)` — every forward but the last holds `budget` tokens (chunked prefill fills
+/// each forward to the budget), the last what is left (`full` when the wave fits one forward).
+pub fn wave_forward_tokens(seqs: f64, tokens: f64, budget: f64) -> (f64, f64) {
+    let total = (seqs * tokens).max(1.0);
+    let full = budget.min(total).max(1.0);
+    let (all, _) = wave_forwards(seqs, tokens, budget);
+    let last = (total - (all - 1.0) * full).clamp(1.0, full);
+    (full, last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +109,18 @@ mod tests {
         assert_eq!(wave_forwards(4.0, 3200.0, 16384.0), (1.0, 1.0));
         // A prompt longer than the budget takes several forwards of its own.
         assert_eq!(wave_forwards(1.0, 20000.0, 8192.0), (3.0, 3.0));
+    }
+
+    #[test]
+    fn a_wave_fills_every_forward_but_the_last() {
+        // 64 prompts of 3200 tokens (204800) in forwards of 8192: 24 full, then 0.
+        assert_eq!(wave_forward_tokens(64.0, 3200.0, 8192.0), (8192.0, 8192.0));
+        // 8 prompts (25600) in forwards of 16384: one full forward and 9216 tokens.
+        assert_eq!(wave_forward_tokens(8.0, 3200.0, 16384.0), (16384.0, 9216.0));
+        // One forward holds the whole wave.
+        assert_eq!(
+            wave_forward_tokens(4.0, 3200.0, 16384.0),
+            (12800.0, 12800.0)
+        );
     }
 }

@@ -239,6 +239,7 @@ pub fn search_serving(
                         max_sequences: adp,
                         max_batched_tokens: None,
                         kv_tokens: None,
+                        output_lag_steps: None,
                     };
                     let mut cap =
                         worker_memory(problem, &shape, adp as f64, chunk).max_sequences_fit;
@@ -267,6 +268,7 @@ pub fn search_serving(
                             max_sequences: bp as u32,
                             max_batched_tokens: None,
                             kv_tokens: None,
+                            output_lag_steps: None,
                             ..shape
                         };
                         let batch = Batch {
@@ -375,6 +377,7 @@ fn aggregated(
                         max_sequences: b,
                         max_batched_tokens: None,
                         kv_tokens: None,
+                        output_lag_steps: None,
                         ..*shape
                     },
                     replicas: most as u32,
@@ -398,6 +401,7 @@ fn aggregated(
                             max_sequences: b as u32,
                             max_batched_tokens: None,
                             kv_tokens: None,
+                            output_lag_steps: None,
                             ..*shape
                         },
                         replicas: r as u32,
@@ -491,6 +495,7 @@ fn disaggregated(
                 max_sequences: b as u32,
                 max_batched_tokens: None,
                 kv_tokens: None,
+                output_lag_steps: None,
                 ..*shape
             };
             let step = Batch::decode(

@@ -202,12 +202,17 @@ impl<'a> TimeModel<'a> {
         let skinny = constants().skinny_gemm_rows;
         let efficiency = if g.grouped {
             let rows = (g.m * g.repeat / touched).max(skinny);
-            // The engines' fused-MoE kernels reach a small share of the FP8/FP4 peak.
+            // The engines' fused-MoE kernels reach a small share of the FP8/FP4 peak, a
+            // smaller one with block-scaled FP8 weights (a scale per 128x128 weight block and
+            // per 1x128 activation group applied in the main loop).
+            let cap = if self.block_scaled {
+                constants().moe_block_fp8_gemm_efficiency
+            } else {
+                constants().moe_gemm_quantized_efficiency
+            };
             let fused = if self.device.quantized {
                 GemmDevice {
-                    efficiency: dev
-                        .efficiency
-                        .min(constants().moe_gemm_quantized_efficiency),
+                    efficiency: dev.efficiency.min(cap),
                     ..*dev
                 }
             } else {
@@ -283,7 +288,22 @@ impl<'a> TimeModel<'a> {
                 self.gemm(&mut lin, gm, gm.repeat * touched);
             }
             elementwise_bytes += eops.routed_elementwise_bytes;
-            if w.attention_dp > 1 {
+            if w.attention_dp > 1 && w.ep == 1 {
+                // Tensor-parallel experts behind DP attention (SGLang 0.4's
+                // --enable-dp-attention without expert parallelism): every GPU gathers all
+                // ranks' hidden states, runs its slice of every expert on them, sums its top-k
+                // partial outputs per token in the fused-MoE kernel, and the stage all-reduces
+                // one h-vector per token before each rank keeps its own rows.
+                let bytes = stage_tokens * h * WIRE_BYTES;
+                ep_comm_s += self
+                    .fabric
+                    .collective(Collective::AllGather, bytes, g.expert_tp)
+                    .total_s;
+                ep_comm_s += self
+                    .fabric
+                    .collective(Collective::AllReduce, bytes, g.expert_tp)
+                    .total_s;
+            } else if w.attention_dp > 1 {
                 // Each GPU dispatches its share of its rank's tokens and gets them back.
                 let d = self
                     .fabric
@@ -539,6 +559,7 @@ mod tests {
             max_sequences: 1,
             max_batched_tokens: None,
             kv_tokens: None,
+            output_lag_steps: None,
         }
     }
 
@@ -651,6 +672,7 @@ mod tests {
             max_sequences: 64,
             max_batched_tokens: None,
             kv_tokens: None,
+            output_lag_steps: None,
         };
         let adp8 = Worker {
             tp: 1,
@@ -661,6 +683,105 @@ mod tests {
         let (b, _) = tm.forward(&adp8, &decode(8.0), true);
         assert!((a.kv_bytes / b.kv_bytes - 8.0).abs() < 1e-9);
         assert!(b.ep_comm_s > 0.0 && a.ep_comm_s == 0.0);
+    }
+
+    #[test]
+    fn tensor_parallel_experts_behind_dp_attention_gather_and_reduce_each_token_once() {
+        // SGLang 0.4's DP attention without expert parallelism: 8 ranks of 16 decoding
+        // sequences; every GPU gathers the stage's 128 tokens, and the partial outputs, summed
+        // over each token's top-k in the fused-MoE kernel, are all-reduced once per token.
+        let p = problem("deepseek-v3", 8);
+        let tm = TimeModel::new(&p);
+        let w = Worker {
+            tp: 1,
+            pp: 1,
+            attention_dp: 8,
+            ep: 1,
+            expert_tp: 8,
+            max_sequences: 128,
+            max_batched_tokens: None,
+            kv_tokens: None,
+            output_lag_steps: None,
+        };
+        let g = worker_groups(&w, tm.domain);
+        assert_eq!(g.expert_tp.size, 8);
+        let spec = p.model.layer_kinds().specs()[1];
+        assert!(spec.moe().is_some());
+        let (t, _) = tm.layer(&w, &g, &spec, &decode(16.0));
+        let bytes = 128.0 * p.model.hidden as f64 * WIRE_BYTES;
+        let by_hand = tm
+            .fabric
+            .collective(Collective::AllGather, bytes, g.expert_tp)
+            .total_s
+            + tm.fabric
+                .collective(Collective::AllReduce, bytes, g.expert_tp)
+                .total_s;
+        assert!(
+            (t.ep_comm_s - by_hand).abs() < 1e-12,
+            "{} vs {by_hand}",
+            t.ep_comm_s
+        );
+        // Not per routed copy: doubling top-k leaves the wire bytes alone.
+        let mut wide = p.clone();
+        wide.model.moe.as_mut().unwrap().top_k *= 2;
+        let tw = TimeModel::new(&wide);
+        let (t2, _) = tw.layer(&w, &g, &wide.model.layer_kinds().specs()[1], &decode(16.0));
+        assert_eq!(t2.ep_comm_s, t.ep_comm_s);
+        // With expert parallelism the tokens are dispatched and combined instead.
+        let ep = Worker {
+            ep: 8,
+            expert_tp: 1,
+            ..w
+        };
+        let ge = worker_groups(&ep, tm.domain);
+        let (te, _) = tm.layer(&ep, &ge, &spec, &decode(16.0));
+        assert!(te.ep_comm_s > 0.0 && te.ep_comm_s != t.ep_comm_s);
+    }
+
+    #[test]
+    fn block_scaled_routed_experts_run_at_the_block_fused_moe_rate() {
+        // DeepSeek-V3's routed experts at TP8 (N = 512, K = 7168, 256 experts of 400 rows: a
+        // 12,800-token prefill, top-8): compute-bound, so the time is the FLOPs over the FP8
+        // peak at moe_block_fp8_gemm_efficiency times the shape's utilisation; per-tensor FP8
+        // weights run the same shape at moe_gemm_quantized_efficiency.
+        let mut p = crate::serving::problem::tests::problem("deepseek-v3", "h200-sxm", 8);
+        p.weight_precision = crate::hardware::Precision::Fp8;
+        let tm = TimeModel::new(&p);
+        let g = Gemm {
+            m: 400.0,
+            n: 512.0,
+            k: 7168.0,
+            repeat: 256.0,
+            grouped: true,
+            role: GemmRole::RoutedExpert,
+        };
+        let mut lin = Linear::default();
+        tm.gemm(&mut lin, &g, 256.0);
+        // Utilisation by hand (gemm.rs): rows 400 in 4 tiles of 128 (0.78125), N 512 in 4
+        // tiles (1), 256 × 16 = 4096 tiles in 32 waves of 132 (0.96970), K 7168/7232 (0.99115).
+        let util = 0.78125 * (4096.0 / (32.0 * 132.0)) * (7168.0 / 7232.0);
+        let flops = 2.0 * 400.0 * 512.0 * 7168.0 * 256.0;
+        let c = constants();
+        let by_hand = flops / (1978.9e12 * c.moe_block_fp8_gemm_efficiency * util);
+        assert!(
+            (lin.compute_s - by_hand).abs() / by_hand < 1e-3,
+            "{} vs {by_hand}",
+            lin.compute_s
+        );
+        assert_eq!(lin.seconds, lin.compute_s);
+        let mut per_tensor = p.clone();
+        per_tensor.weight_scaling = Some(super::super::WeightScaling::Tensor);
+        let tt = TimeModel::new(&per_tensor);
+        let mut lt = Linear::default();
+        tt.gemm(&mut lt, &g, 256.0);
+        let ratio = c.moe_gemm_quantized_efficiency / c.moe_block_fp8_gemm_efficiency;
+        assert!((lin.compute_s / lt.compute_s - ratio).abs() < 1e-9 * ratio);
+        // A decode step's experts stream their weights: the kernel's rate does not show.
+        let d = Gemm { m: 4.0, ..g };
+        let (mut a, mut b) = (Linear::default(), Linear::default());
+        tm.gemm(&mut a, &d, 256.0);
+        tt.gemm(&mut b, &d, 256.0);
+        assert_eq!(a.seconds, b.seconds);
     }
 
     #[test]
