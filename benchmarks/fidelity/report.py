@@ -84,8 +84,10 @@ def cross_validation_section(report: mp.ValidationReport, cvs: Mapping[str, Any]
         "so the leave-one-out figures are, if anything, still slightly optimistic. The DP overlap is "
         "not fitted for megatron-core, torchtitan or maxtext (1: collectives are priced as NCCL "
         "runs them and gradient buckets overlap the backward as in Megatron, docs/costmodel.md "
-        "§3.1 and §3.6); deepspeed's is (0, on its six SC21 ZeRO-3 runs, data/stacks.toml) and "
-        "stays in sample in every fold. Time of each "
+        "§3.1 and §3.6); deepspeed's is (0.5, on its six SC21 ZeRO-3 runs, data/stacks.toml) and "
+        "stays in sample in every fold, as do torchtitan's kernel efficiency (0.79, on its two H200 "
+        "runs) and the 500 W clock factor in h100-sxm-96g's attention efficiency (0.81, on its own "
+        "runs; docs/calibration.md). Time of each "
         "cross-validation on this machine: "
         + ", ".join(f"{g} {seconds[g]:.1f} s" for g in cvs) + ".",
         "",

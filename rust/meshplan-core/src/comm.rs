@@ -304,6 +304,28 @@ impl Fabric {
         self.collective(kind, bytes, group).total_s
     }
 
+    /// `kind` on `bytes` over `group` with the latency NCCL's choice pays (§3.1) but each rank's
+    /// share crossing the scale-out network at its own NIC's rate: across domains the bandwidth
+    /// term is `bytes · steps / P / NIC` (`steps` = `P − 1`, twice that for an all-reduce), as
+    /// a ring with one member per domain, instead of the `P1` NICs a domain's members pool in
+    /// NCCL's rings. Inside one domain it is [`CollectiveModel::collective`] itself. The stack's
+    /// `zero3_per_rank_nic` (DeepSpeed's 2021 ZeRO-3, §3.6) prices its unit collectives so.
+    pub fn per_rank_nic(&self, kind: Collective, bytes: f64, group: Group) -> CollectiveCost {
+        let cost = self.collective(kind, bytes, group);
+        if group.within_domain() || cost.algorithm == Algorithm::Nothing {
+            return cost;
+        }
+        let p = group.size as f64;
+        let steps = (p - 1.0)
+            * if kind == Collective::AllReduce {
+                2.0
+            } else {
+                1.0
+            };
+        let bandwidth = (bytes * steps / p / self.network_bytes_per_s).max(cost.bandwidth_s);
+        CollectiveCost::of(cost.latency_s, bandwidth, cost.algorithm, cost.protocol)
+    }
+
     /// One way (dispatch or combine) of an MoE layer's token exchange by `dispatcher` over the
     /// expert-parallel `group`: `tokens` tokens each routed to `top_k` experts, `bytes_per_copy`
     /// each (docs/costmodel.md §3.7).
@@ -738,6 +760,44 @@ mod tests {
 
     fn group(size: u32, per_domain: u32) -> Group {
         Group { size, per_domain }
+    }
+
+    #[test]
+    fn per_rank_nic_moves_each_ranks_share_over_its_own_nic_across_domains() {
+        let f = fabric();
+        let bytes = 1e9;
+        // Across 8 domains of 8: the pooled ring moves 63/64 of the buffer at 8 NICs' rate, the
+        // per-rank pricing at one NIC's, with the same latency (NCCL's choice of the call).
+        let g = group(64, 8);
+        let pooled = f.collective(Collective::AllGather, bytes, g);
+        let own = f.per_rank_nic(Collective::AllGather, bytes, g);
+        assert_eq!(own.latency_s, pooled.latency_s);
+        assert_eq!(own.algorithm, pooled.algorithm);
+        assert!((own.bandwidth_s - bytes * 63.0 / 64.0 / 50e9).abs() < 1e-12);
+        assert!(
+            own.bandwidth_s > 7.0 * pooled.bandwidth_s,
+            "{own:?} vs {pooled:?}"
+        );
+        // Twice the steps for an all-reduce.
+        let ar = f.per_rank_nic(Collective::AllReduce, bytes, g);
+        assert!((ar.bandwidth_s - 2.0 * bytes * 63.0 / 64.0 / 50e9).abs() < 1e-12);
+        // The per-GPU time does not shrink with the group: 1,536 ranks take as long as 768.
+        let t = |p| {
+            f.per_rank_nic(Collective::ReduceScatter, bytes, group(p, 8))
+                .bandwidth_s
+        };
+        assert!((t(1536) / t(768) - 1.0).abs() < 1e-3);
+        // Inside one domain nothing changes.
+        let inside = group(8, 8);
+        assert_eq!(
+            f.per_rank_nic(Collective::AllGather, bytes, inside),
+            f.collective(Collective::AllGather, bytes, inside)
+        );
+        assert_eq!(
+            f.per_rank_nic(Collective::AllGather, bytes, group(1, 1))
+                .total_s,
+            0.0
+        );
     }
 
     fn h100() -> Fabric {

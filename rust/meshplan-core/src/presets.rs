@@ -575,6 +575,28 @@ mod tests {
     }
 
     #[test]
+    fn the_500w_h100_runs_its_tensor_cores_at_one_clock_factor_of_the_h100_sxm() {
+        // One fitted constant for the power cap (gpus.toml): GEMMs at both precisions and flash
+        // attention all at the same fraction of h100-sxm's, not a GEMM efficiency per precision
+        // that also absorbs what the stack and the attention-bound runs leave (docs/calibration.md).
+        use Precision::*;
+        let (capped, full) = (gpu("h100-sxm-96g").unwrap(), gpu("h100-sxm").unwrap());
+        let ratio = |c: &crate::hardware::Gpu, f: &crate::hardware::Gpu, p| {
+            c.calibration.gemm_efficiency.get(p).unwrap()
+                / f.calibration.gemm_efficiency.get(p).unwrap()
+        };
+        let k = capped.calibration.attention_efficiency / full.calibration.attention_efficiency;
+        assert!((0.7..0.95).contains(&k), "clock factor {k}");
+        for p in [Bf16, Fp16, Fp8] {
+            assert!(
+                (ratio(&capped, &full, p) - k).abs() < 0.005,
+                "{p:?}: {} vs {k}",
+                ratio(&capped, &full, p)
+            );
+        }
+    }
+
+    #[test]
     fn gpu_precisions_follow_the_architecture() {
         use Precision::*;
         let avail = |n: &str| gpu(n).unwrap().peak_tflops.available();

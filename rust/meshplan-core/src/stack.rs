@@ -110,6 +110,11 @@ pub struct Stack {
     /// FSDP units per transformer layer under ZeRO-3, each gathered and reduce-scattered as a
     /// collective of its own (§3.6).
     pub fsdp_units_per_layer: f64,
+    /// ZeRO-3 unit collectives across NVLink domains move each rank's bytes over its own NIC
+    /// (`comm::Fabric::per_rank_nic`): the domain's NICs are not pooled the way NCCL's rings
+    /// pool them (§3.6; DeepSpeed's 2021 ZeRO-3). False: the collective model's rings (§3.1).
+    #[serde(default)]
+    pub zero3_per_rank_nic: bool,
     /// Host and launch time of an MoE layer over that of a dense one (§5.3).
     pub moe_layer_kernel_factor: f64,
     /// Bytes moved per element cast from 16 bits to 8 by FP8/FP4 linears (§5.3).
@@ -685,6 +690,26 @@ mod tests {
         // Megatron's max(40 M, 1 M · data-parallel size).
         assert_eq!(s.bucket_params(8), 40e6);
         assert_eq!(s.bucket_params(256), 256e6);
+    }
+
+    #[test]
+    fn stacks_off_the_calibration_reference_say_how_they_differ() {
+        // torchtitan's PyTorch/torchao kernels below TE's (fitted on its H200 runs, whose GPU
+        // constants come from Megatron runs alone); DeepSpeed's 2021 ZeRO-3 over one NIC per
+        // rank, four partitioned weights per layer, half-overlapped (docs/costmodel.md §3.6).
+        let tt = Stack::named("torchtitan").unwrap();
+        assert!(
+            (0.7..0.9).contains(&tt.kernel_efficiency),
+            "{}",
+            tt.kernel_efficiency
+        );
+        assert!(!tt.zero3_per_rank_nic);
+        let ds = Stack::named("deepspeed").unwrap();
+        assert!(ds.zero3_per_rank_nic);
+        assert_eq!(ds.fsdp_units_per_layer, 4.0);
+        assert_eq!(ds.dp_overlap, 0.5);
+        assert!(!Stack::default_stack().zero3_per_rank_nic);
+        assert!(!Stack::named("maxtext").unwrap().zero3_per_rank_nic);
     }
 
     #[test]

@@ -815,6 +815,10 @@ impl<'a> TimeContext<'a> {
         calls: f64,
         bytes_per_call: f64,
     ) -> Option<DpCollective> {
+        // A stack whose ZeRO-3 collectives move each rank's bytes over its own NIC (DeepSpeed's
+        // 2021 ZeRO-3, §3.6) prices its unit collectives so; every other one as NCCL runs it.
+        let per_rank_nic = self.stack.zero3_per_rank_nic
+            && matches!(phase, DpPhase::UnitAllGather | DpPhase::UnitReduceScatter);
         (group.size > 1 && bytes_per_call > 0.0).then(|| DpCollective {
             phase,
             params,
@@ -822,7 +826,11 @@ impl<'a> TimeContext<'a> {
             group,
             calls,
             bytes_per_call,
-            cost: self.fabric.collective(kind, bytes_per_call, group),
+            cost: if per_rank_nic {
+                self.fabric.per_rank_nic(kind, bytes_per_call, group)
+            } else {
+                self.fabric.collective(kind, bytes_per_call, group)
+            },
         })
     }
 
@@ -1285,6 +1293,61 @@ mod tests {
 
     fn tc<'a>(p: &'a Problem, plan: &'a Plan) -> TimeContext<'a> {
         TimeContext::new(p, plan, Groups::of(plan, p.cluster.nvlink_domain()))
+    }
+
+    /// GPT-3 175B under ZeRO-3 over `gpus` A100s (one sequence of 2,048 per GPU) on `stack`.
+    fn zero3_gpt3(stack: &str, gpus: u32) -> (Problem, Plan) {
+        let cluster = crate::Cluster {
+            gpu: crate::presets::gpu("a100-sxm-80g").unwrap(),
+            num_gpus: gpus,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        };
+        let mut w = crate::Workload::new(gpus, 2048);
+        w.precision = Precision::Fp16;
+        w.grad_bytes = 2;
+        w.stack = stack.to_string();
+        let p = Problem::new(crate::presets::model("gpt3-175b").unwrap(), cluster, w).unwrap();
+        let plan: Plan = serde_json::from_str(&format!(
+            r#"{{"dp":{gpus},"tp":1,"pp":1,"micro_batch":1,"zero":3,"recompute":"full"}}"#
+        ))
+        .unwrap();
+        (p, plan)
+    }
+
+    #[test]
+    fn deepspeed_zero3_units_move_each_ranks_bytes_over_its_own_nic() {
+        let nic = {
+            let gpu = crate::presets::gpu("a100-sxm-80g").unwrap();
+            gpu.network_bandwidth_gbps * 1e9 * gpu.calibration.network_bus_efficiency
+        };
+        let unit_gather = |stack: &str, gpus: u32| {
+            let (p, plan) = zero3_gpt3(stack, gpus);
+            let tc = tc(&p, &plan);
+            let stage = crate::stages::stage_runs(&p.model, 1, p.workload.seq_len)[0].stage;
+            let sp = crate::memory::stage_params(&p.model, &plan, &stage);
+            let inv = tc.dp_collectives(3, &sp, stage.layers());
+            *inv.iter()
+                .find(|c| c.phase == DpPhase::UnitAllGather)
+                .unwrap()
+        };
+        // DeepSpeed's four partitioned weights per layer, each over one NIC per rank.
+        let ds = unit_gather("deepspeed", 1536);
+        assert_eq!(ds.calls, 96.0 * 4.0);
+        let expect = ds.bytes_per_call * 1535.0 / 1536.0 / nic;
+        assert!(
+            (ds.cost.bandwidth_s - expect).abs() < 1e-9 * expect,
+            "{ds:?}"
+        );
+        // Megatron-FSDP's per-layer units on NCCL's rings pool the node's 8 NICs.
+        let mc = unit_gather("megatron-core", 1536);
+        let per_byte = |c: &DpCollective| c.cost.bandwidth_s / c.bytes_per_call;
+        assert!(per_byte(&ds) > 6.0 * per_byte(&mc), "{ds:?} vs {mc:?}");
+        // The per-step transfer of a GPU does not shrink with the group (SC21 Table 2: 66.7 s
+        // per step at both 768 and 1,536 GPUs).
+        let step = |c: &DpCollective| c.calls * c.cost.bandwidth_s;
+        let half = unit_gather("deepspeed", 768);
+        assert!((step(&ds) / step(&half) - 1.0).abs() < 1e-3);
     }
 
     #[test]

@@ -101,6 +101,12 @@ impl Ctx<'_> {
             a.notes.push(format!(
                 "bytes are for pipeline stage 0; each FSDP unit's gather is prefetched one unit ahead, so it hides behind the previous unit's compute ({omega:.0}% of it, dp_overlap); the first gather and the last reduce-scatter stay exposed"
             ));
+            if stack.zero3_per_rank_nic && !self.groups.dense_dp.within_domain() {
+                a.notes.push(format!(
+                    "the {} stack's unit collectives move each rank's bytes over its own NIC (zero3_per_rank_nic): across domains at one NIC's rate per GPU, not the domain's NICs pooled by NCCL's rings",
+                    stack.name
+                ));
+            }
         } else {
             let g = self.groups.dense_dp;
             let reduce = if stack.overlap_grad_reduce {
