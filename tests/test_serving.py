@@ -305,3 +305,21 @@ def test_a_wave_prefilled_in_several_forwards_stalls_its_first_decoders() -> Non
     assert t["ttft_s"] == pytest.approx(2 * three)
     assert t["tpot_s"] == pytest.approx(t["decode"]["total_s"] + two / 255)
     assert t["e2e_s"] == pytest.approx(2 * three + two + 255 * t["decode"]["total_s"])
+
+
+def test_host_work_per_sequence_bounds_a_small_model_at_large_batch() -> None:
+    # The engine's host work on each running sequence per decode step (34 us, TensorRT-LLM
+    # PR 16564; data/serving.toml decode_host_us_per_sequence) overlaps the GPU's forward: Llama 3
+    # 8B FP8 on one H200 decoding 2048 sequences in waves is host-bound (2048 x 34 us), while 64
+    # sequences run at the GPU's pace and scale no further with the host.
+    h200 = mp.Cluster("h200-sxm", 1)
+    kw = dict(input_len=128, output_len=128, weight_precision="fp8", kv_precision="fp8", arrival="waves")
+    big = mp.evaluate_serving("llama3-8b", h200, "tp=1,batch=2048", concurrency=2048, **kw)["time"]
+    assert big["tpot_s"] >= 2048 * 34e-6
+    d = big["decode"]
+    gpu = d["linear_s"] + d["attention_s"] + d["elementwise_s"] + d["tp_comm_s"]
+    assert d["total_s"] == pytest.approx(2048 * 34e-6, rel=1e-9)
+    assert d["overhead_s"] == pytest.approx(d["total_s"] - gpu, rel=1e-9)
+    small = mp.evaluate_serving("llama3-8b", h200, "tp=1,batch=64", concurrency=64, **kw)["time"]["decode"]
+    assert small["total_s"] > 64 * 34e-6
+    assert small["overhead_s"] < 2e-3

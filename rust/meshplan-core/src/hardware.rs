@@ -129,9 +129,10 @@ pub struct Calibration {
     /// latency table (14 µs for a Simple ring step); `None` takes NCCL's table.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_latency_us: Option<f64>,
-    /// NVLink SHARP (NVLS) bus bandwidth over the per-direction link rate (NCCL's
-    /// `nvlsEfficiency`: Hopper 0.85, Blackwell 0.74, §3.1); `None` where the scale-up switch
-    /// has no in-network reduction (no NVLS algorithm).
+    /// NVLink SHARP (NVLS) all-reduce algorithm bandwidth over the per-direction link rate,
+    /// measured with nccl-tests inside one NVSwitch domain (Hopper 0.611: 275 GB/s on 8 × H100;
+    /// Blackwell 0.537: 483 GB/s on 8 × B300; §3.1); `None` where the scale-up switch has no
+    /// in-network reduction (no NVLS algorithm).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nvls_efficiency: Option<f64>,
     /// CUDA context, libraries and NCCL buffers per GPU, GiB (§2.6).

@@ -69,6 +69,9 @@ pub struct ServingConstants {
     pub block_fp8_models: Vec<String>,
     /// Host time per decode iteration, µs.
     pub decode_step_overhead_us: f64,
+    /// Host time per running sequence per decode iteration, µs, overlapped with the GPU's
+    /// forward (a step takes the longer of the two).
+    pub decode_host_us_per_sequence: f64,
     /// Launch time per layer per decode step under CUDA graphs, µs.
     pub decode_layer_launch_us: f64,
     /// Launch time per layer per prefill forward, µs.

@@ -512,6 +512,17 @@ impl<'a> TimeModel<'a> {
         } else {
             (latency + step, latency + step)
         };
+        // The engine's host work on each running sequence (appending its token, stop checks,
+        // the response) overlaps the next forward on the GPU: a decode step takes the longer
+        // of the two, and what the host adds is overhead.
+        let host = if decode {
+            constants().decode_host_us_per_sequence * 1e-6 * batch.sampled()
+        } else {
+            0.0
+        };
+        let exposed = (host - period).max(0.0);
+        busiest.overhead_s += exposed;
+        let (latency, period) = (latency + exposed, period + exposed);
         busiest.total_s = latency;
         (busiest, period)
     }
@@ -579,6 +590,58 @@ mod tests {
         // 160 all-reduces of 16 KiB on NVLink: latency-bound, milliseconds in all.
         assert!(t.tp_comm_s > 1e-3 && t.tp_comm_s < 1e-2, "{}", t.tp_comm_s);
         assert!(t.arithmetic_intensity < 2.0, "{}", t.arithmetic_intensity);
+    }
+
+    #[test]
+    fn host_work_per_sequence_bounds_a_small_model_at_thousands_of_sequences() {
+        // Llama 3 8B FP8 on one H200: a forward of 2048 decoding sequences takes less than the
+        // engine's host work on them (34 µs each, TensorRT-LLM PR 16564), which the overlap
+        // scheduler runs beside the GPU: the step is the host's 69.6 ms, the excess overhead.
+        let mut p = crate::serving::problem::tests::problem("llama3-8b", "h200-sxm", 1);
+        p.weight_precision = crate::hardware::Precision::Fp8;
+        p.kv_precision = crate::hardware::Precision::Fp8;
+        let tm = TimeModel::new(&p);
+        let c = constants();
+        let host = |seqs: f64| c.decode_host_us_per_sequence * 1e-6 * seqs;
+        let (big, period) = tm.forward(&worker(1), &Batch::decode(2048.0, 192.0), true);
+        assert!((big.total_s - host(2048.0)).abs() < 1e-12, "{big:?}");
+        assert_eq!(period, big.total_s);
+        assert!((big.total_s - 0.0696).abs() < 1e-4, "{}", big.total_s);
+        let gpu = big.linear_s + big.attention_s + big.elementwise_s + big.tp_comm_s;
+        assert!(gpu < big.total_s, "{gpu}");
+        assert!(
+            (big.overhead_s - (big.total_s - gpu)).abs() < 1e-9,
+            "{} vs {}",
+            big.overhead_s,
+            big.total_s - gpu
+        );
+        // At 64 sequences the forward (2.2 ms of host work) hides it: the step is the GPU's.
+        let (small, _) = tm.forward(&worker(1), &Batch::decode(64.0, 192.0), true);
+        assert!(small.total_s > host(64.0));
+        // Its overhead is the step's host time and the 32 layers' launches alone.
+        let launches = 32.0 * c.decode_layer_launch_us * 1e-6;
+        let fixed = c.decode_step_overhead_us * 1e-6 + launches;
+        assert!(
+            (small.overhead_s - fixed).abs() < 1e-12,
+            "{} vs {fixed}",
+            small.overhead_s
+        );
+        // A prefill forward has no per-sequence host work on the critical path: its overhead
+        // is its launches (32 layers at prefill_layer_launch_us), not 69.6 ms.
+        let prefill = Batch {
+            decode_seqs: 0.0,
+            decode_context: 0.0,
+            prefill_seqs: 2048.0,
+            prefill_new: 4.0,
+            prefill_cached: 0.0,
+        };
+        let (pf, _) = tm.forward(&worker(1), &prefill, false);
+        let prefill_launches = 32.0 * c.prefill_layer_launch_us * 1e-6;
+        assert!(
+            (pf.overhead_s - prefill_launches).abs() < 1e-12,
+            "{}",
+            pf.overhead_s
+        );
     }
 
     #[test]
