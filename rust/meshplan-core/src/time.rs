@@ -257,6 +257,13 @@ impl<'a> TimeContext<'a> {
         }
     }
 
+    /// Bytes per weight element a weight-gradient GEMM on `dev` moves for its output: the
+    /// stack's `wgrad_output_bytes` (Megatron's fused accumulation into fp32 main gradients, 8,
+    /// §5.2.2), or the GEMM's element size where the stack names none.
+    fn wgrad_output_bytes(&self, dev: &GemmDevice) -> f64 {
+        self.stack.wgrad_output_bytes.unwrap_or(dev.element_bytes)
+    }
+
     /// Adds a linear layer's forward, input-gradient and weight-gradient seconds to `acc`.
     ///
     /// FP8/FP4 linears first cast their 16-bit inputs (the stack's `quantized_cast_bytes` per
@@ -284,14 +291,15 @@ impl<'a> TimeContext<'a> {
             GemmPrecision::Bf16 => &self.device.gemm16,
             GemmPrecision::Mxfp8 => self.gemm_mxfp8.as_ref().unwrap_or(&self.device.gemm),
         };
+        let wgrad_out = self.wgrad_output_bytes(dev);
         let (times, instances, casts) = if gemm.grouped {
             (
-                grouped_linear_s(dev, gemm.repeat, m, n, k),
+                grouped_linear_s(dev, gemm.repeat, m, n, k, wgrad_out),
                 1.0,
                 gemm.repeat,
             )
         } else {
-            (linear_s(dev, m, n, k), gemm.repeat, 1.0)
+            (linear_s(dev, m, n, k, wgrad_out), gemm.repeat, 1.0)
         };
         let LinearTimes {
             fwd: mut f,
@@ -318,13 +326,12 @@ impl<'a> TimeContext<'a> {
     /// torchtune's and PEFT's adapters are `nn.Linear` in the model's 16-bit dtype (§2.7).
     fn adapter_linear(&self, acc: &mut LinearTimes, gemm: &Gemm) {
         let Gemm { m, n, k, .. } = *gemm;
+        let dev = &self.device.gemm16;
+        let wgrad_out = self.wgrad_output_bytes(dev);
         let (times, instances) = if gemm.grouped {
-            (
-                grouped_linear_s(&self.device.gemm16, gemm.repeat, m, n, k),
-                1.0,
-            )
+            (grouped_linear_s(dev, gemm.repeat, m, n, k, wgrad_out), 1.0)
         } else {
-            (linear_s(&self.device.gemm16, m, n, k), gemm.repeat)
+            (linear_s(dev, m, n, k, wgrad_out), gemm.repeat)
         };
         acc.fwd += times.fwd * instances;
         acc.dgrad += times.dgrad * instances;
@@ -634,7 +641,7 @@ impl<'a> TimeContext<'a> {
                 Some(r) if r.of(GemmRole::LmHead) == GemmPrecision::Bf16 => &self.device.gemm16,
                 _ => &self.device.gemm,
             };
-            let head = linear_s(head_dev, tok, v_local, h);
+            let head = linear_s(head_dev, tok, v_local, h, self.wgrad_output_bytes(head_dev));
             // Softmax cross-entropy over fp32 logits: a few passes over tok × V/t.
             let ce = self.stack.cross_entropy_passes * FP32_BYTES * tok * v_local / mem_bw;
             out.fwd.compute += head.fwd + ce;
@@ -1303,7 +1310,7 @@ mod tests {
         // NVFP4 GEMMs with Transformer Engine's casts: the input (3 B per element) forward, the
         // output gradient (3 B) and the input's transposed copy (2 B) backward.
         let with_casts = |dev: &GemmDevice| {
-            let t = linear_s(dev, m, n, k);
+            let t = linear_s(dev, m, n, k, 2.0);
             LinearTimes {
                 fwd: t.fwd + 3.0 * m * k / bw,
                 dgrad: t.dgrad + (3.0 * m * n + 2.0 * m * k) / bw,
@@ -1315,7 +1322,7 @@ mod tests {
             with_casts(&tc.device.gemm)
         );
         // Attention projections: the 16-bit roofline, no casts.
-        let bf16 = linear_s(&tc.device.gemm16, m, n, k);
+        let bf16 = linear_s(&tc.device.gemm16, m, n, k, 2.0);
         assert_eq!(run(GemmRole::AttentionProjection, LinearMode::Recipe), bf16);
         assert_eq!(run(GemmRole::LatentProjection, LinearMode::Recipe), bf16);
         // Mamba out_proj: MXFP8 (GB200 has it), with the casts.
@@ -1333,7 +1340,7 @@ mod tests {
         );
         assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Bf16), bf16);
         // BF16 GEMMs of this shape take longer than NVFP4 ones.
-        assert!(bf16.fwd > linear_s(&tc.device.gemm, m, n, k).fwd);
+        assert!(bf16.fwd > linear_s(&tc.device.gemm, m, n, k, 2.0).fwd);
         // Without a recipe every role is the workload's.
         let (p0, plan0) = nano(None, None);
         let tc0 = TimeContext::new(&p0, &plan0, Groups::of(&plan0, p0.cluster.nvlink_domain()));
@@ -1400,8 +1407,8 @@ mod tests {
         // input cast, no recipe) and the head (8192 × 131072 × 2688) with the loss's passes.
         let (tok, h, v) = (8192.0, 2688.0, 131072.0);
         let bw = t0.device.memory_bytes_per_s;
-        let eh = linear_s(&t0.device.gemm, tok, h, 2.0 * h).fwd + 3.0 * tok * 2.0 * h / bw;
-        let head = linear_s(&t0.device.gemm, tok, v, h).fwd;
+        let eh = linear_s(&t0.device.gemm, tok, h, 2.0 * h, 2.0).fwd + 3.0 * tok * 2.0 * h / bw;
+        let head = linear_s(&t0.device.gemm, tok, v, h, 2.0).fwd;
         let ce = t0.stack.cross_entropy_passes * FP32_BYTES * tok * v / bw;
         let per_depth = t0.layer(2).fwd.compute + t0.layer(1).fwd.compute + eh + head + ce;
         let got = s2.fwd.compute - s0.fwd.compute;
@@ -1473,6 +1480,48 @@ mod tests {
         // A run of empty ranks as long as a pipeline can be costs one addition.
         let huge = PipelineTimes::of_runs(&[(a, 1), (zero, u32::MAX - 2), (b, 1)]);
         assert_eq!(huge.sum, a.total() + b.total());
+    }
+
+    #[test]
+    fn expert_weight_gradients_read_and_write_fp32_main_grads() {
+        // DeepSeek-V3 on 8 B200 in FP8, EP 8: 32 local experts of 3·7168·2048 weights, 1,024
+        // routed tokens each per 4,096-token micro-batch. Megatron accumulates each weight
+        // gradient into its fp32 main gradient (read and written, 8 bytes a weight, §5.2.2), so
+        // the MoE layer's weight-gradient time is at least those bytes at HBM speed — more than
+        // FP8 outputs (1 byte) would cost.
+        let model = crate::presets::model("deepseek-v3").unwrap();
+        let cluster = crate::Cluster {
+            gpu: crate::presets::gpu("b200").unwrap(),
+            num_gpus: 8,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        };
+        let mut w = crate::Workload::new(64, 4096);
+        w.precision = Precision::Fp8;
+        let p = Problem::new(model, cluster, w).unwrap();
+        let plan: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":8,"micro_batch":1}"#).unwrap();
+        let tc = tc(&p, &plan);
+        assert_eq!(tc.stack().wgrad_output_bytes, Some(8.0));
+        let kinds = p.model.layer_kinds();
+        let moe_kind = (0..kinds.len())
+            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
+            .unwrap();
+        let wgrad = tc.layer_parts(moe_kind).time.wgrad;
+        let moe = p.model.moe.as_ref().unwrap();
+        let local = moe.num_experts as f64 / 8.0;
+        let weights = local * 3.0 * p.model.hidden as f64 * moe.expert_ffn_hidden as f64;
+        let main_grads_s = 8.0 * weights / tc.device.memory_bytes_per_s;
+        assert!(wgrad > main_grads_s, "{wgrad} <= {main_grads_s}");
+        // The same layer with the gradient written once at the GEMM's precision is faster.
+        let dev = &tc.device.gemm;
+        let tokens = 4096.0 * moe.top_k as f64 / local;
+        let (h, f) = (p.model.hidden as f64, moe.expert_ffn_hidden as f64);
+        let experts = |out: f64| {
+            crate::gemm::grouped_linear_s(dev, local, tokens, 2.0 * f, h, out).wgrad
+                + crate::gemm::grouped_linear_s(dev, local, tokens, h, f, out).wgrad
+        };
+        assert!(experts(8.0) > 1.2 * experts(dev.element_bytes));
     }
 
     #[test]
