@@ -164,6 +164,9 @@ pub struct Stack {
     /// EP communication overlap settings the stack offers, and its default.
     pub ep_overlap: Vec<bool>,
     pub default_ep_overlap: bool,
+    /// SMs the EP exchange kernels hold while they run beside compute under EP overlap (§3.7).
+    #[serde(default)]
+    pub ep_comm_sms: f64,
     /// How context parallelism exchanges K/V: the exchanges the stack has, and the one it uses
     /// unless told otherwise ([`Plan::cp_exchange`]).
     pub cp_exchanges: Vec<CpExchange>,
@@ -227,6 +230,13 @@ impl Stack {
             ("layer_overhead_factor", self.layer_overhead_factor),
         ] {
             check_positive(&format!("stack.{}.{field}", self.name), v)?;
+        }
+        if !(self.ep_comm_sms.is_finite() && self.ep_comm_sms >= 0.0) {
+            return Err(Error::invalid(
+                format!("stack.{}.ep_comm_sms", self.name),
+                self.ep_comm_sms,
+                "a finite number >= 0",
+            ));
         }
         if let Some(v) = self.wgrad_output_bytes {
             check_positive(&format!("stack.{}.wgrad_output_bytes", self.name), v)?;

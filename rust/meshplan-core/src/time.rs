@@ -583,7 +583,10 @@ impl<'a> TimeContext<'a> {
                     .total_s;
                 if plan.ep_overlap {
                     let raw = 2.0 * one_way * self.problem.workload.moe_imbalance;
-                    ((raw - bwd_compute).max(0.0), (raw - fwd_compute).max(0.0))
+                    (
+                        self.overlapped_ep_s(raw, bwd_compute),
+                        self.overlapped_ep_s(raw, fwd_compute),
+                    )
                 } else {
                     let exposed = (1.0 - cal.ep_overlap)
                         * 2.0
@@ -613,6 +616,18 @@ impl<'a> TimeContext<'a> {
             attention_fwd: attn_fwd,
             modules: replay,
         }
+    }
+
+    /// Exposed seconds of an EP exchange of `raw` seconds overlapped with `compute` seconds of
+    /// another micro-batch's work (§3.7): what the compute cannot cover, plus what the exchange
+    /// kernels take from the compute they hide behind — while they run they hold the stack's
+    /// `ep_comm_sms` of the GPU's SMs, so the overlapped compute runs on the rest and lasts
+    /// `hidden · sms/SM` longer.
+    fn overlapped_ep_s(&self, raw: f64, compute: f64) -> f64 {
+        let hidden = raw.min(compute);
+        let sms = self.device.gemm.sm_count.max(1) as f64;
+        let share = (self.stack.ep_comm_sms / sms).min(1.0);
+        (raw - compute).max(0.0) + hidden * share
     }
 
     /// Extra seconds of the first (embedding) and last (LM head, loss) ranks per micro-batch.
@@ -1480,6 +1495,49 @@ mod tests {
         // A run of empty ranks as long as a pipeline can be costs one addition.
         let huge = PipelineTimes::of_runs(&[(a, 1), (zero, u32::MAX - 2), (b, 1)]);
         assert_eq!(huge.sum, a.total() + b.total());
+    }
+
+    #[test]
+    fn overlapped_ep_exchange_charges_the_sms_its_kernels_hold() {
+        // DeepSeek-V3 on 16 B200 at EP 16 (two NVLink domains): with EP overlap the forward
+        // exchange hides behind the backward's compute, but its kernels hold the stack's
+        // ep_comm_sms (Megatron's moe_deepep_num_sms, 20) of the GPU's SMs meanwhile, so
+        // `hidden · 20/SM` of it stays exposed (§3.7).
+        let model = crate::presets::model("deepseek-v3").unwrap();
+        let cluster = crate::Cluster {
+            gpu: crate::presets::gpu("b200").unwrap(),
+            num_gpus: 16,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        };
+        let mut w = crate::Workload::new(64, 4096);
+        w.precision = Precision::Fp8;
+        let p = Problem::new(model, cluster, w).unwrap();
+        let plain: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":16,"micro_batch":1}"#).unwrap();
+        let overlap: Plan = serde_json::from_str(
+            r#"{"dp":1,"tp":1,"pp":1,"ep":16,"micro_batch":1,"ep_overlap":true}"#,
+        )
+        .unwrap();
+        let kinds = p.model.layer_kinds();
+        let moe_kind = (0..kinds.len())
+            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
+            .unwrap();
+        let t0 = tc(&p, &plain);
+        let t1 = tc(&p, &overlap);
+        assert_eq!(t1.stack().ep_comm_sms, 20.0);
+        let (a, b) = (t0.layer_parts(moe_kind).time, t1.layer_parts(moe_kind).time);
+        // Without overlap the exchange is all exposed (calibration ep_overlap 0).
+        let raw = a.fwd.ep;
+        assert!(raw > 0.0 && raw < b.bwd.compute, "{raw}");
+        let share = 20.0 / t1.device.gemm.sm_count as f64;
+        assert!(
+            (b.fwd.ep - raw * share).abs() <= 1e-12 * raw,
+            "{} vs {}",
+            b.fwd.ep,
+            raw * share
+        );
+        assert!(b.fwd.ep > 0.1 * raw && b.fwd.ep < raw);
     }
 
     #[test]
