@@ -69,11 +69,17 @@ fn quantised_efficiency(
 
 /// Seconds for one `M×K · K×N` GEMM (`2·M·N·K` FLOPs).
 pub fn gemm_s(dev: &GemmDevice, m: f64, n: f64, k: f64) -> f64 {
+    gemm_out_s(dev, m, n, k, dev.element_bytes)
+}
+
+/// [`gemm_s`] whose `M×N` output moves `out_bytes` per element (a weight gradient accumulated
+/// into an fp32 main gradient reads and writes it: 8) instead of the operands' element size.
+fn gemm_out_s(dev: &GemmDevice, m: f64, n: f64, k: f64, out_bytes: f64) -> f64 {
     if m <= 0.0 || n <= 0.0 || k <= 0.0 {
         return 0.0;
     }
     let compute = 2.0 * m * n * k / (dev.peak_flops * efficiency(dev, m, n, k));
-    let memory = dev.element_bytes * (m * k + k * n + m * n) / dev.memory_bytes_per_s;
+    let memory = (dev.element_bytes * (m * k + k * n) + out_bytes * m * n) / dev.memory_bytes_per_s;
     compute.max(memory)
 }
 
@@ -82,12 +88,25 @@ pub fn gemm_s(dev: &GemmDevice, m: f64, n: f64, k: f64) -> f64 {
 /// group's operands — each group's weights (`K×N`) are read once, so at few rows per group the
 /// time is the weights of all groups over the HBM bandwidth.
 pub fn grouped_gemm_s(dev: &GemmDevice, groups: f64, m: f64, n: f64, k: f64) -> f64 {
+    grouped_gemm_out_s(dev, groups, m, n, k, dev.element_bytes)
+}
+
+/// [`grouped_gemm_s`] whose outputs move `out_bytes` per element (see [`gemm_out_s`]).
+fn grouped_gemm_out_s(
+    dev: &GemmDevice,
+    groups: f64,
+    m: f64,
+    n: f64,
+    k: f64,
+    out_bytes: f64,
+) -> f64 {
     if groups <= 0.0 || m <= 0.0 || n <= 0.0 || k <= 0.0 {
         return 0.0;
     }
     let compute =
         2.0 * groups * m * n * k / (dev.peak_flops * grouped_efficiency(dev, groups, m, n, k));
-    let memory = dev.element_bytes * groups * (m * k + k * n + m * n) / dev.memory_bytes_per_s;
+    let memory =
+        groups * (dev.element_bytes * (m * k + k * n) + out_bytes * m * n) / dev.memory_bytes_per_s;
     compute.max(memory)
 }
 
@@ -104,22 +123,33 @@ pub struct LinearTimes {
 
 /// Forward, input-gradient and weight-gradient seconds of a linear layer with `m` tokens,
 /// `k` inputs and `n` outputs (the backward GEMMs are the forward's with permuted shapes).
-pub fn linear_s(dev: &GemmDevice, m: f64, n: f64, k: f64) -> LinearTimes {
+/// The weight gradient's `k×n` output moves `wgrad_out_bytes` per element: the stack's
+/// [`crate::stack::Stack::wgrad_output_bytes`] (8 where it accumulates into an fp32 main
+/// gradient, docs/costmodel.md §5.2.2), or the GEMM's element size.
+pub fn linear_s(dev: &GemmDevice, m: f64, n: f64, k: f64, wgrad_out_bytes: f64) -> LinearTimes {
     LinearTimes {
         fwd: gemm_s(dev, m, n, k),
         dgrad: gemm_s(dev, m, k, n),
-        wgrad: gemm_s(dev, k, n, m),
+        wgrad: gemm_out_s(dev, k, n, m, wgrad_out_bytes),
     }
 }
 
 /// [`linear_s`] of `groups` experts with `m` tokens each, as grouped GEMMs: the forward and
 /// input gradient group by expert over the tokens; the weight gradient produces each expert's
-/// `k×n` weight, reducing over its `m` tokens.
-pub fn grouped_linear_s(dev: &GemmDevice, groups: f64, m: f64, n: f64, k: f64) -> LinearTimes {
+/// `k×n` weight, reducing over its `m` tokens, and moves `wgrad_out_bytes` per weight element
+/// of every expert (its main gradient, §5.2.2).
+pub fn grouped_linear_s(
+    dev: &GemmDevice,
+    groups: f64,
+    m: f64,
+    n: f64,
+    k: f64,
+    wgrad_out_bytes: f64,
+) -> LinearTimes {
     LinearTimes {
         fwd: grouped_gemm_s(dev, groups, m, n, k),
         dgrad: grouped_gemm_s(dev, groups, m, k, n),
-        wgrad: grouped_gemm_s(dev, groups, k, n, m),
+        wgrad: grouped_gemm_out_s(dev, groups, k, n, m, wgrad_out_bytes),
     }
 }
 
@@ -159,7 +189,7 @@ mod tests {
         // One token against an 8192×8192 weight: bytes dominate.
         let t = gemm_s(&dev, 1.0, 8192.0, 8192.0);
         let bytes_t = 2.0 * (8192.0 + 8192.0 * 8192.0 + 8192.0) / dev.memory_bytes_per_s;
-        assert_eq!(t, bytes_t);
+        assert!((t / bytes_t - 1.0).abs() < 1e-12, "{t} vs {bytes_t}");
     }
 
     #[test]
@@ -209,7 +239,7 @@ mod tests {
         let dev = h100();
         let mut last = 0.0;
         for tokens in 1..=3000 {
-            let t = grouped_linear_s(&dev, 16.0, tokens as f64, 1536.0, 2048.0);
+            let t = grouped_linear_s(&dev, 16.0, tokens as f64, 1536.0, 2048.0, 8.0);
             let total = t.fwd + t.dgrad + t.wgrad;
             assert!(total >= last, "{tokens}: {total} < {last}");
             last = total;
@@ -226,5 +256,34 @@ mod tests {
             2.0 * 8.0 * m * n * k / (dev.peak_flops * grouped_efficiency(&dev, 8.0, m, n, k));
         let separate = 8.0 * 2.0 * m * n * k / (dev.peak_flops * efficiency(&dev, m, n, k));
         assert!(grouped < separate / 7.0, "{grouped} vs {separate}");
+    }
+
+    #[test]
+    fn weight_gradient_accumulates_into_fp32_main_grads_of_every_expert() {
+        // DeepSeek-V3's experts at EP 8 (32 local experts, h = 7168, f_e = 2048) with 1,024
+        // tokens each, FP8 operands (1 byte): accumulating each expert's weight gradient into
+        // its fp32 main gradient reads and writes 8 bytes per weight (§5.2.2), which makes the
+        // weight-gradient GEMM memory-bound where 1-byte outputs would leave it compute-bound.
+        let dev = GemmDevice {
+            element_bytes: 1.0,
+            peak_flops: 1979e12,
+            ..h100()
+        };
+        let (groups, tokens, n, k) = (32.0, 1024.0, 2048.0, 7168.0);
+        let fp8_out = grouped_linear_s(&dev, groups, tokens, n, k, 1.0).wgrad;
+        let main_grad = grouped_linear_s(&dev, groups, tokens, n, k, 8.0).wgrad;
+        let weights_s = 8.0 * groups * k * n / dev.memory_bytes_per_s;
+        assert!(main_grad >= weights_s, "{main_grad} < {weights_s}");
+        assert!(main_grad > 1.2 * fp8_out, "{main_grad} vs {fp8_out}");
+        // The forward and input gradient do not move: only the weight gradient has main grads.
+        let a = grouped_linear_s(&dev, groups, tokens, n, k, 1.0);
+        let b = grouped_linear_s(&dev, groups, tokens, n, k, 8.0);
+        assert_eq!((a.fwd, a.dgrad), (b.fwd, b.dgrad));
+        // A dense layer's weight gradient over many tokens stays compute-bound.
+        let dense = linear_s(&dev, 16384.0, 4096.0, 4096.0, 8.0);
+        assert_eq!(
+            dense.wgrad,
+            linear_s(&dev, 16384.0, 4096.0, 4096.0, 1.0).wgrad
+        );
     }
 }

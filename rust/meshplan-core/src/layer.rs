@@ -1701,6 +1701,13 @@ pub fn layer_ops(model: &Model, spec: &LayerSpec, shard: &Shard, ctx: &OpsContex
                 // expert-TP group (the TP group when unfolded) at the experts' width (§3.7).
                 (etp, _) => {
                     ops.comm.tp_points = mixer_points;
+                    // The shared experts stay on the dense TP group: column- then row-parallel
+                    // (Megatron-Core `SharedExpertMLP`, an MLP of TP linears), one point of their
+                    // own, which the routed copies' points no longer stand in for.
+                    if fsh > 0.0 && shard.tp > 1 {
+                        ops.comm.tp_points += 1;
+                        ops.comm.ffn_tp_points = 1;
+                    }
                     if etp.unwrap_or(shard.tp) > 1 {
                         ops.comm.etp_points = m.top_k;
                         ops.comm.etp_bytes = tok * shard.routed_share() * w * WIRE_BYTES;
@@ -1885,9 +1892,10 @@ mod tests {
             act(&shard(2, true)) - routed(&shard(2, true), 1024.0),
             no_latent(&shard(2, true)) - routed(&shard(2, true), 2688.0) + 1024.0 / 2.0
         );
-        // No TP point (no mixer; etp = 1 gathers no copies). The shared expert's own all-gather
-        // and reduce-scatter are not counted in any MoE layer (docs/costmodel.md §9).
-        assert_eq!((two.comm.tp_points, two.comm.etp_points), (0, 0));
+        // No mixer point and no copies gathered (etp = 1); the shared expert's own all-gather
+        // and reduce-scatter over TP 2 are one point (§3.4).
+        assert_eq!((two.comm.tp_points, two.comm.etp_points), (1, 0));
+        assert_eq!(two.comm.ffn_tp_points, 1);
     }
 
     #[test]
@@ -1909,6 +1917,24 @@ mod tests {
         assert_eq!((whole.comm.tp_points, whole.comm.etp_points), (1, 0));
         assert_eq!((two.comm.tp_points, two.comm.etp_points), (1, 2));
         assert_eq!(two.comm.etp_bytes, unfolded.comm.tp_bytes * 2.0 / 4.0);
+        // A shared expert stays on the dense TP group: folded, its column- and row-parallel
+        // pair is a point of its own (DeepSeek-V3, TP 2, etp 1: attention's and the shared
+        // expert's); unfolded the routed copies' points stand in for it.
+        let ds = crate::presets::model("deepseek-v3").unwrap();
+        let moe = ds.layer_kinds().specs()[1];
+        assert!(matches!(moe.mlp, Mlp::Moe(_)));
+        let ds_shard = |tp, etp| Shard {
+            tp,
+            ep: 8,
+            etp,
+            sequence_parallel: true,
+        };
+        let folded = layer_ops(&ds, &moe, &ds_shard(2, Some(1)), &ctx);
+        assert_eq!((folded.comm.tp_points, folded.comm.ffn_tp_points), (2, 1));
+        let ds_unfolded = layer_ops(&ds, &moe, &ds_shard(2, None), &ctx);
+        assert_eq!(ds_unfolded.comm.tp_points, 1 + 8);
+        let one = layer_ops(&ds, &moe, &ds_shard(1, Some(1)), &ctx);
+        assert_eq!(one.comm.tp_points, 1);
         // The same routed FLOPs per GPU whatever the expert TP: rows × width is constant.
         let routed = |ops: &LayerOps| {
             ops.gemms()[1..3]

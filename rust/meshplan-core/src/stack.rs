@@ -138,6 +138,11 @@ pub struct Stack {
     pub routed_copy_bytes_per_hidden: f64,
     /// Bytes per element of a routed copy's `f_e/t` width moved by the expert activation (§5.3).
     pub expert_activation_bytes_per_width: f64,
+    /// Bytes per weight element a weight-gradient GEMM moves for its output (§5.2.2): 8 where
+    /// it accumulates into an fp32 main gradient (read and written each micro-batch); absent,
+    /// the GEMM's element size (the gradient written once in the training precision).
+    #[serde(default)]
+    pub wgrad_output_bytes: Option<f64>,
     /// Fraction of tensor-parallel communication hidden behind GEMMs (§3.4 ω_TP); a GPU's
     /// `calibration.tp_overlap`, when set, takes precedence.
     pub tp_overlap: f64,
@@ -164,6 +169,9 @@ pub struct Stack {
     /// EP communication overlap settings the stack offers, and its default.
     pub ep_overlap: Vec<bool>,
     pub default_ep_overlap: bool,
+    /// SMs the EP exchange kernels hold while they run beside compute under EP overlap (§3.7).
+    #[serde(default)]
+    pub ep_comm_sms: f64,
     /// How context parallelism exchanges K/V: the exchanges the stack has, and the one it uses
     /// unless told otherwise ([`Plan::cp_exchange`]).
     pub cp_exchanges: Vec<CpExchange>,
@@ -227,6 +235,16 @@ impl Stack {
             ("layer_overhead_factor", self.layer_overhead_factor),
         ] {
             check_positive(&format!("stack.{}.{field}", self.name), v)?;
+        }
+        if !(self.ep_comm_sms.is_finite() && self.ep_comm_sms >= 0.0) {
+            return Err(Error::invalid(
+                format!("stack.{}.ep_comm_sms", self.name),
+                self.ep_comm_sms,
+                "a finite number >= 0",
+            ));
+        }
+        if let Some(v) = self.wgrad_output_bytes {
+            check_positive(&format!("stack.{}.wgrad_output_bytes", self.name), v)?;
         }
         // 0 per rank: a fixed bucket size (PyTorch DDP, DeepSpeed, XLA's combine threshold).
         let per_rank = self.ddp_bucket_params_per_rank;

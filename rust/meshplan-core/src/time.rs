@@ -257,6 +257,13 @@ impl<'a> TimeContext<'a> {
         }
     }
 
+    /// Bytes per weight element a weight-gradient GEMM on `dev` moves for its output: the
+    /// stack's `wgrad_output_bytes` (Megatron's fused accumulation into fp32 main gradients, 8,
+    /// §5.2.2), or the GEMM's element size where the stack names none.
+    fn wgrad_output_bytes(&self, dev: &GemmDevice) -> f64 {
+        self.stack.wgrad_output_bytes.unwrap_or(dev.element_bytes)
+    }
+
     /// Adds a linear layer's forward, input-gradient and weight-gradient seconds to `acc`.
     ///
     /// FP8/FP4 linears first cast their 16-bit inputs (the stack's `quantized_cast_bytes` per
@@ -284,14 +291,15 @@ impl<'a> TimeContext<'a> {
             GemmPrecision::Bf16 => &self.device.gemm16,
             GemmPrecision::Mxfp8 => self.gemm_mxfp8.as_ref().unwrap_or(&self.device.gemm),
         };
+        let wgrad_out = self.wgrad_output_bytes(dev);
         let (times, instances, casts) = if gemm.grouped {
             (
-                grouped_linear_s(dev, gemm.repeat, m, n, k),
+                grouped_linear_s(dev, gemm.repeat, m, n, k, wgrad_out),
                 1.0,
                 gemm.repeat,
             )
         } else {
-            (linear_s(dev, m, n, k), gemm.repeat, 1.0)
+            (linear_s(dev, m, n, k, wgrad_out), gemm.repeat, 1.0)
         };
         let LinearTimes {
             fwd: mut f,
@@ -318,13 +326,12 @@ impl<'a> TimeContext<'a> {
     /// torchtune's and PEFT's adapters are `nn.Linear` in the model's 16-bit dtype (§2.7).
     fn adapter_linear(&self, acc: &mut LinearTimes, gemm: &Gemm) {
         let Gemm { m, n, k, .. } = *gemm;
+        let dev = &self.device.gemm16;
+        let wgrad_out = self.wgrad_output_bytes(dev);
         let (times, instances) = if gemm.grouped {
-            (
-                grouped_linear_s(&self.device.gemm16, gemm.repeat, m, n, k),
-                1.0,
-            )
+            (grouped_linear_s(dev, gemm.repeat, m, n, k, wgrad_out), 1.0)
         } else {
-            (linear_s(&self.device.gemm16, m, n, k), gemm.repeat)
+            (linear_s(dev, m, n, k, wgrad_out), gemm.repeat)
         };
         acc.fwd += times.fwd * instances;
         acc.dgrad += times.dgrad * instances;
@@ -368,6 +375,9 @@ impl<'a> TimeContext<'a> {
         let ops = self.layer_ops(kind);
         let mem_bw = self.device.memory_bytes_per_s;
         let mut g = LinearTimes::default();
+        // The experts' linears (routed and shared): the `mlp` node of Megatron's combined 1F1B
+        // schedule, which the EP exchanges overlap with (§3.7).
+        let mut experts = LinearTimes::default();
         // Each linear's forward also goes to the recompute modules it belongs to (§5.4).
         let mut replay = ModuleReplay::default();
         for gemm in ops.gemms() {
@@ -376,6 +386,11 @@ impl<'a> TimeContext<'a> {
             g.fwd += one.fwd;
             g.dgrad += one.dgrad;
             g.wgrad += one.wgrad;
+            if matches!(gemm.role, GemmRole::RoutedExpert | GemmRole::SharedExpert) {
+                experts.fwd += one.fwd;
+                experts.dgrad += one.dgrad;
+                experts.wgrad += one.wgrad;
+            }
             for m in RecomputeModule::ALL {
                 if gemm.role.in_module(m) {
                     replay.compute[m.index()] += one.fwd;
@@ -581,8 +596,29 @@ impl<'a> TimeContext<'a> {
                     )
                     .total_s;
                 if plan.ep_overlap {
-                    let raw = 2.0 * one_way * self.problem.workload.moe_imbalance;
-                    ((raw - bwd_compute).max(0.0), (raw - fwd_compute).max(0.0))
+                    // Megatron's combined 1F1B runs one micro-batch's layer forward beside
+                    // another's layer backward in three phases, each exchange beside one
+                    // compute node of the other (`TransformerLayerSchedulePlan.run`):
+                    //   comm: combine_bwd | dispatch_fwd → dispatch_bwd | combine_fwd
+                    //   comp: attn_fwd    | mlp_bwd → mlp_bwd_dw → mlp_fwd | attn_bwd
+                    let one = one_way * self.problem.workload.moe_imbalance;
+                    let routed_elem = ops.routed_elementwise_bytes / mem_bw;
+                    let mlp_fwd = experts.fwd + routed_elem;
+                    let mlp_bwd = experts.dgrad
+                        + if self.problem.workload.lora {
+                            0.0
+                        } else {
+                            experts.wgrad
+                        }
+                        + 2.0 * routed_elem;
+                    let attn_fwd_node = (fwd_compute - mlp_fwd).max(0.0);
+                    let attn_bwd_node = (bwd_compute - mlp_bwd).max(0.0);
+                    let first = self.overlapped_ep_s(one, attn_fwd_node);
+                    let middle = self.overlapped_ep_s(2.0 * one, mlp_fwd + mlp_bwd);
+                    let last = self.overlapped_ep_s(one, attn_bwd_node);
+                    // The forward's dispatch (middle) and combine (last); the backward's
+                    // combine (first) and dispatch (middle).
+                    (last + 0.5 * middle, first + 0.5 * middle)
                 } else {
                     let exposed = (1.0 - cal.ep_overlap)
                         * 2.0
@@ -614,6 +650,18 @@ impl<'a> TimeContext<'a> {
         }
     }
 
+    /// Exposed seconds of an EP exchange of `raw` seconds overlapped with `compute` seconds of
+    /// another micro-batch's work (§3.7): what the compute cannot cover, plus what the exchange
+    /// kernels take from the compute they hide behind — while they run they hold the stack's
+    /// `ep_comm_sms` of the GPU's SMs, so the overlapped compute runs on the rest and lasts
+    /// `hidden · sms/SM` longer.
+    fn overlapped_ep_s(&self, raw: f64, compute: f64) -> f64 {
+        let hidden = raw.min(compute);
+        let sms = self.device.gemm.sm_count.max(1) as f64;
+        let share = (self.stack.ep_comm_sms / sms).min(1.0);
+        (raw - compute).max(0.0) + hidden * share
+    }
+
     /// Extra seconds of the first (embedding) and last (LM head, loss) ranks per micro-batch.
     fn ends(&self, stage: &Stage) -> LayerTime {
         let mut out = LayerTime::default();
@@ -640,7 +688,7 @@ impl<'a> TimeContext<'a> {
                 Some(r) if r.of(GemmRole::LmHead) == GemmPrecision::Bf16 => &self.device.gemm16,
                 _ => &self.device.gemm,
             };
-            let head = linear_s(head_dev, tok, v_local, h);
+            let head = linear_s(head_dev, tok, v_local, h, self.wgrad_output_bytes(head_dev));
             // Softmax cross-entropy over fp32 logits: a few passes over tok × V/t.
             let ce = self.stack.cross_entropy_passes * FP32_BYTES * tok * v_local / mem_bw;
             out.fwd.compute += head.fwd + ce;
@@ -1372,7 +1420,7 @@ mod tests {
         // NVFP4 GEMMs with Transformer Engine's casts: the input (3 B per element) forward, the
         // output gradient (3 B) and the input's transposed copy (2 B) backward.
         let with_casts = |dev: &GemmDevice| {
-            let t = linear_s(dev, m, n, k);
+            let t = linear_s(dev, m, n, k, 2.0);
             LinearTimes {
                 fwd: t.fwd + 3.0 * m * k / bw,
                 dgrad: t.dgrad + (3.0 * m * n + 2.0 * m * k) / bw,
@@ -1384,7 +1432,7 @@ mod tests {
             with_casts(&tc.device.gemm)
         );
         // Attention projections: the 16-bit roofline, no casts.
-        let bf16 = linear_s(&tc.device.gemm16, m, n, k);
+        let bf16 = linear_s(&tc.device.gemm16, m, n, k, 2.0);
         assert_eq!(run(GemmRole::AttentionProjection, LinearMode::Recipe), bf16);
         assert_eq!(run(GemmRole::LatentProjection, LinearMode::Recipe), bf16);
         // Mamba out_proj: MXFP8 (GB200 has it), with the casts.
@@ -1402,7 +1450,7 @@ mod tests {
         );
         assert_eq!(run(GemmRole::MambaOutProj, LinearMode::Bf16), bf16);
         // BF16 GEMMs of this shape take longer than NVFP4 ones.
-        assert!(bf16.fwd > linear_s(&tc.device.gemm, m, n, k).fwd);
+        assert!(bf16.fwd > linear_s(&tc.device.gemm, m, n, k, 2.0).fwd);
         // Without a recipe every role is the workload's.
         let (p0, plan0) = nano(None, None);
         let tc0 = TimeContext::new(&p0, &plan0, Groups::of(&plan0, p0.cluster.nvlink_domain()));
@@ -1469,8 +1517,8 @@ mod tests {
         // input cast, no recipe) and the head (8192 × 131072 × 2688) with the loss's passes.
         let (tok, h, v) = (8192.0, 2688.0, 131072.0);
         let bw = t0.device.memory_bytes_per_s;
-        let eh = linear_s(&t0.device.gemm, tok, h, 2.0 * h).fwd + 3.0 * tok * 2.0 * h / bw;
-        let head = linear_s(&t0.device.gemm, tok, v, h).fwd;
+        let eh = linear_s(&t0.device.gemm, tok, h, 2.0 * h, 2.0).fwd + 3.0 * tok * 2.0 * h / bw;
+        let head = linear_s(&t0.device.gemm, tok, v, h, 2.0).fwd;
         let ce = t0.stack.cross_entropy_passes * FP32_BYTES * tok * v / bw;
         let per_depth = t0.layer(2).fwd.compute + t0.layer(1).fwd.compute + eh + head + ce;
         let got = s2.fwd.compute - s0.fwd.compute;
@@ -1601,6 +1649,93 @@ mod tests {
             })
             .unwrap();
         assert_eq!(t.layer_ops(attn).attention.ssd_heads, 0.0);
+    }
+
+    #[test]
+    fn overlapped_ep_exchanges_hide_behind_one_node_each_and_tax_its_sms() {
+        // DeepSeek-V3 on 32 B200 at EP 32 (four NVLink domains). Under EP
+        // overlap each exchange runs beside one compute node of the other micro-batch
+        // (Megatron's combined 1F1B: combine_bwd ∥ attn_fwd, dispatch_fwd + dispatch_bwd ∥
+        // mlp_bwd + mlp_fwd, combine_fwd ∥ attn_bwd), and while it runs its kernels hold the
+        // stack's ep_comm_sms (Megatron's moe_deepep_num_sms, 20) of the SMs (§3.7).
+        let model = crate::presets::model("deepseek-v3").unwrap();
+        let cluster = crate::Cluster {
+            gpu: crate::presets::gpu("b200").unwrap(),
+            num_gpus: 32,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        };
+        let mut w = crate::Workload::new(128, 4096);
+        w.precision = Precision::Fp8;
+        let p = Problem::new(model, cluster, w).unwrap();
+        let plain: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":32,"micro_batch":1}"#).unwrap();
+        let overlap: Plan = serde_json::from_str(
+            r#"{"dp":1,"tp":1,"pp":1,"ep":32,"micro_batch":1,"ep_overlap":true}"#,
+        )
+        .unwrap();
+        let kinds = p.model.layer_kinds();
+        let moe_kind = (0..kinds.len())
+            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
+            .unwrap();
+        let (t0, t1) = (tc(&p, &plain), tc(&p, &overlap));
+        assert_eq!(t1.stack().ep_comm_sms, 20.0);
+        let (a, b) = (t0.layer_parts(moe_kind).time, t1.layer_parts(moe_kind).time);
+        // Without overlap each pass exposes its dispatch and combine (calibration ep_overlap 0).
+        let raw = a.fwd.ep;
+        assert!(raw > 0.0 && a.bwd.ep == raw);
+        let share = 20.0 / t1.device.gemm.sm_count as f64;
+        let exposed = b.fwd.ep + b.bwd.ep;
+        // Overlap hides some of it, never the SMs' share of any of it.
+        assert!(exposed < 2.0 * raw, "{exposed} vs {}", 2.0 * raw);
+        assert!(exposed >= 2.0 * raw * share * (1.0 - 1e-12), "{exposed}");
+        // Hiding each exchange behind the whole other pass (instead of one node of it) would
+        // expose less: this exchange is longer than the node it runs beside.
+        let whole = |c: f64, w: f64| (c - w).max(0.0) + c.min(w) * share;
+        let whole_pass = whole(raw, b.bwd.compute) + whole(raw, b.fwd.compute);
+        assert!(exposed > 1.05 * whole_pass, "{exposed} vs {whole_pass}");
+    }
+
+    #[test]
+    fn expert_weight_gradients_read_and_write_fp32_main_grads() {
+        // DeepSeek-V3 on 8 B200 in FP8, EP 8: 32 local experts of 3·7168·2048 weights, 1,024
+        // routed tokens each per 4,096-token micro-batch. Megatron accumulates each weight
+        // gradient into its fp32 main gradient (read and written, 8 bytes a weight, §5.2.2), so
+        // the MoE layer's weight-gradient time is at least those bytes at HBM speed — more than
+        // FP8 outputs (1 byte) would cost.
+        let model = crate::presets::model("deepseek-v3").unwrap();
+        let cluster = crate::Cluster {
+            gpu: crate::presets::gpu("b200").unwrap(),
+            num_gpus: 8,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        };
+        let mut w = crate::Workload::new(64, 4096);
+        w.precision = Precision::Fp8;
+        let p = Problem::new(model, cluster, w).unwrap();
+        let plan: Plan =
+            serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":8,"micro_batch":1}"#).unwrap();
+        let tc = tc(&p, &plan);
+        assert_eq!(tc.stack().wgrad_output_bytes, Some(8.0));
+        let kinds = p.model.layer_kinds();
+        let moe_kind = (0..kinds.len())
+            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
+            .unwrap();
+        let wgrad = tc.layer_parts(moe_kind).time.wgrad;
+        let moe = p.model.moe.as_ref().unwrap();
+        let local = moe.num_experts as f64 / 8.0;
+        let weights = local * 3.0 * p.model.hidden as f64 * moe.expert_ffn_hidden as f64;
+        let main_grads_s = 8.0 * weights / tc.device.memory_bytes_per_s;
+        assert!(wgrad > main_grads_s, "{wgrad} <= {main_grads_s}");
+        // The same layer with the gradient written once at the GEMM's precision is faster.
+        let dev = &tc.device.gemm;
+        let tokens = 4096.0 * moe.top_k as f64 / local;
+        let (h, f) = (p.model.hidden as f64, moe.expert_ffn_hidden as f64);
+        let experts = |out: f64| {
+            crate::gemm::grouped_linear_s(dev, local, tokens, 2.0 * f, h, out).wgrad
+                + crate::gemm::grouped_linear_s(dev, local, tokens, h, f, out).wgrad
+        };
+        assert!(experts(8.0) > 1.2 * experts(dev.element_bytes));
     }
 
     #[test]
