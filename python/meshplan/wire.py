@@ -239,6 +239,7 @@ def workload_message(workload: object) -> pb.Workload:
         lora_base=w.lora_base,
         precision_recipe=w.precision_recipe,
         cross_entropy_in_place=w.cross_entropy_in_place,
+        cuda_graphs=w.cuda_graphs,
     )
 
 
@@ -424,7 +425,8 @@ def workload_from(msg: Any) -> Workload:
         name: getattr(msg, name)
         for name in ("precision", "optimizer", "grad_bytes", "flash_attention",
                      "fused_cross_entropy", "stack", "bucket_params", "moe_imbalance",
-                     "lora_rank", "lora_base", "precision_recipe", "cross_entropy_in_place")
+                     "lora_rank", "lora_base", "precision_recipe", "cross_entropy_in_place",
+                     "cuda_graphs")
         if msg.HasField(name)
     }
     if msg.lora_targets:

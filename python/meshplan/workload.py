@@ -20,6 +20,9 @@ linear_fc2``)."""
 LORA_BASES = ("bf16", "fp8", "nf4")
 """Storage formats of the frozen base weights under LoRA."""
 
+CUDA_GRAPHS = ("none", "partial", "full")
+"""Values of :attr:`Workload.cuda_graphs` (docs/costmodel.md §5.5)."""
+
 
 @dataclass
 class Workload:
@@ -78,6 +81,12 @@ class Workload:
     """The fused loss computes its gradient during the forward into the 16-bit logits and keeps
     only them, 2 bytes per logit (TransformerEngine's ``parallel_cross_entropy``, Megatron
     ``--cross-entropy-fusion-impl te``); needs ``fused_cross_entropy``."""
+    cuda_graphs: str = "none"
+    """CUDA graphs of the run, of :data:`CUDA_GRAPHS`: ``none`` (default), ``partial`` (per-layer
+    scopes that leave the routed experts eager: Megatron's ``attn``, ``moe_router``,
+    ``moe_preprocess``) or ``full`` (graphs that cover the MoE block: whole-layer graphs with
+    token drop and padding, or full-iteration graphs). Only ``full`` removes the host-issue
+    floor of a dropless MoE layer (docs/costmodel.md §5.5)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "workload", _KINDS)
@@ -87,6 +96,8 @@ class Workload:
                 raise invalid("workload.lora_targets", shown(target), ", ".join(LORA_TARGETS))
         if self.lora_base not in LORA_BASES:
             raise invalid("workload.lora_base", shown(self.lora_base), ", ".join(LORA_BASES))
+        if self.cuda_graphs not in CUDA_GRAPHS:
+            raise invalid("workload.cuda_graphs", shown(self.cuda_graphs), ", ".join(CUDA_GRAPHS))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +119,7 @@ class Workload:
                else {"precision_recipe": self.precision_recipe}),
             # Only when set: a default workload's dict is what it was before the field.
             **({"cross_entropy_in_place": True} if self.cross_entropy_in_place else {}),
+            **({} if self.cuda_graphs == "none" else {"cuda_graphs": self.cuda_graphs}),
         }
 
     @classmethod
@@ -125,5 +137,6 @@ _KINDS = {
     "lora_base": "str",
     "precision_recipe": "str?",
     "cross_entropy_in_place": "bool",
+    "cuda_graphs": "str",
 }
 """What :class:`Workload` checks at construction (see :func:`meshplan._fields.check_fields`)."""

@@ -86,6 +86,12 @@ def problem_flags() -> Parser:
         help="low-precision recipe of an fp8/mxfp8/nvfp4 run (data/precision.toml): which linears "
         "stay BF16 or run MXFP8, e.g. nemotron3-super-nvfp4, nemotron3-fp8 (default: none)",
     )
+    g.add_argument(
+        "--cuda-graphs", default="none", choices=("none", "partial", "full"),
+        help="CUDA graphs of the run: none (default), partial (attn/router/preprocess scopes: the "
+        "routed experts stay eager) or full (the MoE block graphed: no host-issue floor of a "
+        "dropless MoE layer)",
+    )
     g.add_argument("--lora", action="store_true", help="LoRA fine-tuning: frozen base weights")
     lora_flags(g)
     g.add_argument(
@@ -279,6 +285,7 @@ def workload_from(args: argparse.Namespace) -> Workload:
         args.lora, args.flash_attention, args.fused_cross_entropy, args.stack, args.bucket_params,
         args.moe_imbalance, args.lora_rank, lora_targets(args), args.lora_base,
         args.precision_recipe, getattr(args, "cross_entropy_in_place", False),
+        getattr(args, "cuda_graphs", "none"),
     )
 
 

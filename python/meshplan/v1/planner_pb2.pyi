@@ -437,6 +437,7 @@ class Workload(_message.Message):
     LORA_BASE_FIELD_NUMBER: _builtins.int
     PRECISION_RECIPE_FIELD_NUMBER: _builtins.int
     CROSS_ENTROPY_IN_PLACE_FIELD_NUMBER: _builtins.int
+    CUDA_GRAPHS_FIELD_NUMBER: _builtins.int
     global_batch: _builtins.int
     """Sequences per optimizer step."""
     seq_len: _builtins.int
@@ -478,6 +479,11 @@ class Workload(_message.Message):
     """The fused loss writes its gradient into the 16-bit logits and keeps only them, 2 bytes per
     logit (TransformerEngine's, Megatron --cross-entropy-fusion-impl te); default false.
     """
+    cuda_graphs: _builtins.str
+    """CUDA graphs of the run: "none" (default), "partial" (per-layer scopes that leave the routed
+    experts eager: attn, moe_router, moe_preprocess) or "full" (graphs that cover the MoE block).
+    Only "full" removes the host-issue floor of a dropless MoE layer (docs/costmodel.md 5.5).
+    """
     @_builtins.property
     def lora_targets(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Linears with a LoRA adapter: any of "q", "k", "v" (separate), "qkv" (fused), "o", "mlp"
@@ -504,15 +510,18 @@ class Workload(_message.Message):
         lora_base: _builtins.str | None = ...,
         precision_recipe: _builtins.str | None = ...,
         cross_entropy_in_place: _builtins.bool | None = ...,
+        cuda_graphs: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_cross_entropy_in_place", b"_cross_entropy_in_place", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "cross_entropy_in_place", b"cross_entropy_in_place", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "stack", b"stack"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_cross_entropy_in_place", b"_cross_entropy_in_place", "_cuda_graphs", b"_cuda_graphs", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "cross_entropy_in_place", b"cross_entropy_in_place", "cuda_graphs", b"cuda_graphs", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "grad_bytes", b"grad_bytes", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "stack", b"stack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_cross_entropy_in_place", b"_cross_entropy_in_place", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "cross_entropy_in_place", b"cross_entropy_in_place", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "lora_targets", b"lora_targets", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params", "_cross_entropy_in_place", b"_cross_entropy_in_place", "_cuda_graphs", b"_cuda_graphs", "_flash_attention", b"_flash_attention", "_fused_cross_entropy", b"_fused_cross_entropy", "_grad_bytes", b"_grad_bytes", "_lora_base", b"_lora_base", "_lora_rank", b"_lora_rank", "_moe_imbalance", b"_moe_imbalance", "_optimizer", b"_optimizer", "_precision", b"_precision", "_precision_recipe", b"_precision_recipe", "_stack", b"_stack", "bucket_params", b"bucket_params", "cross_entropy_in_place", b"cross_entropy_in_place", "cuda_graphs", b"cuda_graphs", "flash_attention", b"flash_attention", "fused_cross_entropy", b"fused_cross_entropy", "global_batch", b"global_batch", "grad_bytes", b"grad_bytes", "lora", b"lora", "lora_base", b"lora_base", "lora_rank", b"lora_rank", "lora_targets", b"lora_targets", "moe_imbalance", b"moe_imbalance", "optimizer", b"optimizer", "precision", b"precision", "precision_recipe", b"precision_recipe", "seq_len", b"seq_len", "stack", b"stack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__bucket_params: _TypeAlias = _typing.Literal["bucket_params"]  # noqa: Y015
     _WhichOneofArgType__bucket_params: _TypeAlias = _typing.Literal["_bucket_params", b"_bucket_params"]  # noqa: Y015
     _WhichOneofReturnType__cross_entropy_in_place: _TypeAlias = _typing.Literal["cross_entropy_in_place"]  # noqa: Y015
     _WhichOneofArgType__cross_entropy_in_place: _TypeAlias = _typing.Literal["_cross_entropy_in_place", b"_cross_entropy_in_place"]  # noqa: Y015
+    _WhichOneofReturnType__cuda_graphs: _TypeAlias = _typing.Literal["cuda_graphs"]  # noqa: Y015
+    _WhichOneofArgType__cuda_graphs: _TypeAlias = _typing.Literal["_cuda_graphs", b"_cuda_graphs"]  # noqa: Y015
     _WhichOneofReturnType__flash_attention: _TypeAlias = _typing.Literal["flash_attention"]  # noqa: Y015
     _WhichOneofArgType__flash_attention: _TypeAlias = _typing.Literal["_flash_attention", b"_flash_attention"]  # noqa: Y015
     _WhichOneofReturnType__fused_cross_entropy: _TypeAlias = _typing.Literal["fused_cross_entropy"]  # noqa: Y015
@@ -537,6 +546,8 @@ class Workload(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__bucket_params) -> _WhichOneofReturnType__bucket_params | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cross_entropy_in_place) -> _WhichOneofReturnType__cross_entropy_in_place | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cuda_graphs) -> _WhichOneofReturnType__cuda_graphs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__flash_attention) -> _WhichOneofReturnType__flash_attention | None: ...
     @_typing.overload

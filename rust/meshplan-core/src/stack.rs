@@ -117,6 +117,12 @@ pub struct Stack {
     pub zero3_per_rank_nic: bool,
     /// Host and launch time of an MoE layer over that of a dense one (§5.3).
     pub moe_layer_kernel_factor: f64,
+    /// Host issue time of one dropless MoE layer's forward and backward per micro-batch, µs,
+    /// where the stack synchronises host and device inside the layer (the split sizes of the
+    /// token exchange must reach the CPU) and no CUDA graph covers the MoE block: the layer
+    /// takes at least this long (§5.5). 0: not modelled for the stack.
+    #[serde(default)]
+    pub moe_host_issue_us: f64,
     /// Bytes moved per element cast from 16 bits to 8 by FP8/FP4 linears (§5.3).
     pub quantized_cast_bytes: f64,
     /// Bytes moved per element of the transposed FP8 copy of a linear's input (§5.3).
@@ -235,6 +241,13 @@ impl Stack {
             ("layer_overhead_factor", self.layer_overhead_factor),
         ] {
             check_positive(&format!("stack.{}.{field}", self.name), v)?;
+        }
+        if !(self.moe_host_issue_us.is_finite() && self.moe_host_issue_us >= 0.0) {
+            return Err(Error::invalid(
+                format!("stack.{}.moe_host_issue_us", self.name),
+                self.moe_host_issue_us,
+                "a finite number >= 0",
+            ));
         }
         if !(self.ep_comm_sms.is_finite() && self.ep_comm_sms >= 0.0) {
             return Err(Error::invalid(

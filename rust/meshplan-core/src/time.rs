@@ -28,6 +28,7 @@ use crate::report::TimeBreakdown;
 use crate::stack::Stack;
 use crate::stages::{add_repeated, Stage};
 use crate::traffic::WIRE_BYTES;
+use crate::workload::CudaGraphs;
 use crate::Problem;
 
 /// Bytes of HBM traffic per parameter of an Adam step on fp32 state: read grad, master, m, v;
@@ -65,6 +66,9 @@ pub struct LayerTime {
     pub bwd: Pass,
     /// Weight-gradient GEMM part of `bwd.compute` (what zero-bubble schedules defer).
     pub wgrad: f64,
+    /// Part of `fwd.compute + bwd.compute` the GPU waits for the host to issue kernels
+    /// (host-bound MoE layers, §5.5).
+    pub host_wait: f64,
 }
 
 impl LayerTime {
@@ -72,6 +76,7 @@ impl LayerTime {
         self.fwd.add_scaled(&other.fwd, k);
         self.bwd.add_scaled(&other.bwd, k);
         self.wgrad += other.wgrad * k;
+        self.host_wait += other.host_wait * k;
     }
 
     /// Forward plus backward.
@@ -100,6 +105,9 @@ pub struct LayerParts {
     pub time: LayerTime,
     pub attention_fwd: f64,
     pub modules: ModuleReplay,
+    /// Host issue seconds of the layer's forward and backward where the host cannot run ahead
+    /// of the GPU (a dropless MoE layer's host-device sync, §5.5); 0 where it can.
+    pub host_issue: (f64, f64),
 }
 
 impl LayerParts {
@@ -108,9 +116,10 @@ impl LayerParts {
     /// replay again, so the modules add), op-level selective half of the rest of the forward.
     pub fn with(&self, recompute: Recompute, modules: Option<RecomputeModules>) -> LayerTime {
         let LayerTime {
-            fwd,
+            mut fwd,
             mut bwd,
             wgrad,
+            ..
         } = self.time;
         match (recompute, modules) {
             (Recompute::Full, _) => bwd.add_scaled(&fwd, 1.0),
@@ -130,7 +139,22 @@ impl LayerParts {
             (Recompute::SelectiveOp, _) => bwd.compute += 0.5 * (fwd.compute - self.attention_fwd),
             (Recompute::None, _) => {}
         }
-        LayerTime { fwd, bwd, wgrad }
+        // Host-bound MoE layer (§5.5): a pass lasts at least as long as the host takes to
+        // issue its kernels; full recompute issues the forward's again in the backward.
+        let (host_fwd, mut host_bwd) = self.host_issue;
+        if recompute == Recompute::Full {
+            host_bwd += host_fwd;
+        }
+        let wait_fwd = (host_fwd - fwd.total()).max(0.0);
+        let wait_bwd = (host_bwd - bwd.total()).max(0.0);
+        fwd.compute += wait_fwd;
+        bwd.compute += wait_bwd;
+        LayerTime {
+            fwd,
+            bwd,
+            wgrad,
+            host_wait: wait_fwd + wait_bwd,
+        }
     }
 }
 
@@ -644,10 +668,33 @@ impl<'a> TimeContext<'a> {
         };
         replay.moe_ep = ep_fwd;
         LayerParts {
-            time: LayerTime { fwd, bwd, wgrad },
+            time: LayerTime {
+                fwd,
+                bwd,
+                wgrad,
+                host_wait: 0.0,
+            },
             attention_fwd: attn_fwd,
             modules: replay,
+            host_issue: self.moe_host_issue(is_moe),
         }
+    }
+
+    /// Host issue seconds (forward, backward) of one MoE layer per micro-batch where the host
+    /// cannot queue ahead of the GPU (§5.5): a dropless layer's dispatch needs the split sizes
+    /// on the CPU (Megatron-Core `MoEAlltoAllTokenDispatcher.preprocess`, cuda_sync_point
+    /// `before_ep_alltoall`; Transformer Engine's GroupedLinear takes `m_splits` as a host
+    /// list), so the host waits for the GPU to drain before every MoE layer's exchange and the
+    /// GPU then waits for the host to issue the layer's kernels. The stack's
+    /// `moe_host_issue_us`, split as the kernels are (the backward issues twice the
+    /// forward's, as `layer_overhead_us` counts them); none under CUDA graphs that cover the
+    /// MoE block (`workload.cuda_graphs = full`) or for a dense layer.
+    fn moe_host_issue(&self, is_moe: bool) -> (f64, f64) {
+        let host = self.stack.moe_host_issue_us * 1e-6;
+        if !is_moe || host <= 0.0 || self.problem.workload.cuda_graphs == CudaGraphs::Full {
+            return (0.0, 0.0);
+        }
+        (host / 3.0, 2.0 * host / 3.0)
     }
 
     /// Exposed seconds of an EP exchange of `raw` seconds overlapped with `compute` seconds of
@@ -1541,6 +1588,7 @@ mod tests {
                 ..Pass::default()
             },
             wgrad,
+            host_wait: 0.0,
         }
     }
 
@@ -1740,8 +1788,10 @@ mod tests {
 
     #[test]
     fn each_recompute_module_replays_its_own_forward_in_the_backward() {
-        // Nemotron 3 Nano (Mamba-2, attention, MoE with a shared expert) on 8 GB200, EP 8.
-        let (p, plan) = nano(None, None);
+        // Nemotron 3 Nano (Mamba-2, attention, MoE with a shared expert) on 8 GB200, EP 8,
+        // with the MoE block graphed: the host-issue floor (§5.5) would hide the replays.
+        let (mut p, plan) = nano(None, None);
+        p.workload.cuda_graphs = CudaGraphs::Full;
         let tc = tc(&p, &plan);
         let kinds = p.model.layer_kinds();
         let moe_kind = (0..kinds.len())
@@ -1794,5 +1844,72 @@ mod tests {
             ),
             mp.with(Recompute::None, None)
         );
+    }
+
+    /// Qwen3-30B-A3B on 8 B200 at EP 8 with the alltoall dispatcher, micro-batch `mbs`, under
+    /// `graphs` (`model`: another preset on the same plan).
+    fn qwen3_30b(model: &str, mbs: u32, graphs: CudaGraphs) -> (Problem, Plan) {
+        let cluster = crate::Cluster {
+            gpu: crate::presets::gpu("b200").unwrap(),
+            num_gpus: 8,
+            gpus_per_node: None,
+            nvlink_domain: None,
+        };
+        let mut w = crate::Workload::new(512, 4096);
+        w.precision = Precision::Mxfp8;
+        w.cuda_graphs = graphs;
+        let p = Problem::new(crate::presets::model(model).unwrap(), cluster, w).unwrap();
+        let ep = if p.model.is_moe() { 8 } else { 1 };
+        let dp = 8 / ep;
+        let plan: Plan = serde_json::from_str(&format!(
+            r#"{{"dp":{dp},"tp":1,"pp":1,"ep":{ep},"micro_batch":{mbs},"dispatcher":"alltoall"}}"#
+        ))
+        .unwrap();
+        (p, plan)
+    }
+
+    #[test]
+    fn an_eager_dropless_moe_layer_lasts_at_least_its_host_issue_time() {
+        let host = Stack::default_stack().moe_host_issue_us * 1e-6;
+        assert!(host > 0.0);
+        // Micro-batch 1: the GPU work of a Qwen3-30B-A3B layer on B200 is shorter than the
+        // host's issue of it; each pass waits for the host (a third forward, two backward).
+        let (pe, plan) = qwen3_30b("qwen3-30b-a3b", 1, CudaGraphs::None);
+        let (pg, _) = qwen3_30b("qwen3-30b-a3b", 1, CudaGraphs::Full);
+        let kinds = pe.model.layer_kinds();
+        let k = (0..kinds.len())
+            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
+            .unwrap();
+        let (eager, graphed) = (tc(&pe, &plan).layer(k), tc(&pg, &plan).layer(k));
+        assert_eq!(graphed.host_wait, 0.0);
+        assert!(graphed.total() < host, "{} vs {host}", graphed.total());
+        let want_fwd = graphed.fwd.total().max(host / 3.0);
+        let want_bwd = graphed.bwd.total().max(2.0 * host / 3.0);
+        assert!((eager.fwd.total() - want_fwd).abs() < 1e-12);
+        assert!((eager.bwd.total() - want_bwd).abs() < 1e-12);
+        assert!((eager.host_wait - (eager.total() - graphed.total())).abs() < 1e-12);
+        assert!(eager.host_wait > 0.0);
+        // The wait is GPU idle time on the compute stream: the exchange is unchanged.
+        assert_eq!(eager.fwd.ep, graphed.fwd.ep);
+        // Partial graphs (attention, router, preprocess) leave the experts eager: the same.
+        let (pp_, _) = qwen3_30b("qwen3-30b-a3b", 1, CudaGraphs::Partial);
+        assert_eq!(tc(&pp_, &plan).layer(k), eager);
+        // Full recompute issues the forward again in the backward.
+        let mut full = plan;
+        full.recompute = Recompute::Full;
+        let r = tc(&pe, &full).layer(k);
+        assert!(r.bwd.total() >= host - 1e-12);
+        // Micro-batch 8: the GPU is the slower side; nothing waits.
+        let (pe8, plan8) = qwen3_30b("qwen3-30b-a3b", 8, CudaGraphs::None);
+        let (pg8, _) = qwen3_30b("qwen3-30b-a3b", 8, CudaGraphs::Full);
+        let (e8, g8) = (tc(&pe8, &plan8).layer(k), tc(&pg8, &plan8).layer(k));
+        assert!(g8.fwd.total() > host / 3.0 && g8.bwd.total() > 2.0 * host / 3.0);
+        assert_eq!(e8, g8);
+        // A dense layer has no host-device sync to wait on.
+        let (de, dplan) = qwen3_30b("llama3-8b", 1, CudaGraphs::None);
+        let (dg, _) = qwen3_30b("llama3-8b", 1, CudaGraphs::Full);
+        for kind in 0..de.model.layer_kinds().len() {
+            assert_eq!(tc(&de, &dplan).layer(kind), tc(&dg, &dplan).layer(kind));
+        }
     }
 }

@@ -167,6 +167,10 @@ pub struct CaseTraining {
     /// The run's low-precision recipe (`data/precision.toml`), where its source names one.
     #[serde(default)]
     pub precision_recipe: Option<String>,
+    /// The run's CUDA graphs (`none`, `partial`, `full`: [`crate::workload::CudaGraphs`]),
+    /// where its recipe states them; absent: `none`.
+    #[serde(default)]
+    pub cuda_graphs: Option<crate::workload::CudaGraphs>,
 }
 
 /// A LoRA case's adapters (validation/README.md): `rank`, `targets` (`q`, `k`, `v`, `o`,
@@ -724,6 +728,7 @@ fn problem_of(
     workload.stack = facts.stack.to_string();
     workload.moe_imbalance = facts.moe_imbalance;
     workload.precision_recipe = case.training.precision_recipe.clone();
+    workload.cuda_graphs = case.training.cuda_graphs.unwrap_or_default();
     Problem::new(model, cluster, workload)
 }
 

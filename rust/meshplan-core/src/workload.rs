@@ -106,6 +106,32 @@ pub struct Workload {
     /// linear layer of the layer stack at `precision`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision_recipe: Option<String>,
+    /// CUDA graphs of the run (docs/costmodel.md §5.5): `none`, `partial` (per-layer scopes
+    /// that leave the routed experts eager: Megatron's `attn`, `moe_router`, `moe_preprocess`)
+    /// or `full` (graphs that cover the MoE block: per-layer whole-layer graphs with token drop
+    /// and padding, or full-iteration graphs). Only `full` removes the host-issue floor of a
+    /// dropless MoE layer.
+    #[serde(default, skip_serializing_if = "CudaGraphs::is_none")]
+    pub cuda_graphs: CudaGraphs,
+}
+
+/// How much of a training step runs as replayed CUDA graphs (see [`Workload::cuda_graphs`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaGraphs {
+    /// Every kernel launched by the host, eagerly.
+    #[default]
+    None,
+    /// Some per-layer scopes graphed; the routed experts, dispatch and combine eager.
+    Partial,
+    /// The MoE block graphed too (or the whole iteration).
+    Full,
+}
+
+impl CudaGraphs {
+    pub fn is_none(&self) -> bool {
+        *self == CudaGraphs::None
+    }
 }
 
 /// A linear (or fused linear) that can carry a LoRA adapter, in the two conventions the
@@ -267,6 +293,7 @@ impl Workload {
             bucket_params: None,
             moe_imbalance: DEFAULT_MOE_IMBALANCE,
             precision_recipe: None,
+            cuda_graphs: CudaGraphs::None,
         }
     }
 

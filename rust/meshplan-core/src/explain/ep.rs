@@ -2,6 +2,7 @@
 //! MoE layers.
 
 use super::*;
+use crate::workload::CudaGraphs;
 
 impl Ctx<'_> {
     pub(super) fn ep(&self) -> AxisExplanation {
@@ -160,8 +161,29 @@ impl Ctx<'_> {
         a.notes.push(format!(
             "seconds include the routing imbalance λ = {imbalance} of the busiest rank (workload moe_imbalance)"
         ));
+        a.notes.extend(self.host_bound_note());
         a.notes.extend(self.stage_note());
         let exposed = self.evaluation.time_s.ep;
         self.finish(a, exposed, exposed)
+    }
+
+    /// The host-issue floor of the MoE layers (docs/costmodel.md §5.5), where it binds: what the
+    /// GPU waits per step for the host to issue the layers' kernels.
+    fn host_bound_note(&self) -> Option<String> {
+        let wait = self.per_run.iter().map(|t| t.host_wait).fold(0.0, f64::max);
+        (wait > 0.0).then(|| {
+            format!(
+                "host-bound MoE layers: a dropless MoE layer synchronises host and device before its token exchange (the split sizes must reach the CPU), so with CUDA graphs {} each layer lasts at least the host's issue of its kernels, {} forward + backward per micro-batch ({}: moe_host_issue_us); the GPU waits {} per step for the host on the slowest stage ({} per micro-batch); graphs that cover the MoE block (workload cuda_graphs = full) remove it",
+                match self.problem.workload.cuda_graphs {
+                    CudaGraphs::None => "off",
+                    CudaGraphs::Partial => "partial (attention, router, preprocess)",
+                    CudaGraphs::Full => "full",
+                },
+                seconds(self.stack.moe_host_issue_us * 1e-6),
+                self.stack.name,
+                seconds(wait * self.m as f64),
+                seconds(wait),
+            )
+        })
     }
 }

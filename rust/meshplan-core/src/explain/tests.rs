@@ -771,13 +771,15 @@ fn ulysses_keeps_attention_output_twice_unless_recomputed() {
 
 #[test]
 fn explain_names_each_recompute_module_with_what_it_saves_and_replays() {
-    let p = problem(
+    let mut p = problem(
         presets::model("qwen3-30b-a3b").unwrap(),
         "h100-sxm",
         8,
         64,
         4096,
     );
+    // The MoE block graphed: the host-issue floor (§5.5) would hide the replays' seconds.
+    p.workload.cuda_graphs = crate::workload::CudaGraphs::Full;
     let none = explain(&p, &plan("dp=1,tp=1,pp=1,ep=8,recompute=selective")).unwrap();
     assert!(none.recompute_modules.is_empty());
     assert!(!serde_json::to_string(&none)
@@ -820,4 +822,34 @@ fn explain_names_each_recompute_module_with_what_it_saves_and_replays() {
         .map(|m| m.backward_s_per_micro_batch)
         .sum();
     assert!((grew / sum - 1.0).abs() < 1e-9, "{grew} vs {sum}");
+}
+
+#[test]
+fn explain_shows_the_host_wait_of_host_bound_moe_layers() {
+    // Qwen3-30B-A3B on 8 H100 at EP 8, micro-batch 1, eager: each MoE layer's GPU work is
+    // shorter than the host's issue of it (§5.5); the EP axis says what the GPU waits.
+    let mut p = problem(
+        presets::model("qwen3-30b-a3b").unwrap(),
+        "h100-sxm",
+        8,
+        64,
+        4096,
+    );
+    let pl = plan("dp=1,tp=1,pp=1,ep=8");
+    let x = explain(&p, &pl).unwrap();
+    let note = axis(&x, "ep")
+        .notes
+        .iter()
+        .find(|n| n.starts_with("host-bound MoE layers"))
+        .expect("a host-bound note");
+    assert!(note.contains("9.0 ms forward + backward"), "{note}");
+    // Graphs over the MoE block: no wait, no note, and a shorter step.
+    p.workload.cuda_graphs = crate::workload::CudaGraphs::Full;
+    let g = explain(&p, &pl).unwrap();
+    assert!(!axis(&g, "ep")
+        .notes
+        .iter()
+        .any(|n| n.starts_with("host-bound")));
+    let (tg, tx) = (g.evaluation.step_time_s, x.evaluation.step_time_s);
+    assert!(tg < tx, "{tg} vs {tx}");
 }
