@@ -178,6 +178,12 @@ pub struct Stack {
     /// SMs the EP exchange kernels hold while they run beside compute under EP overlap (§3.7).
     #[serde(default)]
     pub ep_comm_sms: f64,
+    /// Host time to issue one local expert's GEMM of a grouped GEMM, µs (Transformer Engine's
+    /// `GroupedLinear`: one cuBLASLt call per expert over several streams). A routed-expert
+    /// block's forward takes at least its grouped GEMMs' experts times this: the host
+    /// synchronises on the tokens per expert just before it (§5.2.1). 0: not modelled.
+    #[serde(default)]
+    pub grouped_gemm_expert_issue_us: f64,
     /// How context parallelism exchanges K/V: the exchanges the stack has, and the one it uses
     /// unless told otherwise ([`Plan::cp_exchange`]).
     pub cp_exchanges: Vec<CpExchange>,
@@ -253,6 +259,15 @@ impl Stack {
             return Err(Error::invalid(
                 format!("stack.{}.ep_comm_sms", self.name),
                 self.ep_comm_sms,
+                "a finite number >= 0",
+            ));
+        }
+        if !(self.grouped_gemm_expert_issue_us.is_finite()
+            && self.grouped_gemm_expert_issue_us >= 0.0)
+        {
+            return Err(Error::invalid(
+                format!("stack.{}.grouped_gemm_expert_issue_us", self.name),
+                self.grouped_gemm_expert_issue_us,
                 "a finite number >= 0",
             ));
         }
