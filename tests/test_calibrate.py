@@ -317,11 +317,15 @@ def test_compute_constants_are_recovered_from_synthetic_timings() -> None:
     g, m, n, k = grouped
     peak = gpu["peak_tflops"]["bf16"] * 1e12
     attention = []
-    for seq in (2048, 8192):
+    # Synthetic kernels at the model's rate for their call length (0.42 at the reference length).
+    factors = _core.attention_length_factors([2048.0, 8192.0])
+    assert factors[0] < 1.0 < factors[1]
+    for seq, f in zip((2048, 8192), factors):
         batch, heads, d = 8192 // seq, 32, 128
         flops = batch * seq * 2.0 * heads * 2 * d * seq / 2.0
+        rate = 0.42 * f * peak
         attention.append({"batch": batch, "seq": seq, "heads": heads, "head_dim": d,
-                          "forward_s": flops / (0.42 * peak), "backward_s": 2.5 * flops / (0.42 * peak)})
+                          "forward_s": flops / rate, "backward_s": 2.5 * flops / rate})
     bw = gpu["memory_bandwidth_gbps"] * 1e9
     bench = cal.Microbenchmarks(
         device="synthetic", precision="bf16",

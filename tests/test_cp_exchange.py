@@ -27,8 +27,10 @@ def test_ulysses_exposes_four_all_to_alls_per_pass_and_the_default_is_the_ring()
     assert named.step_time_s == ring.step_time_s and named.time_s == ring.time_s
     a2a = mp.evaluate(MODEL, ONE_NODE, workload, "dp=1,tp=1,pp=1,cp=8,zero=1,cp_exchange=a2a")
     assert a2a.feasible
-    # Attention's FLOPs are the same; the all-to-alls cannot hide behind it.
-    assert a2a.time_s["compute"] == ring.time_s["compute"]
+    # Attention's FLOPs are the same, but Ulysses calls the kernel over the whole 16,384 tokens
+    # (the ring per 2,048-token block), where flash attention runs faster (docs/costmodel.md
+    # §5.2); the all-to-alls cannot hide behind it.
+    assert 0.9 * ring.time_s["compute"] < a2a.time_s["compute"] < ring.time_s["compute"]
     assert a2a.time_s["cp"] > ring.time_s["cp"]
     x = mp.explain(MODEL, ONE_NODE, workload, "dp=1,tp=1,pp=1,cp=8,zero=1,cp_exchange=a2a")
     cp = next(a for a in x.axes if a["axis"] == "cp")

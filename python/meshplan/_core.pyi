@@ -34,6 +34,7 @@ __all__ = [
     "apply_calibration",
     "collective_times",
     "gemm_times",
+    "attention_length_factors",
     "explain",
     "decode_traffic",
     "rank_orders",
@@ -149,6 +150,10 @@ def collective_times(gpu: dict[str, Any], queries: list[dict[str, Any]]) -> list
     """Each query ``{kind, bytes, group_size, per_domain}`` priced on ``gpu``'s calibrated
     fabrics as the planner prices it: ``{total_s, latency_s, bandwidth_s, algorithm,
     protocol}``."""
+
+def attention_length_factors(seqs: list[float]) -> list[float]:
+    """Flash attention's rate at each kernel call length relative to the reference length at
+    which ``attention_efficiency`` holds (docs/costmodel.md §5.2)."""
 
 def gemm_times(gpu: dict[str, Any], precision: str, shapes: list[list[float]]) -> list[float]:
     """Seconds of each ``[m, n, k]`` GEMM on ``gpu`` at ``precision`` as the time model charges

@@ -675,10 +675,12 @@ def fit_compute(gpu: Mapping[str, Any], bench: Microbenchmarks) -> tuple[list[Fi
     peak16 = gpu["peak_tflops"].get(p) or gpu["peak_tflops"].get("bf16")
     if bench.attention and peak16:
         estimates = []
-        for a in bench.attention:
+        # Each call's rate read back to the reference length (docs/costmodel.md §5.2).
+        factors = _core.attention_length_factors([float(a["seq"]) for a in bench.attention])
+        for a, f in zip(bench.attention, factors):
             tokens = a["batch"] * a["seq"]
             flops = tokens * 2.0 * a["heads"] * (2 * a["head_dim"]) * (a["seq"] / 2.0)
-            estimates.append(flops / (a["forward_s"] * peak16 * 1e12))
+            estimates.append(flops / (a["forward_s"] * peak16 * 1e12) / f)
             ratio = a["backward_s"] / a["forward_s"] if a["forward_s"] > 0 else float("nan")
             lines.append(f"attention b={a['batch']} s={a['seq']} heads={a['heads']} "
                          f"d={a['head_dim']}: forward {a['forward_s'] * 1e6:.1f} us "

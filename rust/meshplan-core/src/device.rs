@@ -24,6 +24,10 @@ struct DeviceDefaults {
     grouped_gemm_tile_rows: f64,
     /// Sequence length at which Mamba-2's SSD kernels match FlashAttention-2 per token.
     ssd_flash_crossover_seq: f64,
+    /// Call sequence length at which flash attention runs at half its saturated rate.
+    attention_half_rate_seq: f64,
+    /// Call sequence length at which a GPU's `attention_efficiency` holds.
+    attention_reference_seq: f64,
 }
 
 fn defaults() -> DeviceDefaults {
@@ -56,6 +60,19 @@ pub fn ssd_flash_crossover_keys() -> f64 {
     defaults().ssd_flash_crossover_seq
 }
 
+/// Flash attention's rate at a kernel call of sequence length `call_seq`, relative to its rate
+/// at the reference length where `attention_efficiency` is fitted (`data/device.toml`):
+/// `(L / (L + L½)) / (L_ref / (L_ref + L½))`, the saturating curve of the cuDNN and
+/// FlashAttention kernels' TFLOPS against sequence length (FlashAttention-3 paper, Figs. 5-6;
+/// docs/costmodel.md §5.2). 1 at the reference length; about 0.92 at 2k, 1.07 at 16k and at
+/// most 1.098 at any length.
+pub fn attention_length_factor(call_seq: f64) -> f64 {
+    let d = defaults();
+    let half = d.attention_half_rate_seq;
+    let l = call_seq.max(1.0);
+    (l / (l + half)) * (d.attention_reference_seq + half) / d.attention_reference_seq
+}
+
 /// One GPU at one training precision.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Device {
@@ -65,7 +82,8 @@ pub struct Device {
     pub gemm16: GemmDevice,
     /// The linear layers run in FP8/FP4 and cast their inputs.
     pub quantized: bool,
-    /// Achieved flash-attention FLOP/s (16-bit).
+    /// Achieved flash-attention FLOP/s (16-bit) at the reference call length
+    /// ([`attention_length_factor`] scales it to a call's length: [`Device::attention_rate`]).
     pub attention_flops_per_s: f64,
     /// Achieved HBM bytes/s of element-wise kernels and the optimizer.
     pub memory_bytes_per_s: f64,
@@ -79,6 +97,11 @@ impl Device {
         self.gemm16.efficiency *= factor;
         self.attention_flops_per_s *= factor;
         self
+    }
+
+    /// Achieved flash-attention FLOP/s of a kernel call of sequence length `call_seq`.
+    pub fn attention_rate(&self, call_seq: f64) -> f64 {
+        self.attention_flops_per_s * attention_length_factor(call_seq)
     }
 
     /// The device model of `gpu` training at `precision`.
@@ -159,6 +182,22 @@ pub fn gemm_times_s(
         .iter()
         .map(|&[m, n, k]| crate::gemm::gemm_s(&dev, m, n, k))
         .collect())
+}
+
+/// [`attention_length_factor`] of each flash-attention call length in `seqs`: what `meshplan
+/// calibrate` divides a measured attention rate by to read `attention_efficiency` at the
+/// reference length (each length validated first).
+pub fn attention_length_factors(seqs: &[f64]) -> crate::error::Result<Vec<f64>> {
+    for v in seqs {
+        if !(v.is_finite() && (1.0..=MAX_GEMM_DIM).contains(v)) {
+            return Err(crate::error::Error::invalid(
+                "attention.seq",
+                v,
+                format!("a number in [1, {MAX_GEMM_DIM}]"),
+            ));
+        }
+    }
+    Ok(seqs.iter().map(|&l| attention_length_factor(l)).collect())
 }
 
 #[cfg(test)]

@@ -393,6 +393,21 @@ impl<'a> TimeContext<'a> {
     }
 
     /// [`Self::layer_parts`] of a layer of `kind` whose linears run as `mode` says (§1.4).
+    /// Sequence length of one flash-attention kernel call of a layer with core `att`
+    /// (docs/costmodel.md §5.2): the sequence over the ring's ranks, `s·a/cp` (ring attention
+    /// and the all-gather call the kernel per rank's `s/cp` queries; Ulysses' all-to-all over
+    /// `a` ranks gives each the whole sequence of its heads), as the causal length with the same
+    /// mean keys per query, `2·keys_per_query` (a window `w` shorter than it: `2w − w²/L`).
+    fn attention_call_seq(&self, att: &crate::layer::CoreAttention) -> f64 {
+        let plan = self.plan;
+        let a = self
+            .stack
+            .cp_a2a_ranks(&self.problem.model, plan, self.groups.cp);
+        let ring = (plan.cp.max(1) / a.max(1)).max(1) as f64;
+        let seq = self.problem.workload.seq_len as f64 / ring;
+        2.0 * att.keys_per_query(seq)
+    }
+
     fn layer_parts_at(&self, kind: usize, mode: LinearMode) -> LayerParts {
         let plan = self.plan;
         let cal = &self.problem.cluster.gpu.calibration;
@@ -454,15 +469,16 @@ impl<'a> TimeContext<'a> {
             self.tokens * att.scan_bwd_bytes_per_token / mem_bw,
         );
         let (attn_fwd, attn_bwd) = if self.problem.workload.flash_attention {
-            // Each query sees s/2 keys on average under the causal mask (fewer under a window).
-            let rate = self.device.attention_flops_per_s;
+            // Each query sees s/2 keys on average under the causal mask (fewer under a window),
+            // at the flash-attention rate of one kernel call's length (§5.2).
+            let rate = self.device.attention_rate(self.attention_call_seq(&att));
             let fwd = self.tokens
                 * 2.0
                 * att.heads
                 * (att.qk_head_dim + att.v_head_dim)
                 * att.keys_per_query(seq)
                 / rate;
-            let scan = scan_fwd / rate;
+            let scan = scan_fwd / self.device.attention_flops_per_s;
             let ratio = self.stack.attention_backward_ratio;
             (
                 fwd + scan.max(scan_bytes.0),
@@ -1995,5 +2011,50 @@ mod tests {
         for kind in 0..de.model.layer_kinds().len() {
             assert_eq!(tc(&de, &dplan).layer(kind), tc(&dg, &dplan).layer(kind));
         }
+    }
+
+    /// Flash attention's rate follows the kernel call's sequence length (docs/costmodel.md
+    /// §5.2): the fitted rate at 4,096, about 8 % faster at 32,768 per call (L½ = 400 of the
+    /// FlashAttention-3 paper's cuDNN curves), and a ring over 4 CP ranks of 131,072 tokens calls
+    /// the kernel at 32,768 (Ulysses' all-to-all at the whole 131,072).
+    #[test]
+    fn flash_attention_rate_follows_the_kernel_call_length() {
+        let run = |seq: u32, cp: u32, exchange: &str| {
+            let cluster = crate::Cluster {
+                gpu: crate::presets::gpu("h100-sxm").unwrap(),
+                num_gpus: 8,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            };
+            let w = crate::Workload::new(8, seq);
+            let p = Problem::new(crate::presets::model("llama3-8b").unwrap(), cluster, w).unwrap();
+            let plan: Plan = serde_json::from_str(&format!(
+                r#"{{"dp":{},"tp":1,"pp":1,"cp":{cp},"cp_exchange":"{exchange}","micro_batch":1}}"#,
+                8 / cp
+            ))
+            .unwrap();
+            let t = tc(&p, &plan);
+            let att = t.layer_ops(0).attention;
+            let flops = t.tokens
+                * 2.0
+                * att.heads
+                * (att.qk_head_dim + att.v_head_dim)
+                * att.keys_per_query(seq as f64);
+            // The layer's attention time against its FLOPs at the fitted (reference) rate.
+            t.layer_parts(0).attention_fwd * t.device.attention_flops_per_s / flops
+        };
+        let at_ref = run(4096, 1, "ring");
+        assert!((at_ref - 1.0).abs() < 1e-12, "{at_ref}");
+        let long = run(32768, 1, "ring");
+        let expected = (4096.0 + 400.0) / 4096.0 * 32768.0 / (32768.0 + 400.0);
+        assert!((1.0 / long - expected).abs() < 1e-9, "{long} {expected}");
+        assert!(1.0 / long > 1.08, "{long}");
+        let ring = run(131072, 4, "ring");
+        assert!((ring / long - 1.0).abs() < 1e-9, "{ring} {long}");
+        let ulysses = run(131072, 4, "a2a");
+        assert!(ulysses < ring, "{ulysses} {ring}");
+        // Short calls run slower than the reference; no call beats (L_ref + L½)/L_ref.
+        assert!((crate::device::attention_length_factor(2048.0) - 0.918).abs() < 1e-3);
+        assert!(crate::device::attention_length_factor(1e9) < 4496.0 / 4096.0);
     }
 }

@@ -803,6 +803,16 @@ fn gemm_times(
     })
 }
 
+/// Flash attention's rate at each kernel call length of `seqs` relative to the reference length
+/// its `attention_efficiency` holds at (docs/costmodel.md §5.2).
+#[pyfunction]
+fn attention_length_factors(py: Python<'_>, seqs: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let inputs = arg::<Vec<f64>>(seqs, "seqs")?;
+    run(py, inputs, None, |seqs| {
+        core::device::attention_length_factors(&seqs)
+    })
+}
+
 /// Explains one plan axis by axis (sharding, collectives, bytes, fabric, time) on a problem dict.
 #[pyfunction]
 #[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
@@ -1176,6 +1186,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(apply_calibration, m)?)?;
     m.add_function(wrap_pyfunction!(collective_times, m)?)?;
     m.add_function(wrap_pyfunction!(gemm_times, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_length_factors, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(decode_traffic, m)?)?;
     m.add_function(wrap_pyfunction!(rank_orders, m)?)?;
