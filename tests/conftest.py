@@ -48,6 +48,17 @@ def small_space() -> mp.SearchSpace:
 
 
 @pytest.fixture(scope="module")
+def planner() -> Iterator[Any]:
+    """A real :class:`~meshplan.server.PlannerServer` on 127.0.0.1, port 0, two workers, shared by
+    a test module (test files that need another configuration define their own)."""
+    from meshplan.server import PlannerServer, ServerConfig
+
+    server = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
+    yield server
+    server.stop(0).wait()
+
+
+@pytest.fixture(scope="module")
 def planner_client() -> Iterator[Any]:
     """A :class:`~meshplan.client.PlannerClient` on a real server on 127.0.0.1, port 0."""
     from meshplan.client import PlannerClient

@@ -6,7 +6,6 @@ it, and a bad value gets one line naming it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ import meshplan as mp
 from meshplan.cli import main
 from meshplan.client import PlannerClient
 from meshplan.errors import InvalidInputError
-from meshplan.server import PlannerServer, ServerConfig
+from meshplan.server import PlannerServer
 
 MOE = "qwen3-30b-a3b"
 DENSE = "llama3-8b"
@@ -63,13 +62,6 @@ def test_cli_flag_reaches_the_core(capsys: pytest.CaptureFixture[str]) -> None:
         times[value] = json.loads(capsys.readouterr().out)["step_time_s"]
     assert main(CLI) == 0
     assert json.loads(capsys.readouterr().out)["step_time_s"] == times["none"] > times["full"]
-
-
-@pytest.fixture(scope="module")
-def planner() -> Iterator[PlannerServer]:
-    s = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
-    yield s
-    s.stop(0).wait()
 
 
 def test_grpc_carries_the_field(planner: PlannerServer) -> None:

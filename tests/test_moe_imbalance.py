@@ -4,7 +4,6 @@ gRPC take it, it changes MoE times and nothing else, and bad values get one line
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -15,7 +14,7 @@ from meshplan import _core
 from meshplan.cli import main
 from meshplan.client import PlannerClient
 from meshplan.errors import InvalidInputError
-from meshplan.server import PlannerServer, ServerConfig
+from meshplan.server import PlannerServer
 from meshplan.v1 import planner_pb2 as pb
 from meshplan.v1 import planner_pb2_grpc as pb_grpc
 
@@ -104,13 +103,6 @@ def test_cli_bad_values_exit_2_with_one_line(capsys: pytest.CaptureFixture[str],
     assert code == 2 and out == ""
     assert err.startswith("meshplan: error: ") and err.count("\n") == 1, err
     assert "moe_imbalance" in err or "--moe-imbalance" in err, err
-
-
-@pytest.fixture(scope="module")
-def planner() -> Iterator[PlannerServer]:
-    s = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
-    yield s
-    s.stop(0).wait()
 
 
 def test_grpc_carries_the_field(planner: PlannerServer) -> None:

@@ -6,7 +6,6 @@ runs they describe and leave bf16 runs alone, and bad values get one line naming
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ import meshplan as mp
 from meshplan.cli import main
 from meshplan.client import PlannerClient
 from meshplan.errors import InvalidInputError
-from meshplan.server import PlannerServer, ServerConfig
+from meshplan.server import PlannerServer
 
 NANO = "nemotron-3-nano-30b-a3b"
 CLUSTER = mp.Cluster("gb200-nvl72", 8)
@@ -76,13 +75,6 @@ def test_cli_flag_reaches_the_core(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*cli, "--precision-recipe", "fp3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "precision_recipe" in err, err
-
-
-@pytest.fixture(scope="module")
-def planner() -> Iterator[PlannerServer]:
-    s = PlannerServer(ServerConfig(host="127.0.0.1", port=0, workers=2)).start()
-    yield s
-    s.stop(0).wait()
 
 
 def test_grpc_carries_the_fields(planner: PlannerServer) -> None:
