@@ -49,6 +49,18 @@ def test_a_recipe_slows_an_nvfp4_run_and_not_a_bf16_one() -> None:
     assert bf16[0].step_time_s == bf16[1].step_time_s
 
 
+def test_the_fused_expert_mlp_recipe_speeds_an_mxfp8_moe_run_and_needs_mxfp8() -> None:
+    qwen, plan = "qwen3-30b-a3b", "dp=1,tp=1,pp=1,ep=8,micro_batch=4,zero=1"
+    w = mp.Workload(512, 4096, precision="mxfp8", moe_imbalance=1.0)
+    plain = mp.evaluate(qwen, CLUSTER, w, plan)
+    fused = mp.evaluate(
+        qwen, CLUSTER, dataclasses.replace(w, precision_recipe="mxfp8-fused-expert-mlp"), plan)
+    assert fused.step_time_s < plain.step_time_s
+    with pytest.raises(InvalidInputError, match="workload.precision_recipe.*mxfp8"):
+        mp.evaluate(qwen, CLUSTER, dataclasses.replace(
+            w, precision="fp8", precision_recipe="mxfp8-fused-expert-mlp"), plan)
+
+
 def test_mtp_depths_add_time() -> None:
     w = workload(precision="mxfp8")
     plain = mp.evaluate(NANO, CLUSTER, w, PLAN)

@@ -76,7 +76,9 @@ class Workload:
     """Low-precision recipe (a table of the core's ``data/precision.toml``): which linear layers
     an FP8/FP4 run keeps in BF16 or runs in MXFP8, e.g. ``"nemotron3-super-nvfp4"`` (attention,
     latent projections and the LM head BF16, Mamba-2 ``out_proj`` MXFP8, the last 14 layers
-    BF16) or ``"nemotron3-fp8"``. None: every linear of the layers at ``precision``."""
+    BF16), ``"nemotron3-fp8"`` or ``"mxfp8-fused-expert-mlp"`` (mxfp8 only: the routed experts'
+    fused MXFP8 grouped MLP, no element-wise pass for their activation). None: every linear of
+    the layers at ``precision``."""
     cross_entropy_in_place: bool = False
     """The fused loss computes its gradient during the forward into the 16-bit logits and keeps
     only them, 2 bytes per logit (TransformerEngine's ``parallel_cross_entropy``, Megatron

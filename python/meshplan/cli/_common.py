@@ -84,7 +84,8 @@ def problem_flags() -> Parser:
     g.add_argument(
         "--precision-recipe", default=None, metavar="NAME",
         help="low-precision recipe of an fp8/mxfp8/nvfp4 run (data/precision.toml): which linears "
-        "stay BF16 or run MXFP8, e.g. nemotron3-super-nvfp4, nemotron3-fp8 (default: none)",
+        "stay BF16 or run MXFP8, e.g. nemotron3-super-nvfp4, nemotron3-fp8, "
+        "mxfp8-fused-expert-mlp (default: none)",
     )
     g.add_argument(
         "--cuda-graphs", default="none", choices=("none", "partial", "full"),

@@ -62,6 +62,12 @@ pub struct PrecisionRecipe {
     /// The multi-token-prediction layers run in BF16 (Megatron-Bridge `keep_mtp_spec_in_bf16`).
     #[serde(default)]
     pub mtp_bf16: bool,
+    /// The routed experts' MLP runs as Transformer Engine's fused MXFP8 grouped MLP (the
+    /// CuTeDSL kernels behind `NVTE_CUTEDSL_FUSED_GROUPED_MLP`): the expert activation is
+    /// computed in the GEMM epilogues, forward and backward, so its element-wise pass
+    /// (the stack's `expert_activation_bytes_per_width`) is not charged. MXFP8 workloads only.
+    #[serde(default)]
+    pub fused_expert_mlp: bool,
     #[serde(default)]
     bf16: Vec<RoleName>,
     #[serde(default)]

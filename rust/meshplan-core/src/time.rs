@@ -250,7 +250,12 @@ impl<'a> TimeContext<'a> {
                 .stack
                 .replicated_elementwise_bytes_per_hidden,
             routed_copy_bytes_per_hidden: self.stack.routed_copy_bytes_per_hidden,
-            expert_activation_bytes_per_width: self.stack.expert_activation_bytes_per_width,
+            // A recipe's fused expert MLP computes the activation in the GEMM epilogues.
+            expert_activation_bytes_per_width: if self.recipe.is_some_and(|r| r.fused_expert_mlp) {
+                0.0
+            } else {
+                self.stack.expert_activation_bytes_per_width
+            },
             adapters: self.problem.workload.adapters(),
             dequant_bytes_per_param: if self.problem.workload.lora
                 && crate::memory::dequantises(self.problem)
@@ -1492,6 +1497,56 @@ mod tests {
         let step = |c: &DpCollective| c.calls * c.cost.bandwidth_s;
         let half = unit_gather("deepspeed", 768);
         assert!((step(&ds) / step(&half) - 1.0).abs() < 1e-3);
+    }
+
+    #[test]
+    fn the_fused_expert_mlp_recipe_drops_only_the_expert_activation_pass() {
+        // Qwen3-30B-A3B on 8 GB200 in MXFP8 (ep 8), as Megatron-Bridge's 26.06 recipe runs it.
+        let run = |recipe: Option<&str>| {
+            let cluster = crate::Cluster {
+                gpu: crate::presets::gpu("gb200-nvl72").unwrap(),
+                num_gpus: 8,
+                gpus_per_node: None,
+                nvlink_domain: None,
+            };
+            let mut w = crate::Workload::new(512, 4096);
+            w.precision = Precision::Mxfp8;
+            w.precision_recipe = recipe.map(str::to_string);
+            let model = crate::presets::model("qwen3-30b-a3b").unwrap();
+            let p = Problem::new(model, cluster, w).unwrap();
+            let plan: Plan =
+                serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1,"ep":8,"micro_batch":4}"#).unwrap();
+            let tc = tc(&p, &plan);
+            let kind = tc.model().layer_kinds().specs().len() - 1;
+            let ops = tc.layer_ops(kind);
+            (ops, tc.stack.expert_activation_bytes_per_width)
+        };
+        let (plain, act) = run(None);
+        let (fused, _) = run(Some("mxfp8-fused-expert-mlp"));
+        // What goes is the expert activation's pass (the moe_act module's bytes: each routed
+        // copy's act · f_e), no more.
+        assert_eq!(act, 6.0);
+        let removed = plain.module_elementwise_bytes[RecomputeModule::MoeAct.index()];
+        assert!(removed > 0.0);
+        let got = plain.routed_elementwise_bytes - fused.routed_elementwise_bytes;
+        assert!((got - removed).abs() < 1e-6 * removed, "{got} vs {removed}");
+        // The permute/unpermute bytes and every other term stay.
+        assert!(fused.routed_elementwise_bytes > 0.0);
+        assert_eq!(plain.elementwise_bytes, fused.elementwise_bytes);
+    }
+
+    #[test]
+    fn the_fused_expert_mlp_recipe_needs_an_mxfp8_workload() {
+        let mut w = crate::Workload::new(512, 4096);
+        w.precision = Precision::Fp8;
+        w.precision_recipe = Some("mxfp8-fused-expert-mlp".to_string());
+        let e = w.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("workload.precision_recipe") && e.contains("mxfp8"),
+            "{e}"
+        );
+        w.precision = Precision::Mxfp8;
+        w.validate().unwrap();
     }
 
     #[test]

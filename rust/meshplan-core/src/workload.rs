@@ -333,7 +333,15 @@ impl Workload {
         }
         crate::stack::Stack::named(&self.stack)?;
         if let Some(name) = &self.precision_recipe {
-            crate::precision::PrecisionRecipe::named(name)?;
+            let recipe = crate::precision::PrecisionRecipe::named(name)?;
+            if recipe.fused_expert_mlp && self.precision != Precision::Mxfp8 {
+                return Err(Error::invalid(
+                    "workload.precision_recipe",
+                    name,
+                    "a recipe without fused_expert_mlp: the fused expert MLP runs in MXFP8 only \
+                     (workload.precision mxfp8)",
+                ));
+            }
         }
         Ok(())
     }
