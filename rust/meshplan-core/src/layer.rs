@@ -2421,15 +2421,11 @@ mod tests {
         let m = crate::presets::model("llama3-70b").unwrap();
         let spec = m.layer_kinds().specs()[0];
         let fused = Adapters {
-            rank: 16.0,
-            q: false,
-            k: false,
-            v: false,
             qkv: true,
             o: true,
-            mlp: false,
             fc1: true,
             fc2: true,
+            ..adapters(16.0, false, false, false)
         };
         let (h, f) = (8192.0, 28672.0);
         let expected =

@@ -611,12 +611,7 @@ mod tests {
     fn llama2_7b_on_8_h100() -> Problem {
         crate::Problem::new(
             llama2_7b(),
-            crate::hardware::Cluster {
-                gpu: crate::presets::gpu("h100-sxm").unwrap(),
-                num_gpus: 8,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            },
+            crate::presets::cluster("h100-sxm", 8),
             crate::Workload::new(8, 4096),
         )
         .unwrap()
@@ -715,12 +710,7 @@ mod tests {
             m.mtp_pattern = mtp.map(|_| "*E".to_string());
             crate::Problem::new(
                 m,
-                crate::hardware::Cluster {
-                    gpu: crate::presets::gpu("gb200-nvl72").unwrap(),
-                    num_gpus: 8,
-                    gpus_per_node: None,
-                    nvlink_domain: None,
-                },
+                crate::presets::cluster("gb200-nvl72", 8),
                 crate::Workload::new(64, 8192),
             )
             .unwrap()
@@ -762,12 +752,7 @@ mod tests {
         // Qwen3-30B-A3B on one H100 rank of eight (EP 8), 4096 tokens, every layer on the rank.
         let problem = crate::Problem::new(
             crate::presets::model("qwen3-30b-a3b").unwrap(),
-            crate::hardware::Cluster {
-                gpu: crate::presets::gpu("h100-sxm").unwrap(),
-                num_gpus: 8,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            },
+            crate::presets::cluster("h100-sxm", 8),
             crate::Workload::new(8, 4096),
         )
         .unwrap();

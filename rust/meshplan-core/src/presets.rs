@@ -235,6 +235,17 @@ pub fn gpu(name: &str) -> Result<Gpu> {
     lookup(gpus(), "gpu", name)
 }
 
+/// Tests' cluster: `n` GPUs of the preset `gpu`, nodes and NVLink domains as the preset has them.
+#[cfg(test)]
+pub(crate) fn cluster(gpu: &str, n: u32) -> crate::hardware::Cluster {
+    crate::hardware::Cluster {
+        gpu: self::gpu(gpu).unwrap(),
+        num_gpus: n,
+        gpus_per_node: None,
+        nvlink_domain: None,
+    }
+}
+
 /// Where each calibration constant of the GPU preset `name` comes from ([`crate::provenance`]).
 pub fn gpu_provenance(name: &str) -> Result<Provenance> {
     lookup(provenances(), "gpu", name)

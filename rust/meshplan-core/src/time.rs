@@ -1425,12 +1425,7 @@ mod tests {
         let mut model = crate::presets::model("nemotron-3-nano-30b-a3b").unwrap();
         model.mtp_layers = mtp;
         model.mtp_pattern = mtp.map(|_| "*E".to_string());
-        let cluster = crate::Cluster {
-            gpu: crate::presets::gpu("gb200-nvl72").unwrap(),
-            num_gpus: 8,
-            gpus_per_node: None,
-            nvlink_domain: None,
-        };
+        let cluster = crate::presets::cluster("gb200-nvl72", 8);
         let mut w = crate::Workload::new(64, 8192);
         w.precision = Precision::Nvfp4;
         w.precision_recipe = recipe.map(str::to_string);
@@ -1446,12 +1441,7 @@ mod tests {
 
     /// GPT-3 175B under ZeRO-3 over `gpus` A100s (one sequence of 2,048 per GPU) on `stack`.
     fn zero3_gpt3(stack: &str, gpus: u32) -> (Problem, Plan) {
-        let cluster = crate::Cluster {
-            gpu: crate::presets::gpu("a100-sxm-80g").unwrap(),
-            num_gpus: gpus,
-            gpus_per_node: None,
-            nvlink_domain: None,
-        };
+        let cluster = crate::presets::cluster("a100-sxm-80g", gpus);
         let mut w = crate::Workload::new(gpus, 2048);
         w.precision = Precision::Fp16;
         w.grad_bytes = 2;
@@ -1503,12 +1493,7 @@ mod tests {
     fn the_fused_expert_mlp_recipe_drops_only_the_expert_activation_pass() {
         // Qwen3-30B-A3B on 8 GB200 in MXFP8 (ep 8), as Megatron-Bridge's 26.06 recipe runs it.
         let run = |recipe: Option<&str>| {
-            let cluster = crate::Cluster {
-                gpu: crate::presets::gpu("gb200-nvl72").unwrap(),
-                num_gpus: 8,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            };
+            let cluster = crate::presets::cluster("gb200-nvl72", 8);
             let mut w = crate::Workload::new(512, 4096);
             w.precision = Precision::Mxfp8;
             w.precision_recipe = recipe.map(str::to_string);
@@ -1811,12 +1796,7 @@ mod tests {
         // mlp_bwd + mlp_fwd, combine_fwd ∥ attn_bwd), and while it runs its kernels hold the
         // stack's ep_comm_sms (Megatron's moe_deepep_num_sms, 20) of the SMs (§3.7).
         let model = crate::presets::model("deepseek-v3").unwrap();
-        let cluster = crate::Cluster {
-            gpu: crate::presets::gpu("b200").unwrap(),
-            num_gpus: 32,
-            gpus_per_node: None,
-            nvlink_domain: None,
-        };
+        let cluster = crate::presets::cluster("b200", 32);
         let mut w = crate::Workload::new(128, 4096);
         w.precision = Precision::Fp8;
         let p = Problem::new(model, cluster, w).unwrap();
@@ -1905,12 +1885,7 @@ mod tests {
         // the MoE layer's weight-gradient time is at least those bytes at HBM speed — more than
         // FP8 outputs (1 byte) would cost.
         let model = crate::presets::model("deepseek-v3").unwrap();
-        let cluster = crate::Cluster {
-            gpu: crate::presets::gpu("b200").unwrap(),
-            num_gpus: 8,
-            gpus_per_node: None,
-            nvlink_domain: None,
-        };
+        let cluster = crate::presets::cluster("b200", 8);
         let mut w = crate::Workload::new(64, 4096);
         w.precision = Precision::Fp8;
         let p = Problem::new(model, cluster, w).unwrap();
@@ -2002,12 +1977,7 @@ mod tests {
     /// Qwen3-30B-A3B on 8 B200 at EP 8 with the alltoall dispatcher, micro-batch `mbs`, under
     /// `graphs` (`model`: another preset on the same plan).
     fn qwen3_30b(model: &str, mbs: u32, graphs: CudaGraphs) -> (Problem, Plan) {
-        let cluster = crate::Cluster {
-            gpu: crate::presets::gpu("b200").unwrap(),
-            num_gpus: 8,
-            gpus_per_node: None,
-            nvlink_domain: None,
-        };
+        let cluster = crate::presets::cluster("b200", 8);
         let mut w = crate::Workload::new(512, 4096);
         w.precision = Precision::Mxfp8;
         w.cuda_graphs = graphs;
@@ -2075,12 +2045,7 @@ mod tests {
     #[test]
     fn flash_attention_rate_follows_the_kernel_call_length() {
         let run = |seq: u32, cp: u32, exchange: &str| {
-            let cluster = crate::Cluster {
-                gpu: crate::presets::gpu("h100-sxm").unwrap(),
-                num_gpus: 8,
-                gpus_per_node: None,
-                nvlink_domain: None,
-            };
+            let cluster = crate::presets::cluster("h100-sxm", 8);
             let w = crate::Workload::new(8, seq);
             let p = Problem::new(crate::presets::model("llama3-8b").unwrap(), cluster, w).unwrap();
             let plan: Plan = serde_json::from_str(&format!(

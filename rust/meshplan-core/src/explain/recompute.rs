@@ -2,8 +2,7 @@
 //! §5.4): each module of the plan, what it stops storing and what it replays.
 
 use super::*;
-use crate::layer::{recompute_discarded_bytes_per_token, Shard};
-use crate::memory::linear_input_bytes;
+use crate::memory::module_discards;
 use crate::plan::{RecomputeModule, RecomputeModules};
 
 /// One recompute module of a plan on the worst (slowest) pipeline rank, per micro-batch.
@@ -46,27 +45,19 @@ impl Ctx<'_> {
         let kinds = model.layer_kinds();
         let tc = TimeContext::new(problem, self.plan, self.groups);
         let parts: Vec<_> = (0..kinds.len()).map(|k| tc.layer_parts(k)).collect();
-        let shard = Shard::of(self.plan);
-        let li = linear_input_bytes(problem.workload.precision);
-        let adapters = problem.workload.adapters();
         modules
             .iter()
             .map(|m| {
-                let alone = RecomputeModules::of(&[m]);
+                // What memory (module_discards) frees per token for this module alone.
+                let mut alone = self.plan.clone();
+                alone.recompute_modules = Some(RecomputeModules::of(&[m]));
+                let (discarded, _) = module_discards(problem, &alone);
                 let (mut bytes, mut seconds, mut layers) = (0.0, 0.0, 0);
-                for ((kind, n), spec) in self.worst.kinds.iter().zip(kinds.specs()) {
+                for (kind, n) in self.worst.kinds.iter().take(kinds.len()) {
                     if n == 0 {
                         continue;
                     }
-                    let (saved, _) = recompute_discarded_bytes_per_token(
-                        model,
-                        spec,
-                        &shard,
-                        problem.workload.moe_imbalance,
-                        li,
-                        adapters.as_ref(),
-                        alone,
-                    );
+                    let saved = discarded[kind];
                     let p = &parts[kind];
                     let mut replay = p.modules.compute[m.index()] + p.modules.tp[m.index()];
                     if m == RecomputeModule::Moe {

@@ -7,12 +7,7 @@ use crate::presets;
 use crate::workload::Workload;
 
 fn cluster(gpu: &str, n: u32) -> Cluster {
-    Cluster {
-        gpu: presets::gpu(gpu).unwrap(),
-        num_gpus: n,
-        gpus_per_node: None,
-        nvlink_domain: None,
-    }
+    presets::cluster(gpu, n)
 }
 
 fn problem(model: Model, gpu: &str, n: u32, global_batch: u32, seq_len: u32) -> Problem {

@@ -727,15 +727,10 @@ mod tests {
         let p = problem("deepseek-v3", 8);
         let tm = TimeModel::new(&p);
         let tp8 = Worker {
-            tp: 8,
-            pp: 1,
-            attention_dp: 1,
             ep: 8,
             expert_tp: 1,
             max_sequences: 64,
-            max_batched_tokens: None,
-            kv_tokens: None,
-            output_lag_steps: None,
+            ..worker(8)
         };
         let adp8 = Worker {
             tp: 1,
@@ -756,15 +751,10 @@ mod tests {
         let p = problem("deepseek-v3", 8);
         let tm = TimeModel::new(&p);
         let w = Worker {
-            tp: 1,
-            pp: 1,
             attention_dp: 8,
-            ep: 1,
             expert_tp: 8,
             max_sequences: 128,
-            max_batched_tokens: None,
-            kv_tokens: None,
-            output_lag_steps: None,
+            ..worker(1)
         };
         let g = worker_groups(&w, tm.domain);
         assert_eq!(g.expert_tp.size, 8);
