@@ -424,12 +424,18 @@ impl<'a> TimeContext<'a> {
         let mut experts = LinearTimes::default();
         // Each linear's forward also goes to the recompute modules it belongs to (§5.4).
         let mut replay = ModuleReplay::default();
+        // The grouped (routed-expert) GEMMs' forward and how many expert GEMMs the host issues.
+        let (mut grouped_fwd, mut grouped_issued) = (0.0, 0.0);
         for gemm in ops.gemms() {
             let mut one = LinearTimes::default();
             self.linear(&mut one, gemm, mode);
             g.fwd += one.fwd;
             g.dgrad += one.dgrad;
             g.wgrad += one.wgrad;
+            if gemm.grouped {
+                grouped_fwd += one.fwd;
+                grouped_issued += gemm.repeat;
+            }
             if matches!(gemm.role, GemmRole::RoutedExpert | GemmRole::SharedExpert) {
                 experts.fwd += one.fwd;
                 experts.dgrad += one.dgrad;
@@ -447,7 +453,7 @@ impl<'a> TimeContext<'a> {
         // local expert (Transformer Engine's GroupedLinear): it takes at least the issue time of
         // its grouped GEMMs' experts (stack `grouped_gemm_expert_issue_us`, §5.2.1). The backward
         // has no such synchronisation: the host issues it ahead of the device.
-        let issue = self.expert_issue_excess_s(&ops, mode);
+        let issue = self.expert_issue_excess(grouped_issued, grouped_fwd);
         g.fwd += issue;
         experts.fwd += issue;
         for m in RecomputeModule::ALL {
@@ -732,23 +738,30 @@ impl<'a> TimeContext<'a> {
         (host / 3.0, 2.0 * host / 3.0)
     }
 
-    /// Seconds by which the host's issue of a layer's routed-expert grouped GEMMs (the stack's
+    /// Seconds by which the host's issue of a layer's `issued` routed-expert GEMMs (the stack's
     /// `grouped_gemm_expert_issue_us` per local expert and grouped GEMM) exceeds their forward
-    /// on the device: what the forward of the expert block adds for being host-bound (§5.2.1).
-    /// 0 without routed experts, where the stack names no issue time, or under CUDA graphs that
-    /// cover the MoE block (`workload.cuda_graphs = full`: the graph replays the launches).
-    fn expert_issue_excess_s(&self, ops: &LayerOps, mode: LinearMode) -> f64 {
+    /// on the device, `grouped_fwd` seconds: what the forward of the expert block adds for being
+    /// host-bound (§5.2.1). 0 without routed experts, where the stack names no issue time, or
+    /// under CUDA graphs that cover the MoE block (`workload.cuda_graphs = full`: the graph
+    /// replays the launches). `layer_parts_at` accumulates both inputs in its pass over the GEMMs.
+    fn expert_issue_excess(&self, issued: f64, grouped_fwd: f64) -> f64 {
         let per_expert = self.stack.grouped_gemm_expert_issue_us * 1e-6;
         if per_expert <= 0.0 || self.problem.workload.cuda_graphs == CudaGraphs::Full {
             return 0.0;
         }
+        (issued * per_expert - grouped_fwd).max(0.0)
+    }
+
+    /// [`Self::expert_issue_excess`] of layer `ops`, its grouped GEMMs timed on their own.
+    #[cfg(test)]
+    fn expert_issue_excess_s(&self, ops: &LayerOps, mode: LinearMode) -> f64 {
         let mut routed = LinearTimes::default();
         let mut issued = 0.0;
         for gemm in ops.gemms().iter().filter(|g| g.grouped) {
             self.linear(&mut routed, gemm, mode);
             issued += gemm.repeat;
         }
-        (issued * per_expert - routed.fwd).max(0.0)
+        self.expert_issue_excess(issued, routed.fwd)
     }
 
     /// Exposed seconds of an EP exchange of `raw` seconds overlapped with `compute` seconds of
