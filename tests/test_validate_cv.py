@@ -90,25 +90,68 @@ def test_leave_one_gpu_out_never_uses_the_held_out_gpus_own_fit() -> None:
 
 
 def test_a_held_out_gpu_is_predicted_from_its_microbenchmark() -> None:
-    """The prior is the GPU's measured BF16 matmul fraction times the median, over the fitted
-    groups of the same precision whose GPU has a fact, of fitted / fact (16-bit pooled)."""
-    from meshplan.validation import matmul_fact, matmul_prior
+    """The prior is the core's rule for a GPU without fits (``device::gemm_efficiency``): the GPU's
+    matmul fraction at the precision (else at BF16), measured or derived, times the realisation:
+    the median, over the fitted groups whose fraction is *measured at that precision* (a BF16 MAMF
+    serves FP16), of fitted / fraction, all precisions pooled."""
+    from meshplan.validation import matmul_fact, matmul_prior, matmul_realisation
 
-    h100, a100, b200 = (matmul_fact(g, {}) for g in ("h100-sxm", "a100-sxm-80g", "b200"))
-    assert h100 == pytest.approx(0.803) and a100 == pytest.approx(0.869) and b200 == pytest.approx(0.734)
+    a100, h100, h100_fp8 = matmul_fact("a100-sxm-80g", {}), matmul_fact("h100-sxm", {}), matmul_fact("h100-sxm", {}, "fp8")
+    b200, b200_fp8, b200_mx = (matmul_fact("b200", {}, p) for p in ("bf16", "fp8", "mxfp8"))
+    assert (a100, h100, h100_fp8) == pytest.approx((0.869, 0.803, 0.709))
+    assert (b200, b200_fp8, b200_mx) == pytest.approx((0.776, 0.763, 0.711))
+    assert matmul_fact("gb200-nvl72", {}, "mxfp8") == pytest.approx(0.674)  # derived from b200's ratio
+    assert matmul_fact("b300", {}, "nvfp4") == pytest.approx(0.786)  # no FP4 figure: its BF16 one
     assert matmul_fact("h100-sxm-96g", {}) is None  # 500 W cap: no microbenchmark on record
     fitted = {("a100-sxm-80g", "fp16"): 0.80, ("h100-sxm", "bf16"): 0.75, ("h100-sxm", "fp8"): 0.69,
-              ("h100-sxm-96g", "bf16"): 0.40}
-    # 16-bit: ratios 0.80/0.869 and 0.75/0.803 (h100-sxm-96g has no fact and does not vote).
-    expected = b200 * statistics.median([0.80 / a100, 0.75 / h100])
-    assert matmul_prior(("b200", "bf16"), fitted, {}) == pytest.approx(expected, abs=1e-4)
-    assert matmul_prior(("b200", "fp8"), fitted, {}) == pytest.approx(b200 * 0.69 / h100, abs=1e-4)
-    assert matmul_prior(("b200", "mxfp8"), fitted, {}) is None  # no fitted group at MXFP8
+              ("b200", "fp8"): 0.60, ("gb200-nvl72", "mxfp8"): 0.53, ("h100-sxm-96g", "bf16"): 0.40}
+    # Voters: A100 FP16 against its BF16 MAMF, H100 BF16 and FP8, B200 FP8, each at its own
+    # precision; GB200's MXFP8 fraction is derived and h100-sxm-96g has none: they do not vote.
+    r = statistics.median([0.80 / a100, 0.75 / h100, 0.69 / h100_fp8, 0.60 / b200_fp8])
+    assert matmul_realisation(fitted, {}) == pytest.approx(r)
+    assert matmul_prior(("b200", "bf16"), fitted, {}) == pytest.approx(b200 * r, abs=1e-4)
+    # FP8 takes the FP8 fraction and the pooled realisation; the old per-precision rule (BF16
+    # fraction x the FP8 groups' fitted / BF16 fraction) gave 0.776 x 0.816 = 0.633 here.
+    assert matmul_prior(("b200", "fp8"), fitted, {}) == pytest.approx(b200_fp8 * r, abs=1e-4)
+    assert matmul_prior(("b200", "fp8"), fitted, {}) == pytest.approx(0.7075, abs=1e-3)
+    # A precision no fitted group has is still priced from the GPU's own fraction there.
+    assert matmul_prior(("b200", "mxfp8"), fitted, {}) == pytest.approx(b200_mx * r, abs=1e-4)
+    assert matmul_prior(("gb200-nvl72", "mxfp8"), fitted, {}) == pytest.approx(0.674 * r, abs=1e-4)
+    assert matmul_prior(("b300", "nvfp4"), fitted, {}) == pytest.approx(0.786 * r, abs=1e-4)
     assert matmul_prior(("h100-sxm-96g", "bf16"), fitted, {}) is None
-    # A calibration override states a user's own microbenchmark.
+    assert matmul_realisation({("h100-sxm-96g", "bf16"): 0.40}, {}) is None
+    # A calibration override states a user's own microbenchmark: measured, so it votes too.
     base = {"h100-sxm-96g": {"matmul_efficiency": {"bf16": 0.7}}}
     assert matmul_fact("h100-sxm-96g", base) == 0.7
-    assert matmul_prior(("h100-sxm-96g", "bf16"), fitted, base) is not None
+    r_user = statistics.median([0.80 / a100, 0.75 / h100, 0.69 / h100_fp8, 0.60 / b200_fp8, 0.40 / 0.7])
+    assert matmul_realisation(fitted, base) == pytest.approx(r_user)
+    assert matmul_prior(("h100-sxm-96g", "bf16"), fitted, base) == pytest.approx(0.7 * r_user, abs=1e-4)
+
+
+def test_the_shipped_realisation_is_the_median_of_the_measured_pairs() -> None:
+    """data/device.toml ``matmul_realisation`` follows its stated rule on the shipped presets: the
+    median, over the (GPU, precision) whose gemm_efficiency is fitted and whose matmul_efficiency
+    is measured at that precision (16-bit pooled), of the ratio of the two."""
+    import tomllib
+
+    from meshplan import _core
+
+    ratios = []
+    for gpu in _core.gpu_presets():
+        cal = _core.gpu_preset(gpu)["calibration"]
+        kinds = _core.gpu_provenance(gpu)["constants"]
+        kind = lambda key: (kinds.get(key) or {}).get("kind")  # noqa: E731
+        for precision, value in (cal.get("gemm_efficiency") or {}).items():
+            if value is None or kind(f"gemm_efficiency.{precision}") != "fitted":
+                continue
+            same = ("bf16", "fp16") if precision in ("bf16", "fp16") else (precision,)
+            facts = [(cal.get("matmul_efficiency") or {}).get(p) for p in same
+                     if kind(f"matmul_efficiency.{p}") == "measured"]
+            if facts and facts[0] is not None:
+                ratios.append(value / facts[0])
+    assert len(ratios) >= 8
+    device = tomllib.loads((REPO_CASES.parent.parent / "rust" / "meshplan-core" / "data" / "device.toml").read_text())
+    assert device["matmul_realisation"] == pytest.approx(statistics.median(ratios), abs=0.005)
 
 
 def test_leave_one_source_out_groups_by_id_prefix() -> None:
@@ -156,9 +199,12 @@ def test_leave_one_stack_out_groups_by_the_stack_that_ran_each_case() -> None:
     assert groups["maxtext"]["n"] == 5
     assert sum(s["n"] for s in groups.values()) == cv.summary["throughput"]["n"]
     # A held-out stack's GEMM efficiencies are fitted without its runs: the megatron-core fold
-    # trains on the other stacks' few runs only, so most of its efficiencies are fleet medians.
+    # trains on the other stacks' few runs only, so most of its efficiencies are priors from
+    # hardware facts (every GPU it runs on has a matmul microbenchmark on record).
     fold = next(f for f in cv.folds if f["group"] == "megatron-core")
-    assert "fleet median" in fold["origin"].values()
+    origins = list(fold["origin"].values())
+    assert origins.count("matmul fact") > len(origins) / 2, fold["origin"]
+    assert set(origins) <= {"fitted", "matmul fact", "fleet median"}
     assert cv.summary["by_stack"].keys() == groups.keys()
 
 

@@ -236,21 +236,53 @@ def fit_gemm_efficiency(
 
 
 SIXTEEN_BIT = ("bf16", "fp16")
-"""Precisions that run at the same tensor-core rate, pooled when realisation ratios are compared."""
+"""Precisions that run at the same tensor-core rate."""
 
 
-def matmul_fact(gpu: str, base: Mapping[str, Any]) -> Optional[float]:
-    """The BF16 maximum-achievable-matmul fraction of ``gpu`` (its preset's
-    ``calibration.matmul_efficiency.bf16``, overridden by ``base``), or None when no
-    microbenchmark is on record (a user GPU, a power-capped SKU)."""
-    presets = _core.gpu_presets()
-    table: dict[str, Any] = {}
-    if gpu in presets:
-        table.update(_core.gpu_preset(gpu)["calibration"].get("matmul_efficiency") or {})
+def _matmul_table(gpu: str, base: Mapping[str, Any]) -> dict[str, tuple[float, bool]]:
+    """``gpu``'s maximum-achievable-matmul fractions by precision (its preset's
+    ``calibration.matmul_efficiency``, overridden by ``base``), each with whether it is measured:
+    the preset's provenance says ``measured`` (not ``derived`` from a sibling or another
+    precision), and an override is the user's own microbenchmark."""
+    table: dict[str, tuple[float, bool]] = {}
+    if gpu in _core.gpu_presets():
+        kinds = _core.gpu_provenance(gpu)["constants"]
+        for precision, value in (_core.gpu_preset(gpu)["calibration"].get("matmul_efficiency") or {}).items():
+            if value is not None:
+                kind = (kinds.get(f"matmul_efficiency.{precision}") or {}).get("kind")
+                table[precision] = (float(value), kind == "measured")
     for key in ("*", gpu):
-        table.update((base.get(key) or {}).get("matmul_efficiency") or {})
-    value = table.get("bf16")
-    return float(value) if value is not None else None
+        for precision, value in ((base.get(key) or {}).get("matmul_efficiency") or {}).items():
+            if value is not None:
+                table[precision] = (float(value), True)
+    return table
+
+
+def matmul_fact(gpu: str, base: Mapping[str, Any], precision: str = "bf16") -> Optional[float]:
+    """``gpu``'s maximum-achievable-matmul fraction at ``precision``, else at BF16 (as the core's
+    ``device::gemm_efficiency`` falls back), measured or derived; None when no microbenchmark is
+    on record (a user GPU, a power-capped SKU)."""
+    table = _matmul_table(gpu, base)
+    fact = table.get(precision) or table.get("bf16")
+    return fact[0] if fact is not None else None
+
+
+def matmul_realisation(
+    fitted: Mapping[tuple[str, str], float], base: Mapping[str, Any]
+) -> Optional[float]:
+    """What training runs realise of the matmul microbenchmark, refitted on ``fitted`` by the rule
+    of ``data/device.toml`` ``matmul_realisation``: the median, over the fitted (GPU, precision)
+    groups whose matmul fraction is *measured at that precision* (BF16 and FP16 are one tensor-core
+    rate: a measured BF16 fraction serves an FP16 group), of fitted efficiency / fraction; None when
+    no fitted group has one."""
+    ratios = []
+    for (gpu, precision), value in fitted.items():
+        table = _matmul_table(gpu, base)
+        same_rate = SIXTEEN_BIT if precision in SIXTEEN_BIT else (precision,)
+        measured = [fact for p, (fact, is_measured) in table.items() if p in same_rate and is_measured]
+        if measured:
+            ratios.append(value / measured[0])
+    return statistics.median(ratios) if ratios else None
 
 
 def matmul_prior(
@@ -258,26 +290,20 @@ def matmul_prior(
     fitted: Mapping[tuple[str, str], float],
     base: Mapping[str, Any],
 ) -> Optional[float]:
-    """GEMM efficiency of a (GPU, precision) no training run fitted, from hardware facts: the GPU's
-    measured BF16 matmul fraction (:func:`matmul_fact`) times the median, over the fitted groups
-    of the same precision (16-bit precisions pooled) whose GPU has one, of fitted efficiency over
-    that GPU's BF16 matmul fraction; None when the GPU has no fact or no fitted group has one.
+    """GEMM efficiency of a (GPU, precision) no training run fitted, from hardware facts, by the
+    rule the core applies to a GPU without fitted efficiencies (``device::gemm_efficiency``): the
+    GPU's matmul fraction at that precision (else at BF16, :func:`matmul_fact`) times the
+    realisation ratio, refitted on ``fitted`` (:func:`matmul_realisation`, the fold's own
+    ``matmul_realisation``); None when the GPU has no fact or no fitted group has a measured one.
 
     A GPU's fitted efficiency is mostly its microbenchmark times how much of it the software
     realises (0.91-0.98 for the Megatron sources, docs/costmodel.md §5.2), so a held-out GPU is
     predicted from its own hardware rather than from the other GPUs' median."""
-    fact = matmul_fact(key[0], base)
-    if fact is None:
+    fact = matmul_fact(key[0], base, key[1])
+    realisation = matmul_realisation(fitted, base)
+    if fact is None or realisation is None:
         return None
-    same_class = (lambda p: p in SIXTEEN_BIT) if key[1] in SIXTEEN_BIT else (lambda p: p == key[1])
-    ratios = []
-    for (gpu, precision), value in fitted.items():
-        other = matmul_fact(gpu, base)
-        if other is not None and same_class(precision):
-            ratios.append(value / other)
-    if not ratios:
-        return None
-    return round(fact * statistics.median(ratios), 4)
+    return round(fact * realisation, 4)
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -391,5 +417,5 @@ def cross_validate(
 __all__ = [
     "validate", "calibrated", "calibration_text", "calibration_mapping", "ValidationReport",
     "CalibrationLike", "fit_gemm_efficiency", "cross_validate", "CrossValidationReport",
-    "summarize", "throughput_stats", "matmul_fact", "matmul_prior", "source_family", "case_stacks", "CROSS_VALIDATION_GROUPS",
+    "summarize", "throughput_stats", "matmul_fact", "matmul_realisation", "matmul_prior", "source_family", "case_stacks", "CROSS_VALIDATION_GROUPS",
 ]
