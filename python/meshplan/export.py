@@ -70,11 +70,21 @@ def stack_profile(name: str) -> dict[str, Any]:
     raise InvalidInputError(f"invalid workload.stack: {name!r} (allowed: one of {known})")
 
 
-def rank_layers(layers: int, pp: int) -> list[int]:
+def rank_layers(
+    layers: int, pp: int, first: Optional[int] = None, last: Optional[int] = None
+) -> list[int]:
     """Layers on each pipeline rank as the cost model splits them (core ``stages.rs``): ``L/pp``
-    each, the remainder to the middle ranks first, then the last, then the first."""
+    each, the remainder to the middle ranks first, then the last, then the first; with the
+    first and/or last rank's count fixed (``Plan.first_stage_layers``/``last_stage_layers``),
+    those, and the other ranks an equal share of the rest."""
     if pp == 1:
         return [layers]
+    if first is not None or last is not None:
+        free = pp - (first is not None) - (last is not None)
+        share = (layers - (first or 0) - (last or 0)) // free if free else 0
+        return [share if first is None else first] + [share] * (pp - 2) + [
+            share if last is None else last
+        ]
     base, rem = divmod(layers, pp)
     middle = pp - 2
     extra_middle = min(rem, middle)
@@ -84,12 +94,15 @@ def rank_layers(layers: int, pp: int) -> list[int]:
     return counts
 
 
-def chunk_layers(layers: int, pp: int, vpp: int) -> list[int]:
+def chunk_layers(
+    layers: int, pp: int, vpp: int, first: Optional[int] = None, last: Optional[int] = None
+) -> list[int]:
     """Layers of each model chunk in model order (chunk ``c`` of rank ``r`` is entry ``c·pp + r``):
-    each rank's layers split as evenly as its ``vpp`` chunks allow, the extra ones to chunks
-    other than the embedding's (rank 0, chunk 0) and the loss's (last rank, last chunk)."""
+    each rank's layers (:func:`rank_layers`) split as evenly as its ``vpp`` chunks allow, the
+    extra ones to chunks other than the embedding's (rank 0, chunk 0) and the loss's (last
+    rank, last chunk)."""
     out = [0] * (pp * vpp)
-    for r, n in enumerate(rank_layers(layers, pp)):
+    for r, n in enumerate(rank_layers(layers, pp, first, last)):
         q, extra = divmod(n, vpp)
         ends = {0} if r == 0 else set()
         if r == pp - 1:
@@ -100,22 +113,26 @@ def chunk_layers(layers: int, pp: int, vpp: int) -> list[int]:
     return out
 
 
-def megatron_layout(layers: int, pp: int, vpp: int) -> str:
+def megatron_layout(
+    layers: int, pp: int, vpp: int, first: Optional[int] = None, last: Optional[int] = None
+) -> str:
     """Megatron's ``--pipeline-model-parallel-layout`` for the modelled split: stages in model
     order separated by ``|``, ``E`` the embedding, ``t`` a decoder layer, ``L`` the loss."""
-    chunks = chunk_layers(layers, pp, vpp)
+    chunks = chunk_layers(layers, pp, vpp, first, last)
     stages = []
     for v, n in enumerate(chunks):
         stage = ("E" if v == 0 else "") + "t" * n + ("L" if v == len(chunks) - 1 else "")
         stages.append(stage)
     return "|".join(stages)
 
-def torchtitan_layout(layers: int, pp: int, vpp: int) -> list[list[str]]:
+def torchtitan_layout(
+    layers: int, pp: int, vpp: int, first: Optional[int] = None, last: Optional[int] = None
+) -> list[list[str]]:
     """torchtitan's ``module_fqns_per_model_part`` for the modelled split: one list of module
     names per stage in model order (stage ``c·pp + r`` is chunk ``c`` of rank ``r``, the order its
     interleaved schedules place stages in), ``tok_embeddings`` on the first, ``norm`` and
     ``output`` on the last."""
-    chunks = chunk_layers(layers, pp, vpp)
+    chunks = chunk_layers(layers, pp, vpp, first, last)
     out, first = [], 0
     for v, n in enumerate(chunks):
         stage = ["tok_embeddings"] if v == 0 else []
@@ -328,16 +345,19 @@ def megatron_args(
             "parallelism must be used')"
         )
     chunks = plan.pp * plan.vpp
-    if model is not None and plan.pp > 1 and model.layers % chunks:
+    ends = (plan.first_stage_layers, plan.last_stage_layers)
+    if model is not None and plan.pp > 1 and (model.layers % chunks or ends != (None, None)):
         # Not the standard (L/pp)/vpp layers per chunk: the exact split the cost model timed.
-        layout = chunk_layers(model.layers, plan.pp, plan.vpp)
+        layout = chunk_layers(model.layers, plan.pp, plan.vpp, *ends)
         empty = [v for v, n in enumerate(layout) if n == 0 and v not in (0, chunks - 1)]
         if empty:
             raise InvalidInputError(
                 f"cannot export to megatron: {model.layers} layers leave model chunk {empty[0]} "
                 f"of pp·vpp = {chunks} without a layer"
             )
-        args.append(("--pipeline-model-parallel-layout", megatron_layout(model.layers, plan.pp, plan.vpp)))
+        args.append(
+            ("--pipeline-model-parallel-layout", megatron_layout(model.layers, plan.pp, plan.vpp, *ends))
+        )
     elif plan.vpp > 1:
         if model is not None:
             args.append(("--num-layers-per-virtual-pipeline-stage", str(model.layers // chunks)))
@@ -517,7 +537,8 @@ def torchtitan_fields(
         else:
             fields["pipeline_parallel_schedule"] = TORCHTITAN_SCHEDULES[schedule]
         if model is not None:
-            chunks = chunk_layers(model.layers, plan.pp, plan.vpp)
+            ends = (plan.first_stage_layers, plan.last_stage_layers)
+            chunks = chunk_layers(model.layers, plan.pp, plan.vpp, *ends)
             if len(set(chunks)) == 1:
                 # Equal chunks: pp·vpp stages of L/(pp·vpp) layers; torchtitan would otherwise
                 # count the embedding and the output as first/last_stage_less_layers layers.
@@ -527,7 +548,7 @@ def torchtitan_fields(
             else:
                 # The modelled split, module by module (torchtitan's explicit layout).
                 fields["module_fqns_per_model_part"] = torchtitan_layout(
-                    model.layers, plan.pp, plan.vpp
+                    model.layers, plan.pp, plan.vpp, *ends
                 )
         if workload is not None:
             fields["num_pp_microbatches"] = micro_batches(plan, workload)
@@ -624,6 +645,8 @@ def deepspeed_config(plan: Plan, workload: Workload) -> dict[str, Any]:
         why.append(f"pp = {plan.pp} with ZeRO-{plan.zero} (the pipeline engine allows ZeRO 0-1)")
     if plan.vpp > 1:
         why.append(f"vpp = {plan.vpp} (no interleaved pipeline)")
+    if plan.first_stage_layers is not None or plan.last_stage_layers is not None:
+        why.append("fixed first/last stage layers (PipelineModule splits the layers evenly)")
     if schedule_of(plan) == "zb-h1":
         why.append("the zb-h1 schedule")
     if workload.precision not in ("bf16", "fp16"):

@@ -10,7 +10,11 @@ from typing import Any, Mapping, Optional
 from ._fields import check_fields, checked
 from .errors import InvalidInputError
 
-_INT_FIELDS = ("dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero", "etp")
+_INT_FIELDS = (
+    "dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero", "etp", "first_stage_layers",
+    "last_stage_layers",
+)
+_SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers")
 _ALIASES = {"mb": "micro_batch", "sp": "sequence_parallel"}
 _TRUE = ("true", "1", "on", "yes")
 _FALSE = ("false", "0", "off", "no")
@@ -70,6 +74,17 @@ class Plan:
     ``shared_experts`` joined by ``+`` (e.g. ``"layernorm+moe_act"``; a list of names is
     accepted and normalised to that form, in Megatron's order). None: Megatron's default, core
     attention alone (``--recompute-granularity selective --recompute-modules ...``)."""
+    first_stage_layers: Optional[int] = None
+    """Transformer layers on the first pipeline rank (all its chunks together) where the run
+    fixed them: Megatron's ``--decoder-first-pipeline-num-layers``, or what a
+    ``--pipeline-model-parallel-layout`` gives that rank (DeepSeek-V3's ``Et|(tt|)*30mL`` on
+    pp 8 × vpp 4: 7). The ranks whose count is not fixed share the other layers equally. None:
+    the stack's split (the search never sets it)."""
+    last_stage_layers: Optional[int] = None
+    """Transformer layers on the last pipeline rank (all its chunks; it also holds the LM head,
+    the loss and any MTP depths): Megatron's ``--decoder-last-pipeline-num-layers`` or its
+    layout's last rank (``Et|(tt|)*30mL`` on pp 8 × vpp 4: 6). None: see
+    :attr:`first_stage_layers`."""
 
     def __post_init__(self) -> None:
         if self.recompute_modules is not None:
@@ -126,6 +141,8 @@ class Plan:
             "recompute_modules": (
                 None if self.recompute_modules is None else self.recompute_modules.split("+")
             ),
+            # Only where given, as the core writes a plan (the search never sets them).
+            **{k: getattr(self, k) for k in _SPLIT_FIELDS if getattr(self, k) is not None},
         }
 
     @classmethod
@@ -180,7 +197,8 @@ class Plan:
 _KINDS = {
     **{name: "int" for name in _INT_FIELDS}, "recompute": "str", "sequence_parallel": "bool",
     "schedule": "str?", "order": "str", "etp": "int?", "dispatcher": "str?", "ep_overlap": "bool",
-    "cp_exchange": "str?", "recompute_modules": "str?",
+    "cp_exchange": "str?", "recompute_modules": "str?", "first_stage_layers": "int?",
+    "last_stage_layers": "int?",
 }
 """What :class:`Plan` checks at construction (see :func:`meshplan._fields.check_fields`)."""
 
@@ -229,5 +247,8 @@ def _value(key: str, text: str) -> Any:
     return text
 
 
-PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Plan))
-"""The plan's fields in order (``dp`` ... ``order``): the columns every table and export lists."""
+PLAN_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(Plan) if f.name not in _SPLIT_FIELDS
+)
+"""The plan's fields in order (``dp`` ... ``order``): the columns every table and export lists
+(not the fixed end-rank layer counts, which only a given plan carries, never a searched one)."""

@@ -306,6 +306,8 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         ep_overlap=p.ep_overlap,
         cp_exchange=p.cp_exchange,
         recompute_modules=p.recompute_modules,
+        first_stage_layers=p.first_stage_layers,
+        last_stage_layers=p.last_stage_layers,
     )
     return msg
 
@@ -481,7 +483,7 @@ def plan_from(msg: Any) -> Plan:
     fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
     for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
                  "schedule", "order", "etp", "dispatcher", "ep_overlap", "cp_exchange",
-                 "recompute_modules"):
+                 "recompute_modules", "first_stage_layers", "last_stage_layers"):
         if msg.HasField(name):
             fields[name] = getattr(msg, name)
     return Plan.from_dict(fields)
@@ -602,6 +604,8 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "ep_overlap": msg.ep_overlap,
         "cp_exchange": _opt(msg, "cp_exchange"),
         "recompute_modules": _opt(msg, "recompute_modules"),
+        "first_stage_layers": _opt(msg, "first_stage_layers"),
+        "last_stage_layers": _opt(msg, "last_stage_layers"),
     }
     return Plan.from_dict(fields)
 

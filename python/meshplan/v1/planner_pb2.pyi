@@ -826,6 +826,8 @@ class Plan(_message.Message):
     EP_OVERLAP_FIELD_NUMBER: _builtins.int
     CP_EXCHANGE_FIELD_NUMBER: _builtins.int
     RECOMPUTE_MODULES_FIELD_NUMBER: _builtins.int
+    FIRST_STAGE_LAYERS_FIELD_NUMBER: _builtins.int
+    LAST_STAGE_LAYERS_FIELD_NUMBER: _builtins.int
     dp: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
@@ -860,6 +862,13 @@ class Plan(_message.Message):
     only: "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"
     joined by "+" in that order (e.g. "layernorm+moe_act"); unset: core attention alone.
     """
+    first_stage_layers: _builtins.int
+    """Transformer layers on the first / last pipeline rank (all its chunks together) where the
+    run fixed them (Megatron --decoder-first/last-pipeline-num-layers, or what a
+    --pipeline-model-parallel-layout gives those ranks); the other ranks share the rest
+    equally. Unset: the stack's split.
+    """
+    last_stage_layers: _builtins.int
     def __init__(
         self,
         *,
@@ -880,10 +889,12 @@ class Plan(_message.Message):
         ep_overlap: _builtins.bool | None = ...,
         cp_exchange: _builtins.str | None = ...,
         recompute_modules: _builtins.str | None = ...,
+        first_stage_layers: _builtins.int | None = ...,
+        last_stage_layers: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_first_stage_layers", b"_first_stage_layers", "_last_stage_layers", b"_last_stage_layers", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "first_stage_layers", b"first_stage_layers", "last_stage_layers", b"last_stage_layers", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_first_stage_layers", b"_first_stage_layers", "_last_stage_layers", b"_last_stage_layers", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "first_stage_layers", b"first_stage_layers", "last_stage_layers", b"last_stage_layers", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp: _TypeAlias = _typing.Literal["cp"]  # noqa: Y015
     _WhichOneofArgType__cp: _TypeAlias = _typing.Literal["_cp", b"_cp"]  # noqa: Y015
@@ -897,6 +908,10 @@ class Plan(_message.Message):
     _WhichOneofArgType__ep_overlap: _TypeAlias = _typing.Literal["_ep_overlap", b"_ep_overlap"]  # noqa: Y015
     _WhichOneofReturnType__etp: _TypeAlias = _typing.Literal["etp"]  # noqa: Y015
     _WhichOneofArgType__etp: _TypeAlias = _typing.Literal["_etp", b"_etp"]  # noqa: Y015
+    _WhichOneofReturnType__first_stage_layers: _TypeAlias = _typing.Literal["first_stage_layers"]  # noqa: Y015
+    _WhichOneofArgType__first_stage_layers: _TypeAlias = _typing.Literal["_first_stage_layers", b"_first_stage_layers"]  # noqa: Y015
+    _WhichOneofReturnType__last_stage_layers: _TypeAlias = _typing.Literal["last_stage_layers"]  # noqa: Y015
+    _WhichOneofArgType__last_stage_layers: _TypeAlias = _typing.Literal["_last_stage_layers", b"_last_stage_layers"]  # noqa: Y015
     _WhichOneofReturnType__micro_batch: _TypeAlias = _typing.Literal["micro_batch"]  # noqa: Y015
     _WhichOneofArgType__micro_batch: _TypeAlias = _typing.Literal["_micro_batch", b"_micro_batch"]  # noqa: Y015
     _WhichOneofReturnType__order: _TypeAlias = _typing.Literal["order"]  # noqa: Y015
@@ -925,6 +940,10 @@ class Plan(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep_overlap) -> _WhichOneofReturnType__ep_overlap | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__etp) -> _WhichOneofReturnType__etp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__first_stage_layers) -> _WhichOneofReturnType__first_stage_layers | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__last_stage_layers) -> _WhichOneofReturnType__last_stage_layers | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__micro_batch) -> _WhichOneofReturnType__micro_batch | None: ...
     @_typing.overload

@@ -273,6 +273,7 @@ pub fn evaluate_with(
     let started = Instant::now();
     control.check(started)?;
     plan.validate(problem.cluster.num_gpus)?;
+    plan.validate_split(problem.model.layers)?;
     space.validate()?;
     let mut plan = plan.clone();
     plan.schedule = Some(plan.schedule());

@@ -23,7 +23,7 @@ use crate::memory::{
 };
 use crate::plan::{Plan, Schedule};
 use crate::report::{MemoryBreakdown, TimeBreakdown};
-use crate::stages::{in_flight, last_of_equal_max, stage_runs, Stage, StageRun};
+use crate::stages::{in_flight, last_of_equal_max, plan_stage_runs, Stage, StageRun};
 use crate::time::{
     breakdown, DpComm, LayerParts, LayerTime, LayerTimes, PipelineTimes, TimeContext,
 };
@@ -47,7 +47,7 @@ pub(crate) struct Pipeline {
 impl Pipeline {
     /// The ranks of `base`'s degrees (its TP, PP and EP).
     pub fn new(problem: &Problem, base: &Plan) -> Self {
-        let runs = stage_runs(&problem.model, base.pp, problem.workload.seq_len);
+        let runs = plan_stage_runs(&problem.model, base, problem.workload.seq_len);
         let mut shapes: Vec<Stage> = Vec::new();
         let shape_of = runs
             .iter()

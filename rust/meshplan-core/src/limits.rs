@@ -207,6 +207,8 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("plan.micro_batch", up_to(MAX_KNOB)),
     ("plan.zero", ZERO),
     ("plan.etp", DEGREE),
+    ("plan.first_stage_layers", from_zero(MAX_LAYERS)),
+    ("plan.last_stage_layers", from_zero(MAX_LAYERS)),
     ("space.dp.fixed", DEGREE),
     ("space.dp.min", DEGREE),
     ("space.dp.max", DEGREE),

@@ -221,6 +221,8 @@ mod tests {
             ep_overlap: false,
             cp_exchange: None,
             recompute_modules: None,
+            first_stage_layers: None,
+            last_stage_layers: None,
         }
     }
 

@@ -542,6 +542,20 @@ pub struct Plan {
     /// Megatron's default, core attention alone: what `selective` has always meant here).
     #[serde(default)]
     pub recompute_modules: Option<RecomputeModules>,
+    /// Transformer layers on the first pipeline rank (all its model chunks together), where the
+    /// run fixed the split: Megatron's `--decoder-first-pipeline-num-layers`, or what its
+    /// `--pipeline-model-parallel-layout` gives that rank (DeepSeek-V3's `Et|(tt|)*30mL` on
+    /// pp 8 × vpp 4: 7). The ranks whose count is not fixed share the other layers equally
+    /// (docs/costmodel.md §2.5). `None`: the stack's split ([`crate::stages`]); the search
+    /// leaves it `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_stage_layers: Option<u32>,
+    /// Transformer layers on the last pipeline rank (all its chunks), which also holds the LM
+    /// head, the loss and any MTP depths: Megatron's `--decoder-last-pipeline-num-layers`, or
+    /// its layout's last rank (`Et|(tt|)*30mL` on pp 8 × vpp 4: 6). `None`: see
+    /// [`Self::first_stage_layers`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_stage_layers: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -601,6 +615,51 @@ impl Plan {
         self.dp.saturating_mul(self.ep)
     }
 
+    /// The end ranks' fixed layer counts ([`Self::first_stage_layers`],
+    /// [`Self::last_stage_layers`]) that are given, with their field names.
+    fn fixed_stage_layers(&self) -> impl Iterator<Item = (&'static str, u32)> {
+        [
+            ("plan.first_stage_layers", self.first_stage_layers),
+            ("plan.last_stage_layers", self.last_stage_layers),
+        ]
+        .into_iter()
+        .filter_map(|(field, v)| v.map(|v| (field, v)))
+    }
+
+    /// Checks the fixed end-rank layer counts against a model of `layers` layers: together at
+    /// most `layers`, and the ranks left free (the middle ones, and an end rank whose count is
+    /// not given) an equal share of at least one layer each, as Megatron requires of
+    /// `--decoder-first/last-pipeline-num-layers`. Call after [`Self::validate`].
+    pub fn validate_split(&self, layers: u32) -> Result<()> {
+        let Some((field, value)) = self.fixed_stage_layers().next() else {
+            return Ok(());
+        };
+        let fixed: u64 = self.fixed_stage_layers().map(|(_, v)| v as u64).sum();
+        let free = self.pp as u64 - self.fixed_stage_layers().count() as u64;
+        let layers = layers as u64;
+        let allowed = if fixed > layers {
+            Some(format!(
+                "end-rank layer counts summing to at most the model's {layers} layers"
+            ))
+        } else if free == 0 && fixed != layers {
+            Some(format!(
+                "first_stage_layers + last_stage_layers = the model's {layers} layers (pp = 2)"
+            ))
+        } else if free > 0 && ((layers - fixed) % free != 0 || layers - fixed < free) {
+            Some(format!(
+                "a count leaving the other {free} pipeline ranks an equal share of at least one \
+                 of the remaining {} layers",
+                layers - fixed
+            ))
+        } else {
+            None
+        };
+        match allowed {
+            Some(allowed) => Err(Error::invalid(field, value, allowed)),
+            None => Ok(()),
+        }
+    }
+
     /// Checks the fields that make a plan meaningless (not merely infeasible) for `num_gpus`.
     pub fn validate(&self, num_gpus: u32) -> Result<()> {
         for (field, v) in [
@@ -617,6 +676,16 @@ impl Plan {
         limits::check("plan.zero", self.zero)?;
         if let Some(etp) = self.etp {
             limits::check("plan.etp", etp)?;
+        }
+        for (field, v) in self.fixed_stage_layers() {
+            limits::check(field, v)?;
+            if self.pp == 1 {
+                return Err(Error::invalid(
+                    field,
+                    v,
+                    "null with pp = 1 (a single pipeline rank holds every layer)",
+                ));
+            }
         }
         if self.num_gpus() != num_gpus as u64 {
             let product = if self.folded() {
@@ -722,6 +791,12 @@ impl fmt::Display for Plan {
         if let Some(m) = self.recompute_modules {
             write!(f, ",recompute_modules={m}")?;
         }
+        if let Some(n) = self.first_stage_layers {
+            write!(f, ",first_stage_layers={n}")?;
+        }
+        if let Some(n) = self.last_stage_layers {
+            write!(f, ",last_stage_layers={n}")?;
+        }
         Ok(())
     }
 }
@@ -729,6 +804,48 @@ impl fmt::Display for Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fixed_end_rank_layers_need_pp_and_an_equal_share_for_the_other_ranks() {
+        let plan: Plan = serde_json::from_str(
+            r#"{"dp":1,"tp":1,"pp":8,"vpp":4,"first_stage_layers":7,"last_stage_layers":6}"#,
+        )
+        .unwrap();
+        plan.validate(8).unwrap();
+        // DeepSeek-V3's `Et|(tt|)*30mL` on pp 8 × vpp 4: 7 + 6 · 8 + 6 = 61.
+        plan.validate_split(61).unwrap();
+        assert!(plan
+            .to_string()
+            .ends_with(",first_stage_layers=7,last_stage_layers=6"));
+        let e = plan.validate_split(62).unwrap_err().to_string();
+        assert!(
+            e.contains("plan.first_stage_layers") && e.contains("49"),
+            "{e}"
+        );
+        let e = plan.validate_split(12).unwrap_err().to_string();
+        assert!(e.contains("at most the model's 12 layers"), "{e}");
+        let single = Plan {
+            dp: 8,
+            pp: 1,
+            vpp: 1,
+            first_stage_layers: None,
+            ..plan.clone()
+        };
+        let e = single.validate(8).unwrap_err().to_string();
+        assert!(
+            e.contains("plan.last_stage_layers") && e.contains("pp = 1"),
+            "{e}"
+        );
+        let two = Plan {
+            dp: 4,
+            pp: 2,
+            vpp: 1,
+            ..plan
+        };
+        two.validate_split(13).unwrap();
+        let e = two.validate_split(14).unwrap_err().to_string();
+        assert!(e.contains("pp = 2"), "{e}");
+    }
 
     #[test]
     fn degrees_whose_product_overflows_are_rejected() {
@@ -751,6 +868,8 @@ mod tests {
             ep_overlap: false,
             cp_exchange: None,
             recompute_modules: None,
+            first_stage_layers: None,
+            last_stage_layers: None,
         };
         let e = plan.validate(8).unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");

@@ -517,6 +517,8 @@ fn base_plan(
         ep_overlap,
         cp_exchange,
         recompute_modules: None,
+        first_stage_layers: None,
+        last_stage_layers: None,
     }
 }
 

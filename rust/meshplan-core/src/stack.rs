@@ -621,6 +621,13 @@ impl Stack {
         let layers = model.layers as u64;
         let chunks = plan.pp as u64 * plan.vpp as u64;
         match self.pipeline_split {
+            PipelineSplit::EvenChunks
+                if plan.first_stage_layers.is_some() || plan.last_stage_layers.is_some() =>
+            {
+                Some(
+                    "splits the layers into equal chunks (no first/last stage layer counts)".into(),
+                )
+            }
             PipelineSplit::EvenChunks => (layers % chunks != 0).then(|| {
                 format!("{layers} layers do not split into pp·vpp = {chunks} equal chunks")
             }),
@@ -629,7 +636,7 @@ impl Stack {
                 // only the embedding) and the last rank's last chunk (only the loss).
                 let (pp, vpp) = (plan.pp as u64, plan.vpp as u64);
                 let end_chunks = |r: u64| u64::from(r == 0) + u64::from(r == pp - 1);
-                crate::stages::rank_layer_runs(model.layers, plan.pp)
+                crate::stages::plan_layer_runs(model.layers, plan)
                     .into_iter()
                     .filter(|&(_, count, _)| count > 0)
                     .find_map(|(first, count, per_rank)| {
@@ -853,6 +860,8 @@ mod tests {
             ep_overlap: false,
             cp_exchange: None,
             recompute_modules: None,
+            first_stage_layers: None,
+            last_stage_layers: None,
         }
     }
 

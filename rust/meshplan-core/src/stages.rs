@@ -111,6 +111,30 @@ pub fn rank_layer_runs(layers: u32, pp: u32) -> [(u32, u32, u32); 4] {
     layer_runs(layers, pp.max(1))
 }
 
+/// [`rank_layer_runs`] for `plan`: with the first and/or last rank's layers fixed
+/// ([`Plan::first_stage_layers`], [`Plan::last_stage_layers`]) the other ranks share the rest
+/// equally ([`Plan::validate_split`] has checked that they can); else the default split.
+pub fn plan_layer_runs(layers: u32, plan: &Plan) -> [(u32, u32, u32); 4] {
+    let pp = plan.pp.max(1);
+    let (first, last) = (plan.first_stage_layers, plan.last_stage_layers);
+    if pp == 1 || (first.is_none() && last.is_none()) {
+        return layer_runs(layers, pp);
+    }
+    let fixed = first.unwrap_or(0) as u64 + last.unwrap_or(0) as u64;
+    let free = pp as u64 - u64::from(first.is_some()) - u64::from(last.is_some());
+    let share = if free == 0 {
+        0
+    } else {
+        ((layers as u64).saturating_sub(fixed) / free) as u32
+    };
+    [
+        (0, 1, first.unwrap_or(share)),
+        (1, pp - 2, share),
+        (pp - 1, 0, 0),
+        (pp - 1, 1, last.unwrap_or(share)),
+    ]
+}
+
 /// Forward FLOPs per token of one layer of each kind of `model` (unsharded) on sequences of
 /// `seq_len` tokens: `2·N_active` of its matmuls plus its core (attention over its causal keys,
 /// a scan; Mamba-2's SSD at its flash-attention-equivalent floor, docs/costmodel.md §1.4, the
@@ -200,7 +224,33 @@ pub fn balanced_ranks(model: &Model, pp: u32, seq_len: u32) -> Vec<LayerCounts> 
 /// `seq_len` tokens) into at most `pp` runs.
 pub fn stage_runs(model: &Model, pp: u32, seq_len: u32) -> Vec<StageRun> {
     let pp = pp.max(1);
-    if model.layer_pattern.is_some() && pp > 1 && pp <= model.layers {
+    split_runs(model, pp, seq_len, layer_runs(model.layers, pp), true)
+}
+
+/// [`stage_runs`] for `plan`: its fixed end-rank layer counts where it gives them
+/// ([`plan_layer_runs`], a count split whatever the model), else [`stage_runs`].
+pub fn plan_stage_runs(model: &Model, plan: &Plan, seq_len: u32) -> Vec<StageRun> {
+    let pp = plan.pp.max(1);
+    let fixed = plan.first_stage_layers.is_some() || plan.last_stage_layers.is_some();
+    split_runs(
+        model,
+        pp,
+        seq_len,
+        plan_layer_runs(model.layers, plan),
+        !fixed,
+    )
+}
+
+/// The stage runs of `model` on `pp` ranks holding `blocks` layers (runs of
+/// [`layer_runs`]); a hybrid model is balanced by cost instead when `balance` is set.
+fn split_runs(
+    model: &Model,
+    pp: u32,
+    seq_len: u32,
+    blocks: [(u32, u32, u32); 4],
+    balance: bool,
+) -> Vec<StageRun> {
+    if balance && model.layer_pattern.is_some() && pp > 1 && pp <= model.layers {
         let mut runs: Vec<StageRun> = Vec::new();
         for (index, kinds) in balanced_ranks(model, pp, seq_len).into_iter().enumerate() {
             let stage = Stage {
@@ -252,7 +302,7 @@ pub fn stage_runs(model: &Model, pp: u32, seq_len: u32) -> Vec<StageRun> {
     };
     // Layers before the block's first rank (in u64: `pp` ranks of up to `L` layers).
     let mut start = 0u64;
-    for (index, count, n) in layer_runs(model.layers, pp) {
+    for (index, count, n) in blocks {
         if count == 0 {
             continue;
         }
@@ -364,6 +414,61 @@ pub fn last_of_equal_max<T>(
 mod tests {
     use super::*;
     use crate::model::Moe;
+
+    #[test]
+    fn fixed_end_ranks_take_their_counts_and_the_others_share_the_rest() {
+        // DeepSeek-V3 (61 layers, 3 dense first) as Megatron-Bridge's pp 16 layout deals it:
+        // `[E + 4] + [4] * 14 + [1 + mtp + loss]`.
+        let model = crate::presets::model("deepseek-v3").unwrap();
+        let plan = Plan {
+            dp: 1,
+            tp: 1,
+            pp: 16,
+            ep: 8,
+            cp: 1,
+            vpp: 1,
+            micro_batch: 1,
+            zero: 1,
+            recompute: Default::default(),
+            sequence_parallel: false,
+            schedule: None,
+            order: Default::default(),
+            etp: None,
+            dispatcher: None,
+            ep_overlap: false,
+            cp_exchange: None,
+            recompute_modules: None,
+            first_stage_layers: Some(4),
+            last_stage_layers: Some(1),
+        };
+        plan.validate_split(model.layers).unwrap();
+        let runs = plan_stage_runs(&model, &plan, 4096);
+        let per_rank: Vec<u32> = runs
+            .iter()
+            .flat_map(|r| r.ranks().map(|s| s.layers()).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(per_rank, [vec![4], vec![4; 14], vec![1]].concat());
+        assert!(runs[0].stage.first && runs.last().unwrap().stage.last);
+        // The default split instead: 3, then 4 on ranks 1-13, 3, 3.
+        let default: Vec<u32> = stage_runs(&model, 16, 4096)
+            .iter()
+            .flat_map(|r| r.ranks().map(|s| s.layers()).collect::<Vec<_>>())
+            .collect();
+        assert_eq!(default, [vec![3], vec![4; 13], vec![3, 3]].concat());
+        // Only the first fixed: 61 − 4 = 57 layers do not share equally over the 15 other
+        // ranks, a one-line error naming the field.
+        let e = Plan {
+            last_stage_layers: None,
+            ..plan
+        }
+        .validate_split(model.layers)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("plan.first_stage_layers") && e.contains("15"),
+            "{e}"
+        );
+    }
 
     /// Layers per pipeline rank, one entry per rank: the reference the runs must reproduce.
     fn layer_counts(layers: u32, pp: u32) -> Vec<u32> {
@@ -527,6 +632,8 @@ mod tests {
             ep_overlap: false,
             cp_exchange: None,
             recompute_modules: None,
+            first_stage_layers: None,
+            last_stage_layers: None,
         };
         let got = in_flight(&plan, 64, 0);
         let want = 8.0 * (1.0 + 7.0 / 32.0);

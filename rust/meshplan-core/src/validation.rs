@@ -225,6 +225,13 @@ pub struct CasePlan {
     /// its recipe names them; with `recompute = selective` ([`Plan::recompute_modules`]).
     #[serde(default)]
     pub recompute_modules: Option<RecomputeModules>,
+    /// The first / last pipeline rank's transformer layers where the run's recipe fixes them
+    /// (a `--pipeline-model-parallel-layout` or `--decoder-first/last-pipeline-num-layers`,
+    /// [`Plan::first_stage_layers`]).
+    #[serde(default)]
+    pub first_stage_layers: Option<u32>,
+    #[serde(default)]
+    pub last_stage_layers: Option<u32>,
 }
 
 impl CasePlan {
@@ -798,6 +805,8 @@ fn published_plan(
         ep_overlap: p.ep_overlap.unwrap_or(false),
         cp_exchange: p.cp_exchange,
         recompute_modules: p.recompute_modules,
+        first_stage_layers: p.first_stage_layers,
+        last_stage_layers: p.last_stage_layers,
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),

@@ -67,6 +67,8 @@ fn base_plan(n: u32) -> Plan {
         ep_overlap: false,
         cp_exchange: None,
         recompute_modules: None,
+        first_stage_layers: None,
+        last_stage_layers: None,
     }
 }
 

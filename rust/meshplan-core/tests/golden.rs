@@ -54,6 +54,8 @@ fn plan(dp: u32, tp: u32, zero: u8, sp: bool) -> Plan {
         ep_overlap: false,
         cp_exchange: None,
         recompute_modules: None,
+        first_stage_layers: None,
+        last_stage_layers: None,
     }
 }
 

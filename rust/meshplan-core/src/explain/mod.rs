@@ -43,7 +43,7 @@ use crate::plan::{Axis, Dispatcher, Plan, RankOrder, Recompute, Schedule};
 use crate::report::Evaluation;
 use crate::space::SearchSpace;
 use crate::stack::Stack;
-use crate::stages::{stage_runs, Stage, StageRun};
+use crate::stages::{plan_stage_runs, Stage, StageRun};
 use crate::time::{DpCollective, DpPhase, LayerTime, ParamGroup, Pass, TimeContext};
 use crate::traffic::{
     ep_bytes_per_token_per_layer, tp_decode_allreduce_bytes_per_token, wire_bytes, WIRE_BYTES,
@@ -351,7 +351,7 @@ struct Ctx<'a> {
 impl<'a> Ctx<'a> {
     fn new(problem: &'a Problem, plan: &'a Plan, evaluation: &'a Evaluation) -> Self {
         let groups = Groups::of(plan, problem.cluster.nvlink_domain());
-        let runs = stage_runs(&problem.model, plan.pp, problem.workload.seq_len);
+        let runs = plan_stage_runs(&problem.model, plan, problem.workload.seq_len);
         let tc = TimeContext::new(problem, plan, groups);
         let layers = tc.layers();
         let per_run: Vec<LayerTime> = runs.iter().map(|r| tc.stage(&r.stage, &layers)).collect();
@@ -641,6 +641,8 @@ pub fn decode_traffic(
         ep_overlap: false,
         cp_exchange: None,
         recompute_modules: None,
+        first_stage_layers: None,
+        last_stage_layers: None,
     };
     let g = Groups::of(&plan, cluster.nvlink_domain()).tp;
     let fabric = Fabric::of(cluster);

@@ -4,6 +4,7 @@
 use super::*;
 use crate::model::{Activation, Moe, Norm};
 use crate::presets;
+use crate::stages::stage_runs;
 use crate::workload::Workload;
 
 fn cluster(gpu: &str, n: u32) -> Cluster {

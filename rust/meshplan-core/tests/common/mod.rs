@@ -133,6 +133,8 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                                 ep_overlap: false,
                                 cp_exchange: None,
                                 recompute_modules: None,
+                                first_stage_layers: None,
+                                last_stage_layers: None,
                             });
                         }
                     }
