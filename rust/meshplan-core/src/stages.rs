@@ -122,11 +122,10 @@ pub fn plan_layer_runs(layers: u32, plan: &Plan) -> [(u32, u32, u32); 4] {
     }
     let fixed = first.unwrap_or(0) as u64 + last.unwrap_or(0) as u64;
     let free = pp as u64 - u64::from(first.is_some()) - u64::from(last.is_some());
-    let share = if free == 0 {
-        0
-    } else {
-        ((layers as u64).saturating_sub(fixed) / free) as u32
-    };
+    let share = (layers as u64)
+        .saturating_sub(fixed)
+        .checked_div(free)
+        .unwrap_or(0) as u32;
     [
         (0, 1, first.unwrap_or(share)),
         (1, pp - 2, share),
