@@ -39,7 +39,10 @@ class Explanation(Mapping[str, Any]):
     domains, exposed_s, overlapped_s, notes``) and ``pipeline`` (per-stage, per-micro-batch
     forward/backward seconds); with Megatron recompute modules in the plan also
     ``recompute_modules`` (one dict per module: ``module, what, layers,
-    saved_gib_per_micro_batch, backward_s_per_micro_batch`` on the worst rank). :attr:`plan` and
+    saved_gib_per_micro_batch, backward_s_per_micro_batch`` on the worst rank); with activation
+    offloading ``offload`` (``layers, host_gbps, layer_gib, copy_s_per_layer, window_layers,
+    saved_gib_per_micro_batch, exposed_fwd_s_per_micro_batch, exposed_bwd_s_per_micro_batch``
+    on the worst rank). :attr:`plan` and
     :attr:`evaluation` give the typed objects.
     """
 
@@ -241,6 +244,7 @@ def format_explanation(x: Explanation) -> str:
             )
         lines += [f"  note      {n}" for n in a["notes"]]
     lines += recompute_lines(x)
+    lines += offload_lines(x)
     return "\n".join(lines)
 
 
@@ -257,6 +261,25 @@ def recompute_lines(x: Mapping[str, Any]) -> list[str]:
             f"replays {format_seconds(m['backward_s_per_micro_batch'])} in the backward; {m['what']}"
         )
     return lines
+
+
+def offload_lines(x: Mapping[str, Any]) -> list[str]:
+    """The plan's activation offloading on the worst rank (none without it): what it takes off
+    the GPU per in-flight micro-batch and what the copies over the host link cost."""
+    o = x.get("offload")
+    if not o:
+        return []
+    return [
+        "",
+        "activation offloading (worst rank, per micro-batch)",
+        f"  {o['layers']} layers per chunk to host memory: saves "
+        f"{o['saved_gib_per_micro_batch']:.2f} GiB at the peak (one reloaded layer stays); "
+        f"each layer {o['layer_gib']:.2f} GiB, "
+        f"{format_seconds(o['copy_s_per_layer'])} per direction at {o['host_gbps']:g} GB/s, "
+        f"overlapping {o['window_layers']} layers of compute; exposed "
+        f"{format_seconds(o['exposed_fwd_s_per_micro_batch'])} forward, "
+        f"{format_seconds(o['exposed_bwd_s_per_micro_batch'])} backward",
+    ]
 
 
 def _axis_title(a: Mapping[str, Any]) -> str:

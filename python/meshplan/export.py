@@ -404,6 +404,20 @@ def megatron_args(
             # examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh "--recompute-modules mlp moe
             # mla_up_proj layernorm"].
             args.append(("--recompute-modules", plan.recompute_modules.replace("+", " ")))
+    if plan.offload_layers:
+        if plan.pp > 1 or plan.recompute != "none":
+            raise InvalidInputError(
+                "cannot export to megatron: offload_layers needs pp = 1 and recompute none "
+                "(Megatron-Core: 'Currently there is no support for Pipeline parallelism with CPU "
+                "offloading', 'CPU offloading does not work when activation recomputation is "
+                "enabled')"
+            )
+        # Activations only (cpu_offloading_weights defaults to False)
+        # [megatron/core/model_parallel_config.py cpu_offloading*].
+        args += [
+            ("--cpu-offloading", None),
+            ("--cpu-offloading-num-layers", str(plan.offload_layers)),
+        ]
     args.append(("--micro-batch-size", str(plan.micro_batch)))
     if workload is not None:
         micro_batches(plan, workload)  # checks that the batch splits evenly
@@ -462,6 +476,11 @@ def torchtitan_fields(
         raise InvalidInputError(
             f"cannot export to torchtitan: rank order {plan.order} (torchtitan builds its mesh "
             f"pp, dp_replicate, dp_shard, cp, tp from the outside in, i.e. {DEFAULT_ORDER})"
+        )
+    if plan.offload_layers:
+        raise InvalidInputError(
+            "cannot export to torchtitan: it has no activation offloading (offload_layers; its "
+            "enable_cpu_offload moves FSDP parameters, gradients and optimizer states)"
         )
     if plan.recompute == "selective":
         raise InvalidInputError(
@@ -649,6 +668,11 @@ def deepspeed_config(plan: Plan, workload: Workload) -> dict[str, Any]:
         why.append("fixed first/last stage layers (PipelineModule splits the layers evenly)")
     if schedule_of(plan) == "zb-h1":
         why.append("the zb-h1 schedule")
+    if plan.offload_layers:
+        why.append(
+            f"offload_layers = {plan.offload_layers} (cpu_checkpointing offloads only full "
+            "recompute's checkpoints)"
+        )
     if workload.precision not in ("bf16", "fp16"):
         why.append(f"precision {workload.precision} (a DeepSpeed config trains in bf16 or fp16)")
     if plan.recompute == "selective":
@@ -713,6 +737,8 @@ def maxtext_overrides(plan: Plan, workload: Workload) -> list[tuple[str, Any]]:
     why = []
     if plan.pp > 1:
         why.append(f"pp = {plan.pp} (MaxText's circular pipeline is not a schedule meshplan models)")
+    if plan.offload_layers:
+        why.append(f"offload_layers = {plan.offload_layers} (its offloading remat policies are per tensor)")
     if plan.tp > 1 and plan.sequence_parallel:
         why.append("sequence parallelism (its tensor axis has no such switch)")
     if plan.zero not in (0, 3):
@@ -877,6 +903,8 @@ def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
         ep_overlap="--overlap-moe-expert-parallel-comm" in flags,
         cp_exchange={v: k for k, v in MEGATRON_CP_COMM.items()}.get(flags.get("--cp-comm-type") or ""),
         recompute_modules=modules or None,
+        offload_layers=int(flags["--cpu-offloading-num-layers"] or 0) or None
+        if "--cpu-offloading-num-layers" in flags else None,
     )
 
 

@@ -40,6 +40,9 @@ class Gpu:
     description: str = ""
     scaleup_topology: str = "switch"
     """``"switch"`` (NVSwitch) or ``"mesh"`` (AMD xGMI)."""
+    host_bandwidth_gbps: Optional[float] = None
+    """Link to host memory per GPU, per direction (PCIe x16 or NVLink-C2C): what activation
+    offloading (``Plan.offload_layers``) copies over. None: unknown (such a plan is refused)."""
 
     def __post_init__(self) -> None:
         check_fields(self, "gpu", _GPU_KINDS)
@@ -58,6 +61,9 @@ class Gpu:
             "gpus_per_node": self.gpus_per_node,
             "network_bandwidth_gbps": self.network_bandwidth_gbps,
             "calibration": dict(self.calibration),
+            # Only where known, as the core writes a GPU.
+            **({} if self.host_bandwidth_gbps is None
+               else {"host_bandwidth_gbps": self.host_bandwidth_gbps}),
         }
 
     @classmethod
@@ -200,5 +206,6 @@ _GPU_KINDS = {
     "memory_bandwidth_gbps": "number", "sm_count": "int", "scaleup_bandwidth_gbps": "number",
     "scaleup_domain": "int", "gpus_per_node": "int", "network_bandwidth_gbps": "number",
     "calibration": "mapping", "description": "str", "scaleup_topology": "str",
+    "host_bandwidth_gbps": "number?",
 }
 _CLUSTER_KINDS = {"num_gpus": "int", "gpus_per_node": "int?", "nvlink_domain": "int?"}

@@ -12,9 +12,9 @@ from .errors import InvalidInputError
 
 _INT_FIELDS = (
     "dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero", "etp", "first_stage_layers",
-    "last_stage_layers",
+    "last_stage_layers", "offload_layers",
 )
-_SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers")
+_SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "offload_layers")
 _ALIASES = {"mb": "micro_batch", "sp": "sequence_parallel"}
 _TRUE = ("true", "1", "on", "yes")
 _FALSE = ("false", "0", "off", "no")
@@ -85,6 +85,11 @@ class Plan:
     the loss and any MTP depths): Megatron's ``--decoder-last-pipeline-num-layers`` or its
     layout's last rank (``Et|(tt|)*30mL`` on pp 8 × vpp 4: 6). None: see
     :attr:`first_stage_layers`."""
+    offload_layers: Optional[int] = None
+    """Activation offloading to host memory: transformer layers per model chunk whose
+    activations saved for backward go to the host in the forward and come back in the backward
+    (Megatron-Core ``cpu_offloading_num_layers``; fewer than the chunk's layers; Megatron-Core
+    runs it with pp = 1 and no recompute only). None or 0: off (the search never sets it)."""
 
     def __post_init__(self) -> None:
         if self.recompute_modules is not None:
@@ -142,6 +147,7 @@ class Plan:
                 None if self.recompute_modules is None else self.recompute_modules.split("+")
             ),
             # Only where given, as the core writes a plan (the search never sets them).
+            # (offload_layers is one of them.)
             **{k: getattr(self, k) for k in _SPLIT_FIELDS if getattr(self, k) is not None},
         }
 
@@ -198,7 +204,7 @@ _KINDS = {
     **{name: "int" for name in _INT_FIELDS}, "recompute": "str", "sequence_parallel": "bool",
     "schedule": "str?", "order": "str", "etp": "int?", "dispatcher": "str?", "ep_overlap": "bool",
     "cp_exchange": "str?", "recompute_modules": "str?", "first_stage_layers": "int?",
-    "last_stage_layers": "int?",
+    "last_stage_layers": "int?", "offload_layers": "int?",
 }
 """What :class:`Plan` checks at construction (see :func:`meshplan._fields.check_fields`)."""
 
@@ -251,4 +257,5 @@ PLAN_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Plan) if f.name not in _SPLIT_FIELDS
 )
 """The plan's fields in order (``dp`` ... ``order``): the columns every table and export lists
-(not the fixed end-rank layer counts, which only a given plan carries, never a searched one)."""
+(not the fixed end-rank layer counts nor the offloaded layers, which only a given plan carries,
+never a searched one)."""

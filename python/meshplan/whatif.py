@@ -44,6 +44,7 @@ NUMBER_FIELDS = (
     "scaleup_domain",
     "gpus_per_node",
     "network_bandwidth_gbps",
+    "host_bandwidth_gbps",
 )
 """The top-level GPU fields a what-if may change (besides ``peak_tflops.<precision>``,
 ``calibration.<constant>`` and ``scaleup_topology``)."""

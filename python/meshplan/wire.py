@@ -28,7 +28,7 @@ from .errors import (
     MeshplanError,
     SpaceTooLargeError,
 )
-from .explain import Explanation, recompute_lines
+from .explain import Explanation, offload_lines, recompute_lines
 from .hardware import Cluster, Gpu
 from .model import LinearAttention, Mamba, Mla, Model, Moe
 from .plan import Plan
@@ -308,6 +308,7 @@ def plan_message(plan: Union[Plan, str, Mapping[str, Any]]) -> pb.Plan:
         recompute_modules=p.recompute_modules,
         first_stage_layers=p.first_stage_layers,
         last_stage_layers=p.last_stage_layers,
+        offload_layers=p.offload_layers,
     )
     return msg
 
@@ -483,7 +484,8 @@ def plan_from(msg: Any) -> Plan:
     fields: dict[str, Any] = {"dp": msg.dp, "tp": msg.tp, "pp": msg.pp}
     for name in ("ep", "cp", "vpp", "micro_batch", "zero", "recompute", "sequence_parallel",
                  "schedule", "order", "etp", "dispatcher", "ep_overlap", "cp_exchange",
-                 "recompute_modules", "first_stage_layers", "last_stage_layers"):
+                 "recompute_modules", "first_stage_layers", "last_stage_layers",
+                 "offload_layers"):
         if msg.HasField(name):
             fields[name] = getattr(msg, name)
     return Plan.from_dict(fields)
@@ -558,8 +560,9 @@ def explain_response(x: Explanation) -> pb.ExplainResponse:
         mesh=data["mesh"],
         axes=data["axes"],
         pipeline=data["pipeline"],
-        # Recompute modules have no message of their own: explain's lines for them as notes.
-        notes=[" ".join(line.split()) for line in recompute_lines(data)[2:]],
+        # Recompute modules and offloading have no message of their own: explain's lines for
+        # them as notes.
+        notes=[" ".join(line.split()) for line in recompute_lines(data)[2:] + offload_lines(data)[2:]],
     )
 
 
@@ -606,6 +609,7 @@ def _plan_from_result(msg: pb.Plan) -> Plan:
         "recompute_modules": _opt(msg, "recompute_modules"),
         "first_stage_layers": _opt(msg, "first_stage_layers"),
         "last_stage_layers": _opt(msg, "last_stage_layers"),
+        "offload_layers": _opt(msg, "offload_layers"),
     }
     return Plan.from_dict(fields)
 

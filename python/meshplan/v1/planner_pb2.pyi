@@ -828,6 +828,7 @@ class Plan(_message.Message):
     RECOMPUTE_MODULES_FIELD_NUMBER: _builtins.int
     FIRST_STAGE_LAYERS_FIELD_NUMBER: _builtins.int
     LAST_STAGE_LAYERS_FIELD_NUMBER: _builtins.int
+    OFFLOAD_LAYERS_FIELD_NUMBER: _builtins.int
     dp: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
@@ -869,6 +870,11 @@ class Plan(_message.Message):
     equally. Unset: the stack's split.
     """
     last_stage_layers: _builtins.int
+    offload_layers: _builtins.int
+    """Activation offloading to host memory: transformer layers per model chunk whose activations
+    saved for backward go to the host in the forward and back in the backward (Megatron-Core
+    cpu_offloading_num_layers; fewer than the chunk's layers). Unset or 0: off.
+    """
     def __init__(
         self,
         *,
@@ -891,10 +897,11 @@ class Plan(_message.Message):
         recompute_modules: _builtins.str | None = ...,
         first_stage_layers: _builtins.int | None = ...,
         last_stage_layers: _builtins.int | None = ...,
+        offload_layers: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_first_stage_layers", b"_first_stage_layers", "_last_stage_layers", b"_last_stage_layers", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "first_stage_layers", b"first_stage_layers", "last_stage_layers", b"last_stage_layers", "micro_batch", b"micro_batch", "order", b"order", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_first_stage_layers", b"_first_stage_layers", "_last_stage_layers", b"_last_stage_layers", "_micro_batch", b"_micro_batch", "_offload_layers", b"_offload_layers", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "first_stage_layers", b"first_stage_layers", "last_stage_layers", b"last_stage_layers", "micro_batch", b"micro_batch", "offload_layers", b"offload_layers", "order", b"order", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_first_stage_layers", b"_first_stage_layers", "_last_stage_layers", b"_last_stage_layers", "_micro_batch", b"_micro_batch", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "first_stage_layers", b"first_stage_layers", "last_stage_layers", b"last_stage_layers", "micro_batch", b"micro_batch", "order", b"order", "pp", b"pp", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cp", b"_cp", "_cp_exchange", b"_cp_exchange", "_dispatcher", b"_dispatcher", "_ep", b"_ep", "_ep_overlap", b"_ep_overlap", "_etp", b"_etp", "_first_stage_layers", b"_first_stage_layers", "_last_stage_layers", b"_last_stage_layers", "_micro_batch", b"_micro_batch", "_offload_layers", b"_offload_layers", "_order", b"_order", "_recompute", b"_recompute", "_recompute_modules", b"_recompute_modules", "_schedule", b"_schedule", "_sequence_parallel", b"_sequence_parallel", "_vpp", b"_vpp", "_zero", b"_zero", "cp", b"cp", "cp_exchange", b"cp_exchange", "dispatcher", b"dispatcher", "dp", b"dp", "ep", b"ep", "ep_overlap", b"ep_overlap", "etp", b"etp", "first_stage_layers", b"first_stage_layers", "last_stage_layers", b"last_stage_layers", "micro_batch", b"micro_batch", "offload_layers", b"offload_layers", "order", b"order", "pp", b"pp", "recompute", b"recompute", "recompute_modules", b"recompute_modules", "schedule", b"schedule", "sequence_parallel", b"sequence_parallel", "tp", b"tp", "vpp", b"vpp", "zero", b"zero"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cp: _TypeAlias = _typing.Literal["cp"]  # noqa: Y015
     _WhichOneofArgType__cp: _TypeAlias = _typing.Literal["_cp", b"_cp"]  # noqa: Y015
@@ -914,6 +921,8 @@ class Plan(_message.Message):
     _WhichOneofArgType__last_stage_layers: _TypeAlias = _typing.Literal["_last_stage_layers", b"_last_stage_layers"]  # noqa: Y015
     _WhichOneofReturnType__micro_batch: _TypeAlias = _typing.Literal["micro_batch"]  # noqa: Y015
     _WhichOneofArgType__micro_batch: _TypeAlias = _typing.Literal["_micro_batch", b"_micro_batch"]  # noqa: Y015
+    _WhichOneofReturnType__offload_layers: _TypeAlias = _typing.Literal["offload_layers"]  # noqa: Y015
+    _WhichOneofArgType__offload_layers: _TypeAlias = _typing.Literal["_offload_layers", b"_offload_layers"]  # noqa: Y015
     _WhichOneofReturnType__order: _TypeAlias = _typing.Literal["order"]  # noqa: Y015
     _WhichOneofArgType__order: _TypeAlias = _typing.Literal["_order", b"_order"]  # noqa: Y015
     _WhichOneofReturnType__recompute: _TypeAlias = _typing.Literal["recompute"]  # noqa: Y015
@@ -946,6 +955,8 @@ class Plan(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__last_stage_layers) -> _WhichOneofReturnType__last_stage_layers | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__micro_batch) -> _WhichOneofReturnType__micro_batch | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__offload_layers) -> _WhichOneofReturnType__offload_layers | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__order) -> _WhichOneofReturnType__order | None: ...
     @_typing.overload

@@ -274,6 +274,13 @@ pub fn evaluate_with(
     control.check(started)?;
     plan.validate(problem.cluster.num_gpus)?;
     plan.validate_split(problem.model.layers)?;
+    if plan.offloaded_layers() > 0 && problem.cluster.gpu.host_bandwidth_gbps.is_none() {
+        return Err(crate::error::Error::invalid(
+            "gpu.host_bandwidth_gbps",
+            "null",
+            "the GPU's host-link rate in GB/s per direction (plan.offload_layers copies over it)",
+        ));
+    }
     space.validate()?;
     let mut plan = plan.clone();
     plan.schedule = Some(plan.schedule());

@@ -196,6 +196,11 @@ pub struct Gpu {
     pub gpus_per_node: u32,
     /// Scale-out NIC bandwidth per GPU, per direction, GB/s.
     pub network_bandwidth_gbps: f64,
+    /// Link to host memory per GPU, per direction, GB/s (PCIe x16 or NVLink-C2C): what
+    /// activation offloading copies over ([`crate::plan::Plan::offload_layers`]). `None`: not
+    /// known (a plan that offloads is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_bandwidth_gbps: Option<f64>,
     pub calibration: Calibration,
 }
 
@@ -254,6 +259,9 @@ impl Gpu {
         check_positive("gpu.memory_bandwidth_gbps", self.memory_bandwidth_gbps)?;
         check_positive("gpu.scaleup_bandwidth_gbps", self.scaleup_bandwidth_gbps)?;
         check_positive("gpu.network_bandwidth_gbps", self.network_bandwidth_gbps)?;
+        if let Some(v) = self.host_bandwidth_gbps {
+            check_positive("gpu.host_bandwidth_gbps", v)?;
+        }
         limits::check("gpu.sm_count", self.sm_count)?;
         limits::check("gpu.scaleup_domain", self.scaleup_domain)?;
         limits::check("gpu.gpus_per_node", self.gpus_per_node)?;

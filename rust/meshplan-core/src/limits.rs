@@ -209,6 +209,7 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("plan.etp", DEGREE),
     ("plan.first_stage_layers", from_zero(MAX_LAYERS)),
     ("plan.last_stage_layers", from_zero(MAX_LAYERS)),
+    ("plan.offload_layers", from_zero(MAX_LAYERS)),
     ("space.dp.fixed", DEGREE),
     ("space.dp.min", DEGREE),
     ("space.dp.max", DEGREE),

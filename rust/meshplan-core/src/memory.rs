@@ -376,7 +376,8 @@ pub fn stored_bytes_per_micro_batch(
                     .kinds
                     .weighted_sum(&cp_a2a_output_bytes(problem, plan))
         }
-    } * tokens;
+    } * tokens
+        * offload_resident_share(plan, stage);
     let vocab_local = model.vocab as f64 / t;
     // Last rank: LM-head input and the fp32 softmax kept for the cross-entropy backward.
     // An in-place fused loss keeps the 16-bit logits holding their gradient instead.
@@ -407,6 +408,26 @@ pub fn stored_bytes_per_micro_batch(
         _ => 0.0,
     };
     stored_per_mb + head_per_mb + mtp_per_mb
+}
+
+/// The share of `stage`'s stored layer activations that stays on the GPU at the peak when
+/// `plan` offloads [`Plan::offload_layers`] layers per model chunk (§2.4.6): TransformerEngine's
+/// `AsyncDoubleBufferGroupOffloadHandler` offloads a chunk's first `N` layers one group at a
+/// time and frees each when its window of `⌊L/N⌋` layers ends, so at the end of the forward
+/// every offloaded layer is on the host; the backward reloads group `j` when it reaches layer
+/// `window[j]` and frees it at layer `j`, so the peak, at the start of the backward, holds the
+/// `L − N` layers never offloaded plus the last group reloaded: `N − 1` layers per chunk leave
+/// the GPU [transformer_engine/pytorch/cpu_offload.py @v2.8 `synchronize_on_group_commit_forward`,
+/// `on_group_commit_backward`]. The offloaded layers are counted at the stage's mean layer size.
+/// 1 without offloading.
+pub fn offload_resident_share(plan: &Plan, stage: &Stage) -> f64 {
+    let n = plan.offloaded_layers();
+    let layers = stage.layers();
+    if n <= 1 || layers == 0 {
+        return 1.0;
+    }
+    let left = plan.vpp.max(1) as f64 * (n - 1) as f64;
+    (1.0 - left / layers as f64).max(0.0)
 }
 
 /// Bytes per token `stage`'s layers store for core attention under selective recompute with
@@ -638,7 +659,39 @@ mod tests {
             recompute_modules: None,
             first_stage_layers: None,
             last_stage_layers: None,
+            offload_layers: None,
         }
+    }
+
+    #[test]
+    fn offloading_n_layers_takes_n_minus_one_layers_activations_off_the_gpu() {
+        // Llama-2-7B, 32 layers on one rank, no recompute: offloading 16 layers keeps the 16
+        // never offloaded and the last one reloaded, 17 of 32 layers' activations.
+        let problem = llama2_7b_on_8_h100();
+        let base = plan(1, false);
+        let stage = crate::stages::stage_runs(&problem.model, 1, 4096)[0].stage;
+        let layers = layer_activations(&problem, &base);
+        let tokens = 4096.0;
+        let stored =
+            |pl: &Plan| stored_bytes_per_micro_batch(&problem, pl, &stage, tokens, &layers);
+        let with = |n: Option<u32>| Plan {
+            offload_layers: n,
+            ..base.clone()
+        };
+        let layer = dense_bytes(&problem.model, &base) * tokens;
+        let off = stored(&with(None));
+        assert_eq!(stored(&with(Some(0))), off);
+        // One layer offloaded is reloaded before the backward needs the peak: nothing saved.
+        assert_eq!(stored(&with(Some(1))), off);
+        let saved = off - stored(&with(Some(16)));
+        assert!(
+            (saved - 15.0 * layer).abs() < 1e-6 * layer,
+            "{saved} vs {}",
+            15.0 * layer
+        );
+        let saved31 = off - stored(&with(Some(31)));
+        assert!((saved31 - 30.0 * layer).abs() < 1e-6 * layer);
+        assert_eq!(offload_resident_share(&with(Some(16)), &stage), 17.0 / 32.0);
     }
 
     #[test]

@@ -223,6 +223,7 @@ mod tests {
             recompute_modules: None,
             first_stage_layers: None,
             last_stage_layers: None,
+            offload_layers: None,
         }
     }
 

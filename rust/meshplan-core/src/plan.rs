@@ -556,6 +556,15 @@ pub struct Plan {
     /// [`Self::first_stage_layers`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage_layers: Option<u32>,
+    /// Activation offloading to host memory: transformer layers per model chunk whose
+    /// activations saved for backward go to the host during the forward and come back during
+    /// the backward (Megatron-Core `cpu_offloading=True`, `cpu_offloading_num_layers=N`,
+    /// `cpu_offloading_weights=False`, which hands them to TransformerEngine's
+    /// `get_cpu_offload_context`: the chunk's first `N` layers, each copied on its own stream
+    /// within a window of `⌊L/N⌋` layers' compute; docs/costmodel.md §2.4.6, §5.9). Fewer than
+    /// the chunk's layers. `None` or 0: off; the search leaves it `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload_layers: Option<u32>,
 }
 
 fn one() -> u32 {
@@ -631,6 +640,7 @@ impl Plan {
     /// not given) an equal share of at least one layer each, as Megatron requires of
     /// `--decoder-first/last-pipeline-num-layers`. Call after [`Self::validate`].
     pub fn validate_split(&self, layers: u32) -> Result<()> {
+        self.validate_offload(layers)?;
         let Some((field, value)) = self.fixed_stage_layers().next() else {
             return Ok(());
         };
@@ -660,6 +670,41 @@ impl Plan {
         }
     }
 
+    /// Layers per model chunk whose activations go to the host ([`Self::offload_layers`]); 0
+    /// when off.
+    pub fn offloaded_layers(&self) -> u32 {
+        self.offload_layers.unwrap_or(0)
+    }
+
+    /// Checks [`Self::offload_layers`] against a model of `layers` layers: fewer than the
+    /// layers of the smallest model chunk (`⌊L / (pp·vpp)⌋`; with pp = vpp = 1 Megatron-Core's
+    /// own bound, "CPU offloading can be done only for layers less than num_layers"
+    /// [megatron/core/transformer/transformer_config.py `__post_init__`]).
+    fn validate_offload(&self, layers: u32) -> Result<()> {
+        let n = self.offloaded_layers();
+        if n == 0 {
+            return Ok(());
+        }
+        let chunks = (self.pp.max(1) as u64) * (self.vpp.max(1) as u64);
+        let per_chunk = (layers as u64).checked_div(chunks).unwrap_or(0);
+        if n as u64 >= per_chunk {
+            let allowed = if per_chunk <= 1 {
+                format!(
+                    "null or 0: a model chunk of {per_chunk} layer(s) (L = {layers}, pp·vpp = \
+                     {chunks}) has none to offload besides the one in flight"
+                )
+            } else {
+                format!(
+                    "0..{} (fewer than the {per_chunk} layers of a model chunk: L = {layers}, \
+                     pp·vpp = {chunks})",
+                    per_chunk - 1
+                )
+            };
+            return Err(Error::invalid("plan.offload_layers", n, allowed));
+        }
+        Ok(())
+    }
+
     /// Checks the fields that make a plan meaningless (not merely infeasible) for `num_gpus`.
     pub fn validate(&self, num_gpus: u32) -> Result<()> {
         for (field, v) in [
@@ -676,6 +721,9 @@ impl Plan {
         limits::check("plan.zero", self.zero)?;
         if let Some(etp) = self.etp {
             limits::check("plan.etp", etp)?;
+        }
+        if let Some(n) = self.offload_layers {
+            limits::check("plan.offload_layers", n)?;
         }
         for (field, v) in self.fixed_stage_layers() {
             limits::check(field, v)?;
@@ -797,6 +845,9 @@ impl fmt::Display for Plan {
         if let Some(n) = self.last_stage_layers {
             write!(f, ",last_stage_layers={n}")?;
         }
+        if let Some(n) = self.offload_layers {
+            write!(f, ",offload_layers={n}")?;
+        }
         Ok(())
     }
 }
@@ -804,6 +855,51 @@ impl fmt::Display for Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn offload_layers_must_leave_a_layer_of_each_chunk_on_the_gpu() {
+        let plan: Plan =
+            serde_json::from_str(r#"{"dp":8,"tp":1,"pp":1,"offload_layers":40}"#).unwrap();
+        plan.validate(8).unwrap();
+        plan.validate_split(80).unwrap();
+        assert!(plan.to_string().ends_with(",offload_layers=40"));
+        let e = plan.validate_split(40).unwrap_err().to_string();
+        assert!(
+            e.contains("plan.offload_layers") && e.contains("40") && e.contains("0..39"),
+            "{e}"
+        );
+        // Per model chunk: 80 layers on pp 4 × vpp 5 are chunks of 4.
+        let chunked = Plan {
+            dp: 2,
+            pp: 4,
+            vpp: 5,
+            offload_layers: Some(4),
+            ..plan.clone()
+        };
+        let e = chunked.validate_split(80).unwrap_err().to_string();
+        assert!(e.contains("0..3") && e.contains("pp·vpp = 20"), "{e}");
+        Plan {
+            offload_layers: Some(3),
+            ..chunked
+        }
+        .validate_split(80)
+        .unwrap();
+        // 0 is off; a count beyond the limits is refused before the model is known.
+        Plan {
+            offload_layers: Some(0),
+            ..plan.clone()
+        }
+        .validate_split(1)
+        .unwrap();
+        let e = Plan {
+            offload_layers: Some(1 << 20),
+            ..plan
+        }
+        .validate(8)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("plan.offload_layers"), "{e}");
+    }
 
     #[test]
     fn fixed_end_rank_layers_need_pp_and_an_equal_share_for_the_other_ranks() {
@@ -870,6 +966,7 @@ mod tests {
             recompute_modules: None,
             first_stage_layers: None,
             last_stage_layers: None,
+            offload_layers: None,
         };
         let e = plan.validate(8).unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");

@@ -519,6 +519,7 @@ fn base_plan(
         recompute_modules: None,
         first_stage_layers: None,
         last_stage_layers: None,
+        offload_layers: None,
     }
 }
 

@@ -210,6 +210,13 @@ pub struct Stack {
     pub recompute_modules: Vec<RecomputeModule>,
     /// Sequence-parallel settings allowed with `tp > 1`.
     pub sequence_parallel: Vec<bool>,
+    /// Whether the stack offloads the activations of whole layers to host memory
+    /// ([`Plan::offload_layers`]).
+    pub activation_offload: bool,
+    /// Whether it does so with pipeline parallelism (`pp > 1`).
+    pub activation_offload_with_pp: bool,
+    /// Whether it does so together with a recompute mode other than none.
+    pub activation_offload_with_recompute: bool,
 }
 
 /// Why a stack cannot run a plan: the rule and its one-line message.
@@ -507,6 +514,26 @@ impl Stack {
             if let Some(why) = self.recompute_modules_problem(model, modules) {
                 rule!(true, Rule::StackRecompute, "{name} {why}");
             }
+        }
+        if plan.offloaded_layers() > 0 {
+            rule!(
+                !self.activation_offload,
+                Rule::StackRecompute,
+                "{name} has no activation offloading (offload_layers = {})",
+                plan.offloaded_layers()
+            );
+            rule!(
+                self.activation_offload && plan.pp > 1 && !self.activation_offload_with_pp,
+                Rule::StackRecompute,
+                "{name} offloads activations only without pipeline parallelism (pp = 1)"
+            );
+            rule!(
+                self.activation_offload
+                    && plan.recompute != Recompute::None
+                    && !self.activation_offload_with_recompute,
+                Rule::StackRecompute,
+                "{name} offloads activations only without recompute (recompute = none)"
+            );
         }
         rule!(
             plan.tp > 1 && !self.sequence_parallel.contains(&plan.sequence_parallel),
@@ -862,6 +889,7 @@ mod tests {
             recompute_modules: None,
             first_stage_layers: None,
             last_stage_layers: None,
+            offload_layers: None,
         }
     }
 
@@ -917,6 +945,46 @@ mod tests {
                 true
             });
         out
+    }
+
+    #[test]
+    fn only_megatron_core_offloads_activations_and_only_unpipelined_without_recompute() {
+        let plan = |pp: u32, recompute: &str| -> Plan {
+            serde_json::from_str(&format!(
+                r#"{{"dp":{},"tp":1,"pp":{pp},"recompute":"{recompute}","offload_layers":4}}"#,
+                8 / pp
+            ))
+            .unwrap()
+        };
+        let offload = |stack: &str, p: &Plan| -> Vec<String> {
+            broken(stack, p)
+                .into_iter()
+                .filter(|(_, m)| m.contains("offload"))
+                .map(|(r, m)| {
+                    assert_eq!(r, Rule::StackRecompute);
+                    m
+                })
+                .collect()
+        };
+        assert!(offload("megatron-core", &plan(1, "none")).is_empty());
+        let pp = offload("megatron-core", &plan(2, "none"));
+        assert!(pp.len() == 1 && pp[0].contains("pp = 1"), "{pp:?}");
+        let rec = offload("megatron-core", &plan(1, "full"));
+        assert!(
+            rec.len() == 1 && rec[0].contains("recompute = none"),
+            "{rec:?}"
+        );
+        for stack in ["torchtitan", "deepspeed", "maxtext"] {
+            let m = offload(stack, &plan(1, "none"));
+            assert!(
+                m.len() == 1 && m[0].contains("no activation offloading"),
+                "{stack}: {m:?}"
+            );
+        }
+        // Off, no stack objects.
+        let mut off = plan(1, "full");
+        off.offload_layers = Some(0);
+        assert!(offload("deepspeed", &off).is_empty());
     }
 
     #[test]

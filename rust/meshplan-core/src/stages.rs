@@ -439,6 +439,7 @@ mod tests {
             recompute_modules: None,
             first_stage_layers: Some(4),
             last_stage_layers: Some(1),
+            offload_layers: None,
         };
         plan.validate_split(model.layers).unwrap();
         let runs = plan_stage_runs(&model, &plan, 4096);
@@ -458,6 +459,7 @@ mod tests {
         // ranks, a one-line error naming the field.
         let e = Plan {
             last_stage_layers: None,
+            offload_layers: None,
             ..plan
         }
         .validate_split(model.layers)
@@ -633,6 +635,7 @@ mod tests {
             recompute_modules: None,
             first_stage_layers: None,
             last_stage_layers: None,
+            offload_layers: None,
         };
         let got = in_flight(&plan, 64, 0);
         let want = 8.0 * (1.0 + 7.0 / 32.0);

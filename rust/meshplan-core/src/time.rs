@@ -875,6 +875,9 @@ impl<'a> TimeContext<'a> {
                 out.add_scaled(&layers[kind], count as f64);
             }
         }
+        let (offload_fwd, offload_bwd) = self.offload_exposed(stage, layers);
+        out.fwd.compute += offload_fwd;
+        out.bwd.compute += offload_bwd;
         // A precision recipe's BF16 layers at the start (first rank) and end (last rank) of the
         // stack: the difference of their time from that of the same kind at the recipe's
         // precisions (§1.4). The first and last ranks hold the stack's first and last layers;
@@ -902,6 +905,56 @@ impl<'a> TimeContext<'a> {
             }
         }
         out
+    }
+
+    /// Seconds one micro-batch's copy of one offloaded layer's stored activations takes over
+    /// the GPU's host link, one direction (§5.9): the stage's mean stored bytes per layer
+    /// ([`crate::memory::layer_activations`] × the micro-batch's tokens) over
+    /// `host_bandwidth_gbps`. 0 without offloading or without a host-link rate.
+    pub fn offload_copy_s(&self, stage: &Stage) -> f64 {
+        let host = self.problem.cluster.gpu.host_bandwidth_gbps.unwrap_or(0.0);
+        if self.plan.offloaded_layers() == 0 || stage.layers() == 0 || host <= 0.0 {
+            return 0.0;
+        }
+        let per_token = crate::memory::layer_activations(self.problem, self.plan);
+        let bytes = stage.kinds.weighted_sum(&per_token) / stage.layers() as f64 * self.tokens;
+        bytes / (host * 1e9)
+    }
+
+    /// Forward and backward seconds per micro-batch that `stage`'s activation offloading adds
+    /// (§5.9): TransformerEngine copies each of a chunk's `N` offloaded layers on its own CUDA
+    /// stream (d2h in the forward, h2d in the backward) and the compute stream waits for the
+    /// copy only at the end of the layer's window of `w = ⌊L/N⌋` layers
+    /// [transformer_engine/pytorch/cpu_offload.py @v2.8 `layer_window_map`,
+    /// `synchronize_on_group_commit_forward`, `on_group_commit_backward`]: per offloaded layer,
+    /// what the copy takes beyond `w` mean layers of the pass is exposed. The copies' HBM
+    /// traffic (each byte read or written once against several TB/s) is not modelled.
+    pub fn offload_exposed(&self, stage: &Stage, layers: &LayerTimes) -> (f64, f64) {
+        let n = self.plan.offloaded_layers();
+        let count = stage.layers();
+        if n == 0 || count == 0 {
+            return (0.0, 0.0);
+        }
+        let copy = self.offload_copy_s(stage);
+        let mut sum = LayerTime::default();
+        for (kind, c) in stage.kinds.iter() {
+            if c > 0 {
+                sum.add_scaled(&layers[kind], c as f64);
+            }
+        }
+        let vpp = self.plan.vpp.max(1);
+        let per_chunk = (count / vpp).max(1);
+        let n = n.min(per_chunk);
+        let window = (per_chunk / n) as f64;
+        let (fwd, bwd) = (
+            sum.fwd.total() / count as f64,
+            sum.bwd.total() / count as f64,
+        );
+        let offloaded = (n * vpp) as f64;
+        (
+            offloaded * (copy - window * fwd).max(0.0),
+            offloaded * (copy - window * bwd).max(0.0),
+        )
     }
 
     /// Parameters per DDP gradient bucket over a data-parallel `group`: the workload's
@@ -1465,6 +1518,68 @@ mod tests {
         ))
         .unwrap();
         (p, plan)
+    }
+
+    #[test]
+    fn offload_copies_are_exposed_only_where_the_host_link_outlasts_the_window() {
+        // Llama 3 70B, 80 layers on one rank, 2 × 8192 tokens per micro-batch in BF16.
+        let problem = |gpu: &str, host: f64| {
+            let mut cluster = crate::presets::cluster(gpu, 64);
+            cluster.gpu.host_bandwidth_gbps = Some(host);
+            let p = Problem::new(
+                crate::presets::model("llama3-70b").unwrap(),
+                cluster,
+                crate::Workload::new(128, 8192),
+            )
+            .unwrap();
+            p
+        };
+        let plan = |n: Option<u32>| -> Plan {
+            let mut plan: Plan = serde_json::from_str(
+                r#"{"dp":64,"tp":1,"pp":1,"micro_batch":2,"zero":3,"recompute":"none"}"#,
+            )
+            .unwrap();
+            plan.offload_layers = n;
+            plan
+        };
+        let fast = problem("gb200-nvl72", 225.0);
+        let stage = crate::stages::stage_runs(&fast.model, 1, 8192)[0].stage;
+        let (off, on) = (plan(None), plan(Some(40)));
+        let t_off = tc(&fast, &off);
+        let t_on = tc(&fast, &on);
+        let layers = t_on.layers();
+        assert_eq!(t_off.offload_exposed(&stage, &layers), (0.0, 0.0));
+        // One layer's copy: its stored bytes over the link.
+        let bytes = stage
+            .kinds
+            .weighted_sum(&crate::memory::layer_activations(&fast, &on))
+            / 80.0
+            * 16384.0;
+        assert!((t_on.offload_copy_s(&stage) - bytes / 225e9).abs() < 1e-12);
+        // At 225 GB/s the copy of a layer fits in the two layers of compute of its window.
+        assert_eq!(t_on.offload_exposed(&stage, &layers), (0.0, 0.0));
+        assert_eq!(t_on.stage(&stage, &layers), t_off.stage(&stage, &layers));
+        // At 1 GB/s it does not: each of the 40 layers exposes copy − 2 layers' pass.
+        let slow = problem("gb200-nvl72", 1.0);
+        let t_slow = tc(&slow, &on);
+        let copy = t_slow.offload_copy_s(&stage);
+        let (fwd, bwd) = t_slow.offload_exposed(&stage, &layers);
+        let mean = |p: f64| p / 80.0;
+        let full = t_off.stage(&stage, &layers);
+        let ends = t_off.ends(&stage);
+        let want_fwd = 40.0 * (copy - 2.0 * mean(full.fwd.total() - ends.fwd.total()));
+        let want_bwd = 40.0 * (copy - 2.0 * mean(full.bwd.total() - ends.bwd.total()));
+        assert!(fwd > 0.0 && bwd > 0.0 && bwd < fwd);
+        assert!(
+            (fwd - want_fwd).abs() < 1e-9 * want_fwd,
+            "{fwd} vs {want_fwd}"
+        );
+        assert!(
+            (bwd - want_bwd).abs() < 1e-9 * want_bwd,
+            "{bwd} vs {want_bwd}"
+        );
+        let slowed = t_slow.stage(&stage, &layers);
+        assert!((slowed.total() - full.total() - fwd - bwd).abs() < 1e-9);
     }
 
     #[test]

@@ -232,6 +232,10 @@ pub struct CasePlan {
     pub first_stage_layers: Option<u32>,
     #[serde(default)]
     pub last_stage_layers: Option<u32>,
+    /// Transformer layers per model chunk whose activations the run offloaded to host memory
+    /// (Megatron-Core `cpu_offloading_num_layers`, [`Plan::offload_layers`]).
+    #[serde(default)]
+    pub offload_layers: Option<u32>,
 }
 
 impl CasePlan {
@@ -807,6 +811,7 @@ fn published_plan(
         recompute_modules: p.recompute_modules,
         first_stage_layers: p.first_stage_layers,
         last_stage_layers: p.last_stage_layers,
+        offload_layers: p.offload_layers,
     };
     for (field, missing) in [
         ("plan.micro_batch", p.micro_batch.is_none()),

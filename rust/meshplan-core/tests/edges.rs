@@ -69,6 +69,7 @@ fn base_plan(n: u32) -> Plan {
         recompute_modules: None,
         first_stage_layers: None,
         last_stage_layers: None,
+        offload_layers: None,
     }
 }
 

@@ -101,6 +101,7 @@ fn plan_of(fs: &FeasibleSpace, i: usize) -> Plan {
         // The search never fixes the end ranks' layers.
         first_stage_layers: None,
         last_stage_layers: None,
+        offload_layers: None,
     }
 }
 

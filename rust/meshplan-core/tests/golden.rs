@@ -56,6 +56,7 @@ fn plan(dp: u32, tp: u32, zero: u8, sp: bool) -> Plan {
         recompute_modules: None,
         first_stage_layers: None,
         last_stage_layers: None,
+        offload_layers: None,
     }
 }
 

@@ -20,8 +20,10 @@
 mod cp;
 mod dp;
 mod ep;
+mod offload;
 mod pp;
 mod recompute;
+pub use offload::OffloadCost;
 pub use recompute::ModuleCost;
 mod tp;
 
@@ -183,6 +185,10 @@ pub struct Explanation {
     /// worst rank (absent without modules).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recompute_modules: Vec<recompute::ModuleCost>,
+    /// The plan's activation offloading on the worst rank: what it saves and what its copies
+    /// cost (absent without offloading).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offload: Option<offload::OffloadCost>,
 }
 
 /// Explains `plan` on `problem` (an infeasible plan is explained too; its evaluation says why
@@ -220,6 +226,7 @@ pub fn explain_with(problem: &Problem, plan: &Plan, control: &Control) -> Result
         mesh: mesh(problem, &plan),
         pipeline: ctx.pipeline(),
         recompute_modules: ctx.recompute_modules(),
+        offload: ctx.offload(),
         axes,
         plan,
         evaluation,
@@ -643,6 +650,7 @@ pub fn decode_traffic(
         recompute_modules: None,
         first_stage_layers: None,
         last_stage_layers: None,
+        offload_layers: None,
     };
     let g = Groups::of(&plan, cluster.nvlink_domain()).tp;
     let fabric = Fabric::of(cluster);

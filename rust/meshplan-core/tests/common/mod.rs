@@ -135,6 +135,7 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                                 recompute_modules: None,
                                 first_stage_layers: None,
                                 last_stage_layers: None,
+                                offload_layers: None,
                             });
                         }
                     }
