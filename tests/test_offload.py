@@ -1,7 +1,7 @@
 """Activation offloading to host memory as a plan knob (``Plan.offload_layers``: Megatron-Core's
 ``cpu_offloading_num_layers`` with ``cpu_offloading_weights=False``): what it takes off the GPU,
 what its copies over the host link cost, the one-line errors, explain, the wire and the exports
-(docs/costmodel.md §2.4.6, §5.9)."""
+(docs/costmodel.md §2.4.6, §5.6)."""
 
 from __future__ import annotations
 

@@ -561,7 +561,7 @@ pub struct Plan {
     /// the backward (Megatron-Core `cpu_offloading=True`, `cpu_offloading_num_layers=N`,
     /// `cpu_offloading_weights=False`, which hands them to TransformerEngine's
     /// `get_cpu_offload_context`: the chunk's first `N` layers, each copied on its own stream
-    /// within a window of `⌊L/N⌋` layers' compute; docs/costmodel.md §2.4.6, §5.9). Fewer than
+    /// within a window of `⌊L/N⌋` layers' compute; docs/costmodel.md §2.4.6, §5.6). Fewer than
     /// the chunk's layers. `None` or 0: off; the search leaves it `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub offload_layers: Option<u32>,

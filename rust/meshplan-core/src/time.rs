@@ -908,7 +908,7 @@ impl<'a> TimeContext<'a> {
     }
 
     /// Seconds one micro-batch's copy of one offloaded layer's stored activations takes over
-    /// the GPU's host link, one direction (§5.9): the stage's mean stored bytes per layer
+    /// the GPU's host link, one direction (§5.6): the stage's mean stored bytes per layer
     /// ([`crate::memory::layer_activations`] × the micro-batch's tokens) over
     /// `host_bandwidth_gbps`. 0 without offloading or without a host-link rate.
     pub fn offload_copy_s(&self, stage: &Stage) -> f64 {
@@ -922,7 +922,7 @@ impl<'a> TimeContext<'a> {
     }
 
     /// Forward and backward seconds per micro-batch that `stage`'s activation offloading adds
-    /// (§5.9): TransformerEngine copies each of a chunk's `N` offloaded layers on its own CUDA
+    /// (§5.6): TransformerEngine copies each of a chunk's `N` offloaded layers on its own CUDA
     /// stream (d2h in the forward, h2d in the backward) and the compute stream waits for the
     /// copy only at the end of the layer's window of `w = ⌊L/N⌋` layers
     /// [transformer_engine/pytorch/cpu_offload.py @v2.8 `layer_window_map`,

@@ -1,4 +1,4 @@
-//! Activation offloading in `explain` (docs/costmodel.md §2.4.6, §5.9): what the plan's
+//! Activation offloading in `explain` (docs/costmodel.md §2.4.6, §5.6): what the plan's
 //! offloaded layers take off the GPU and what their copies over the host link cost.
 
 use super::*;
