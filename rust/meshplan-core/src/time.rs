@@ -1526,13 +1526,12 @@ mod tests {
         let problem = |gpu: &str, host: f64| {
             let mut cluster = crate::presets::cluster(gpu, 64);
             cluster.gpu.host_bandwidth_gbps = Some(host);
-            let p = Problem::new(
+            Problem::new(
                 crate::presets::model("llama3-70b").unwrap(),
                 cluster,
                 crate::Workload::new(128, 8192),
             )
-            .unwrap();
-            p
+            .unwrap()
         };
         let plan = |n: Option<u32>| -> Plan {
             let mut plan: Plan = serde_json::from_str(
