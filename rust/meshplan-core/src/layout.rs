@@ -232,21 +232,7 @@ mod tests {
             pp,
             ep,
             cp,
-            vpp: 1,
-            micro_batch: 1,
-            zero: 0,
-            recompute: Default::default(),
-            sequence_parallel: false,
-            schedule: None,
-            order: RankOrder::DEFAULT,
-            etp: None,
-            dispatcher: None,
-            ep_overlap: false,
-            cp_exchange: None,
-            recompute_modules: None,
-            first_stage_layers: None,
-            last_stage_layers: None,
-            offload_layers: None,
+            ..Plan::default()
         }
     }
 

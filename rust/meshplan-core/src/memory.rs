@@ -642,24 +642,8 @@ mod tests {
         Plan {
             dp: 8 / tp,
             tp,
-            pp: 1,
-            ep: 1,
-            cp: 1,
-            vpp: 1,
-            micro_batch: 1,
-            zero: 0,
-            recompute: Recompute::None,
             sequence_parallel: sp,
-            schedule: None,
-            order: Default::default(),
-            etp: None,
-            dispatcher: None,
-            ep_overlap: false,
-            cp_exchange: None,
-            recompute_modules: None,
-            first_stage_layers: None,
-            last_stage_layers: None,
-            offload_layers: None,
+            ..Plan::default()
         }
     }
 

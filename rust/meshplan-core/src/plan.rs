@@ -571,6 +571,35 @@ fn one() -> u32 {
     1
 }
 
+/// The plan of one GPU: every degree and the micro-batch 1, every knob off or the stack's
+/// default (what a plan's omitted fields mean, as the serde defaults above read them).
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            ep: 1,
+            cp: 1,
+            vpp: 1,
+            micro_batch: 1,
+            zero: 0,
+            recompute: Recompute::default(),
+            sequence_parallel: false,
+            schedule: None,
+            order: RankOrder::default(),
+            etp: None,
+            dispatcher: None,
+            ep_overlap: false,
+            cp_exchange: None,
+            recompute_modules: None,
+            first_stage_layers: None,
+            last_stage_layers: None,
+            offload_layers: None,
+        }
+    }
+}
+
 impl Plan {
     /// Total GPUs the plan uses: `dp·tp·pp·ep·cp`, or `dp·tp·pp·cp` for a folded plan.
     /// (Saturates at `u64::MAX`, so absurd degrees never wrap around to a valid GPU count.)
@@ -902,6 +931,14 @@ mod tests {
     }
 
     #[test]
+    fn the_default_plan_is_what_omitted_fields_mean() {
+        let read: Plan = serde_json::from_str(r#"{"dp":1,"tp":1,"pp":1}"#).unwrap();
+        assert_eq!(read, Plan::default());
+        assert_eq!(Plan::default().num_gpus(), 1);
+        Plan::default().validate(1).unwrap();
+    }
+
+    #[test]
     fn fixed_end_rank_layers_need_pp_and_an_equal_share_for_the_other_ranks() {
         let plan: Plan = serde_json::from_str(
             r#"{"dp":1,"tp":1,"pp":8,"vpp":4,"first_stage_layers":7,"last_stage_layers":6}"#,
@@ -951,22 +988,7 @@ mod tests {
             tp: u32::MAX,
             pp: u32::MAX,
             ep: 2_863_311_531,
-            cp: 1,
-            vpp: 1,
-            micro_batch: 1,
-            zero: 0,
-            recompute: Recompute::None,
-            sequence_parallel: false,
-            schedule: None,
-            order: RankOrder::DEFAULT,
-            etp: None,
-            dispatcher: None,
-            ep_overlap: false,
-            cp_exchange: None,
-            recompute_modules: None,
-            first_stage_layers: None,
-            last_stage_layers: None,
-            offload_layers: None,
+            ..Plan::default()
         };
         let e = plan.validate(8).unwrap_err();
         assert!(e.to_string().contains("plan"), "{e}");

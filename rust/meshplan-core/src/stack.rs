@@ -874,22 +874,10 @@ mod tests {
             tp,
             pp,
             ep,
-            cp: 1,
             vpp,
-            micro_batch: 1,
             zero: 1,
-            recompute: Recompute::None,
             sequence_parallel: tp > 1,
-            schedule: None,
-            order: RankOrder::DEFAULT,
-            etp: None,
-            dispatcher: None,
-            ep_overlap: false,
-            cp_exchange: None,
-            recompute_modules: None,
-            first_stage_layers: None,
-            last_stage_layers: None,
-            offload_layers: None,
+            ..Plan::default()
         }
     }
 

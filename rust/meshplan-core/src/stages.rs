@@ -420,26 +420,12 @@ mod tests {
         // `[E + 4] + [4] * 14 + [1 + mtp + loss]`.
         let model = crate::presets::model("deepseek-v3").unwrap();
         let plan = Plan {
-            dp: 1,
-            tp: 1,
             pp: 16,
             ep: 8,
-            cp: 1,
-            vpp: 1,
-            micro_batch: 1,
             zero: 1,
-            recompute: Default::default(),
-            sequence_parallel: false,
-            schedule: None,
-            order: Default::default(),
-            etp: None,
-            dispatcher: None,
-            ep_overlap: false,
-            cp_exchange: None,
-            recompute_modules: None,
             first_stage_layers: Some(4),
             last_stage_layers: Some(1),
-            offload_layers: None,
+            ..Plan::default()
         };
         plan.validate_split(model.layers).unwrap();
         let runs = plan_stage_runs(&model, &plan, 4096);
@@ -459,7 +445,6 @@ mod tests {
         // ranks, a one-line error naming the field.
         let e = Plan {
             last_stage_layers: None,
-            offload_layers: None,
             ..plan
         }
         .validate_split(model.layers)
@@ -616,26 +601,9 @@ mod tests {
     fn interleaved_stage0_matches_korthikanti_factor() {
         // Stage 0 holds L·A·(1 + (p−1)/(p·v)) = p·(1 + (p−1)/(pv)) micro-batches of L/p layers.
         let plan = Plan {
-            dp: 1,
-            tp: 1,
             pp: 8,
-            ep: 1,
-            cp: 1,
             vpp: 4,
-            micro_batch: 1,
-            zero: 0,
-            recompute: Default::default(),
-            sequence_parallel: false,
-            schedule: None,
-            order: Default::default(),
-            etp: None,
-            dispatcher: None,
-            ep_overlap: false,
-            cp_exchange: None,
-            recompute_modules: None,
-            first_stage_layers: None,
-            last_stage_layers: None,
-            offload_layers: None,
+            ..Plan::default()
         };
         let got = in_flight(&plan, 64, 0);
         let want = 8.0 * (1.0 + 7.0 / 32.0);

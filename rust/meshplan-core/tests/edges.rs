@@ -51,25 +51,9 @@ fn base_problem(n: u32) -> (Model, Cluster, Workload) {
 fn base_plan(n: u32) -> Plan {
     Plan {
         dp: n,
-        tp: 1,
-        pp: 1,
-        ep: 1,
-        cp: 1,
-        vpp: 1,
-        micro_batch: 1,
         zero: 1,
         recompute: Recompute::Selective,
-        sequence_parallel: false,
-        schedule: None,
-        order: RankOrder::DEFAULT,
-        etp: None,
-        dispatcher: None,
-        ep_overlap: false,
-        cp_exchange: None,
-        recompute_modules: None,
-        first_stage_layers: None,
-        last_stage_layers: None,
-        offload_layers: None,
+        ..Plan::default()
     }
 }
 

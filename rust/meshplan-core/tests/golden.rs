@@ -39,24 +39,9 @@ fn plan(dp: u32, tp: u32, zero: u8, sp: bool) -> Plan {
     Plan {
         dp,
         tp,
-        pp: 1,
-        ep: 1,
-        cp: 1,
-        vpp: 1,
-        micro_batch: 1,
         zero,
-        recompute: Recompute::None,
         sequence_parallel: sp,
-        schedule: None,
-        order: RankOrder::DEFAULT,
-        etp: None,
-        dispatcher: None,
-        ep_overlap: false,
-        cp_exchange: None,
-        recompute_modules: None,
-        first_stage_layers: None,
-        last_stage_layers: None,
-        offload_layers: None,
+        ..Plan::default()
     }
 }
 

@@ -72,7 +72,7 @@ proptest! {
         let per_replica = p.workload.global_batch / (dp * ep).min(p.workload.global_batch);
         let mut prev = 0.0;
         for b in divisors(per_replica.max(1)) {
-            let plan = Plan { dp, tp, pp, ep, cp, vpp: 1, micro_batch: b, zero, recompute, sequence_parallel: sp, schedule: None, order: RankOrder::DEFAULT, etp: None, dispatcher: None, ep_overlap: false, cp_exchange: None, recompute_modules: None, first_stage_layers: None, last_stage_layers: None, offload_layers: None };
+            let plan = Plan { dp, tp, pp, ep, cp, micro_batch: b, zero, recompute, sequence_parallel: sp, ..Plan::default() };
             let e = evaluate(&p, &plan).unwrap();
             prop_assert!(e.peak_memory_gib >= prev - 1e-9, "b = {}: {} < {}", b, e.peak_memory_gib, prev);
             prev = e.peak_memory_gib;
@@ -85,7 +85,7 @@ proptest! {
         let [dp, tp, pp, ep, cp] = tuples[pick.index(tuples.len())];
         let mut prev = f64::INFINITY;
         for zero in 0..=3 {
-            let plan = Plan { dp, tp, pp, ep, cp, vpp: 1, micro_batch: 1, zero, recompute: Recompute::None, sequence_parallel: false, schedule: None, order: RankOrder::DEFAULT, etp: None, dispatcher: None, ep_overlap: false, cp_exchange: None, recompute_modules: None, first_stage_layers: None, last_stage_layers: None, offload_layers: None };
+            let plan = Plan { dp, tp, pp, ep, cp, zero, ..Plan::default() };
             let m = evaluate(&p, &plan).unwrap().memory_gib;
             let states = m.weights + m.gradients + m.optimizer;
             prop_assert!(states <= prev + 1e-9, "zero {}: {} > {}", zero, states, prev);

@@ -631,26 +631,8 @@ pub fn decode_traffic(
         ));
     }
     let plan = Plan {
-        dp: 1,
         tp,
-        pp: 1,
-        ep: 1,
-        cp: 1,
-        vpp: 1,
-        micro_batch: 1,
-        zero: 0,
-        recompute: Recompute::None,
-        sequence_parallel: false,
-        schedule: None,
-        order: RankOrder::DEFAULT,
-        etp: None,
-        dispatcher: None,
-        ep_overlap: false,
-        cp_exchange: None,
-        recompute_modules: None,
-        first_stage_layers: None,
-        last_stage_layers: None,
-        offload_layers: None,
+        ..Plan::default()
     };
     let g = Groups::of(&plan, cluster.nvlink_domain()).tp;
     let fabric = Fabric::of(cluster);
