@@ -45,6 +45,10 @@ def test_models_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
 def test_gpus_table_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "gpus")
     assert code == 0 and "h100-sxm" in out and "mi300x" in out
+    header, _, *rows = out.splitlines()
+    at = header.index("host GB/s")  # the host link per GPU: PCIe or NVLink-C2C
+    host = {r.split()[0]: r[at:].split()[0] for r in rows}
+    assert host["gb200-nvl72"] == "225" and host["h100-sxm"] == "64" and host["a100-sxm-80g"] == "32"
     code, out, _ = run(capsys, "gpus", "--json")
     gpus = json.loads(out)
     assert [g["name"] for g in gpus] == mp.Gpu.presets()

@@ -184,6 +184,10 @@ def test_list_presets(client: PlannerClient) -> None:
     h100 = next(g for g in presets.gpus if g.name == "h100-sxm")
     local = mp.Gpu.preset("h100-sxm")
     assert h100.peak_tflops == local.peak_tflops and h100.memory_gib == local.memory_gib
+    # The host link activation offloading copies over: set for every preset that states one.
+    for g in presets.gpus:
+        assert g.host_bandwidth_gbps == mp.Gpu.preset(g.name).host_bandwidth_gbps
+    assert next(g for g in presets.gpus if g.name == "gb200-nvl72").host_bandwidth_gbps == 225
 
 
 # --- the error table ---------------------------------------------------------------------------

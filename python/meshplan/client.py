@@ -62,6 +62,8 @@ class GpuPreset:
     scaleup_domain: int
     gpus_per_node: int
     network_bandwidth_gbps: float
+    #: Host link per GPU per direction (activation offloading's copies); None where none is stated.
+    host_bandwidth_gbps: Optional[float] = None
 
 
 @dataclass
@@ -251,6 +253,8 @@ class PlannerClient:
                     scaleup_domain=g.scaleup_domain,
                     gpus_per_node=g.gpus_per_node,
                     network_bandwidth_gbps=g.network_bandwidth_gbps,
+                    host_bandwidth_gbps=(g.host_bandwidth_gbps
+                                         if g.HasField("host_bandwidth_gbps") else None),
                 )
                 for g in response.gpus
             ],

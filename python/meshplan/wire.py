@@ -581,6 +581,7 @@ def presets_response() -> pb.ListPresetsResponse:
             scaleup_domain=g.scaleup_domain,
             gpus_per_node=g.gpus_per_node,
             network_bandwidth_gbps=g.network_bandwidth_gbps,
+            host_bandwidth_gbps=g.host_bandwidth_gbps,
         )
     return msg
 

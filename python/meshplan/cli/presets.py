@@ -81,12 +81,13 @@ def _gpus(args: argparse.Namespace, out: TextIO) -> int:
             f"{g.memory_bandwidth_gbps:g}",
             f"{g.scaleup_bandwidth_gbps:g} x{g.scaleup_domain}",
             f"{g.network_bandwidth_gbps:g}",
+            "-" if g.host_bandwidth_gbps is None else f"{g.host_bandwidth_gbps:g}",
             provenance(g)["summary"],
             g.description,
         ])
     header = [
         "name", "HBM GiB", "bf16 TF/s", "fp8 TF/s", "nvfp4 TF/s", "HBM GB/s",
-        "NVLink GB/s x domain", "net GB/s", "calibrated", "description",
+        "NVLink GB/s x domain", "net GB/s", "host GB/s", "calibrated", "description",
     ]
     out.write(table(header, rows) + "\n")
     return 0

@@ -1840,6 +1840,7 @@ class GpuPreset(_message.Message):
     SCALEUP_DOMAIN_FIELD_NUMBER: _builtins.int
     GPUS_PER_NODE_FIELD_NUMBER: _builtins.int
     NETWORK_BANDWIDTH_GBPS_FIELD_NUMBER: _builtins.int
+    HOST_BANDWIDTH_GBPS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     description: _builtins.str
     memory_gib: _builtins.float
@@ -1848,6 +1849,10 @@ class GpuPreset(_message.Message):
     scaleup_domain: _builtins.int
     gpus_per_node: _builtins.int
     network_bandwidth_gbps: _builtins.float
+    host_bandwidth_gbps: _builtins.float
+    """Host link per GPU per direction (PCIe or NVLink-C2C), what activation offloading's copies
+    use; absent where the preset states none (an offloading plan is refused there).
+    """
     @_builtins.property
     def peak_tflops(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """Dense tensor-core peak per precision the chip has."""
@@ -1864,12 +1869,15 @@ class GpuPreset(_message.Message):
         scaleup_domain: _builtins.int = ...,
         gpus_per_node: _builtins.int = ...,
         network_bandwidth_gbps: _builtins.float = ...,
+        host_bandwidth_gbps: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_host_bandwidth_gbps", b"_host_bandwidth_gbps", "host_bandwidth_gbps", b"host_bandwidth_gbps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "gpus_per_node", b"gpus_per_node", "memory_bandwidth_gbps", b"memory_bandwidth_gbps", "memory_gib", b"memory_gib", "name", b"name", "network_bandwidth_gbps", b"network_bandwidth_gbps", "peak_tflops", b"peak_tflops", "scaleup_bandwidth_gbps", b"scaleup_bandwidth_gbps", "scaleup_domain", b"scaleup_domain"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_host_bandwidth_gbps", b"_host_bandwidth_gbps", "description", b"description", "gpus_per_node", b"gpus_per_node", "host_bandwidth_gbps", b"host_bandwidth_gbps", "memory_bandwidth_gbps", b"memory_bandwidth_gbps", "memory_gib", b"memory_gib", "name", b"name", "network_bandwidth_gbps", b"network_bandwidth_gbps", "peak_tflops", b"peak_tflops", "scaleup_bandwidth_gbps", b"scaleup_bandwidth_gbps", "scaleup_domain", b"scaleup_domain"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__host_bandwidth_gbps: _TypeAlias = _typing.Literal["host_bandwidth_gbps"]  # noqa: Y015
+    _WhichOneofArgType__host_bandwidth_gbps: _TypeAlias = _typing.Literal["_host_bandwidth_gbps", b"_host_bandwidth_gbps"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__host_bandwidth_gbps) -> _WhichOneofReturnType__host_bandwidth_gbps | None: ...
 
 Global___GpuPreset: _TypeAlias = GpuPreset  # noqa: Y015
 
