@@ -35,6 +35,7 @@ __all__ = [
     "collective_times",
     "gemm_times",
     "attention_length_factors",
+    "rank_layer_counts",
     "explain",
     "decode_traffic",
     "rank_orders",
@@ -154,6 +155,10 @@ def collective_times(gpu: dict[str, Any], queries: list[dict[str, Any]]) -> list
 def attention_length_factors(seqs: list[float]) -> list[float]:
     """Flash attention's rate at each kernel call length relative to the reference length at
     which ``attention_efficiency`` holds (docs/costmodel.md §5.2)."""
+
+def rank_layer_counts(layers: int, plan: dict[str, Any]) -> list[tuple[int, int]]:
+    """Layers per pipeline rank of ``plan`` on a model of ``layers`` layers, as ``(ranks, layers
+    each)`` runs in rank order: the split the cost model times (``stages.rs``)."""
 
 def gemm_times(gpu: dict[str, Any], precision: str, shapes: list[list[float]]) -> list[float]:
     """Seconds of each ``[m, n, k]`` GEMM on ``gpu`` at ``precision`` as the time model charges

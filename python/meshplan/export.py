@@ -34,7 +34,7 @@ import tomllib
 from typing import Any, Mapping, Optional, Union
 
 from . import _core
-from ._fields import as_type
+from ._fields import as_type, check_int
 from .api import ModelLike, as_model
 from .errors import InvalidInputError
 from .model import Model
@@ -73,25 +73,18 @@ def stack_profile(name: str) -> dict[str, Any]:
 def rank_layers(
     layers: int, pp: int, first: Optional[int] = None, last: Optional[int] = None
 ) -> list[int]:
-    """Layers on each pipeline rank as the cost model splits them (core ``stages.rs``): ``L/pp``
-    each, the remainder to the middle ranks first, then the last, then the first; with the
-    first and/or last rank's count fixed (``Plan.first_stage_layers``/``last_stage_layers``),
-    those, and the other ranks an equal share of the rest."""
-    if pp == 1:
-        return [layers]
-    if first is not None or last is not None:
-        free = pp - (first is not None) - (last is not None)
-        share = (layers - (first or 0) - (last or 0)) // free if free else 0
-        return [share if first is None else first] + [share] * (pp - 2) + [
-            share if last is None else last
-        ]
-    base, rem = divmod(layers, pp)
-    middle = pp - 2
-    extra_middle = min(rem, middle)
-    counts = [base + (1 if rem > middle + 1 else 0)]
-    counts += [base + 1] * extra_middle + [base] * (middle - extra_middle)
-    counts.append(base + (1 if rem > middle else 0))
-    return counts
+    """Layers on each pipeline rank as the cost model splits them (the core's
+    ``stages::rank_layer_counts``): ``L/pp`` each, the remainder to the middle ranks first, then
+    the last, then the first; with the first and/or last rank's count fixed
+    (``Plan.first_stage_layers``/``last_stage_layers``), those, and the other ranks an equal
+    share of the rest. Counts that leave no equal share raise :class:`InvalidInputError`."""
+    ends = {
+        field: None if count is None else check_int(f"plan.{field}", count)
+        for field, count in (("first_stage_layers", first), ("last_stage_layers", last))
+    }
+    plan = {"dp": 1, "tp": 1, "pp": check_int("plan.pp", pp), **ends}
+    runs = _core.rank_layer_counts(check_int("model.layers", layers), plan)
+    return [each for ranks, each in runs for _ in range(ranks)]
 
 
 def chunk_layers(

@@ -238,21 +238,15 @@ impl Gpu {
             if let Some(v) = self.peak_tflops.get(p) {
                 check_positive(&format!("gpu.peak_tflops.{}", p.name()), v)?;
             }
-            if let Some(v) = self.calibration.gemm_efficiency.get(p) {
-                check_fraction(
-                    &format!("gpu.calibration.gemm_efficiency.{}", p.name()),
-                    v,
-                    0.01,
-                    1.0,
-                )?;
-            }
-            if let Some(v) = self.calibration.matmul_efficiency.get(p) {
-                check_fraction(
-                    &format!("gpu.calibration.matmul_efficiency.{}", p.name()),
-                    v,
-                    0.01,
-                    1.0,
-                )?;
+            let fractions = [
+                ("gemm_efficiency", &self.calibration.gemm_efficiency),
+                ("matmul_efficiency", &self.calibration.matmul_efficiency),
+            ];
+            for (table, values) in fractions {
+                if let Some(v) = values.get(p) {
+                    let field = format!("gpu.calibration.{table}.{}", p.name());
+                    check_fraction(&field, v, 0.01, 1.0)?;
+                }
             }
         }
         check_positive("gpu.memory_gib", self.memory_gib)?;

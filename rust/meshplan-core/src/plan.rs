@@ -667,9 +667,11 @@ impl Plan {
     /// Checks the fixed end-rank layer counts against a model of `layers` layers: together at
     /// most `layers`, and the ranks left free (the middle ones, and an end rank whose count is
     /// not given) an equal share of at least one layer each, as Megatron requires of
-    /// `--decoder-first/last-pipeline-num-layers`. Call after [`Self::validate`].
+    /// `--decoder-first/last-pipeline-num-layers`; no count with a single rank. Call after
+    /// [`Self::validate`] (it checks the degrees).
     pub fn validate_split(&self, layers: u32) -> Result<()> {
         self.validate_offload(layers)?;
+        self.check_fixed_stage_layers()?;
         let Some((field, value)) = self.fixed_stage_layers().next() else {
             return Ok(());
         };
@@ -709,6 +711,22 @@ impl Plan {
     /// layers of the smallest model chunk (`⌊L / (pp·vpp)⌋`; with pp = vpp = 1 Megatron-Core's
     /// own bound, "CPU offloading can be done only for layers less than num_layers"
     /// [megatron/core/transformer/transformer_config.py `__post_init__`]).
+    /// The fixed end-rank layer counts within their limits, and none with a single pipeline
+    /// rank (which holds every layer).
+    fn check_fixed_stage_layers(&self) -> Result<()> {
+        for (field, v) in self.fixed_stage_layers() {
+            limits::check(field, v)?;
+            if self.pp <= 1 {
+                return Err(Error::invalid(
+                    field,
+                    v,
+                    "null with pp = 1 (a single pipeline rank holds every layer)",
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate_offload(&self, layers: u32) -> Result<()> {
         let n = self.offloaded_layers();
         if n == 0 {
@@ -754,16 +772,7 @@ impl Plan {
         if let Some(n) = self.offload_layers {
             limits::check("plan.offload_layers", n)?;
         }
-        for (field, v) in self.fixed_stage_layers() {
-            limits::check(field, v)?;
-            if self.pp == 1 {
-                return Err(Error::invalid(
-                    field,
-                    v,
-                    "null with pp = 1 (a single pipeline rank holds every layer)",
-                ));
-            }
-        }
+        self.check_fixed_stage_layers()?;
         if self.num_gpus() != num_gpus as u64 {
             let product = if self.folded() {
                 "dp·tp·pp·cp (a folded plan: dp is the dense layers' data parallelism)"

@@ -134,6 +134,21 @@ pub fn plan_layer_runs(layers: u32, plan: &Plan) -> [(u32, u32, u32); 4] {
     ]
 }
 
+/// Layers per pipeline rank of `plan` on a model of `layers` layers, in rank order as runs
+/// `(ranks, layers each)` (the non-empty runs of [`plan_layer_runs`]), after checking the counts
+/// (one-line errors). What the exporters write rank by rank, so that a layout says the split the
+/// cost model times.
+pub fn rank_layer_counts(layers: u32, plan: &Plan) -> crate::error::Result<Vec<(u32, u32)>> {
+    crate::limits::check("model.layers", layers)?;
+    crate::limits::check("plan.pp", plan.pp)?;
+    plan.validate_split(layers)?;
+    Ok(plan_layer_runs(layers, plan)
+        .into_iter()
+        .filter(|&(_, ranks, _)| ranks > 0)
+        .map(|(_, ranks, each)| (ranks, each))
+        .collect())
+}
+
 /// Forward FLOPs per token of one layer of each kind of `model` (unsharded) on sequences of
 /// `seq_len` tokens: `2·N_active` of its matmuls plus its core (attention over its causal keys,
 /// a scan; Mamba-2's SSD at its flash-attention-equivalent floor, docs/costmodel.md §1.4, the
@@ -413,6 +428,34 @@ pub fn last_of_equal_max<T>(
 mod tests {
     use super::*;
     use crate::model::Moe;
+
+    #[test]
+    fn rank_layer_counts_are_the_timed_split_and_refuse_what_has_none() {
+        let plan = |pp: u32, first: Option<u32>, last: Option<u32>| Plan {
+            pp,
+            first_stage_layers: first,
+            last_stage_layers: last,
+            ..Plan::default()
+        };
+        // DeepSeek-V3's pp 16 layout, and the default split of 61 layers over 16 ranks.
+        assert_eq!(
+            rank_layer_counts(61, &plan(16, Some(4), Some(1))).unwrap(),
+            [(1, 4), (14, 4), (1, 1)]
+        );
+        assert_eq!(
+            rank_layer_counts(61, &plan(16, None, None)).unwrap(),
+            [(1, 3), (13, 4), (1, 3), (1, 3)]
+        );
+        assert_eq!(
+            rank_layer_counts(61, &plan(1, None, None)).unwrap(),
+            [(1, 61)]
+        );
+        // Fixed ends with a single rank: a one-line error, not an underflow of the free ranks.
+        let e = rank_layer_counts(61, &plan(1, Some(4), Some(1))).unwrap_err();
+        assert!(e.to_string().contains("pp = 1"), "{e}");
+        let e = rank_layer_counts(61, &plan(u32::MAX, None, None)).unwrap_err();
+        assert!(e.to_string().contains("plan.pp"), "{e}");
+    }
 
     #[test]
     fn fixed_end_ranks_take_their_counts_and_the_others_share_the_rest() {

@@ -161,6 +161,16 @@ impl LayerParts {
 /// Layer times per kind of the model's [`crate::layer::LayerKinds`] (unused entries default).
 pub type LayerTimes = [LayerTime; MAX_LAYER_KINDS];
 
+/// Adds one micro-batch through each of `stage`'s layers (`layers`: their times per kind) to
+/// `out`, kind by kind in the stage's order.
+fn add_stage_layers(out: &mut LayerTime, stage: &Stage, layers: &LayerTimes) {
+    for (kind, count) in stage.kinds.iter() {
+        if count > 0 {
+            out.add_scaled(&layers[kind], count as f64);
+        }
+    }
+}
+
 /// Everything the step time of one plan needs, resolved once: the device model (built from the
 /// GPU and precision alone, [`Device`]), the fabric, the stack's behaviour and the plan's groups.
 pub struct TimeContext<'a> {
@@ -870,11 +880,7 @@ impl<'a> TimeContext<'a> {
     /// the per-kind layer times `layers` ([`Self::layers`]).
     pub fn stage(&self, stage: &Stage, layers: &LayerTimes) -> LayerTime {
         let mut out = self.ends(stage);
-        for (kind, count) in stage.kinds.iter() {
-            if count > 0 {
-                out.add_scaled(&layers[kind], count as f64);
-            }
-        }
+        add_stage_layers(&mut out, stage, layers);
         let (offload_fwd, offload_bwd) = self.offload_exposed(stage, layers);
         out.fwd.compute += offload_fwd;
         out.bwd.compute += offload_bwd;
@@ -937,11 +943,7 @@ impl<'a> TimeContext<'a> {
         }
         let copy = self.offload_copy_s(stage);
         let mut sum = LayerTime::default();
-        for (kind, c) in stage.kinds.iter() {
-            if c > 0 {
-                sum.add_scaled(&layers[kind], c as f64);
-            }
-        }
+        add_stage_layers(&mut sum, stage, layers);
         let vpp = self.plan.vpp.max(1);
         let per_chunk = (count / vpp).max(1);
         let n = n.min(per_chunk);
@@ -950,7 +952,7 @@ impl<'a> TimeContext<'a> {
             sum.fwd.total() / count as f64,
             sum.bwd.total() / count as f64,
         );
-        let offloaded = (n * vpp) as f64;
+        let offloaded = n as f64 * vpp as f64;
         (
             offloaded * (copy - window * fwd).max(0.0),
             offloaded * (copy - window * bwd).max(0.0),
@@ -1486,6 +1488,14 @@ pub fn cp_a2a_bytes(tokens: f64, ops: &LayerOps) -> [f64; 4] {
 mod tests {
     use super::*;
 
+    /// The first of `kinds` whose spec satisfies `pred`.
+    fn kind_where(
+        kinds: &crate::layer::LayerKinds,
+        pred: impl Fn(&crate::layer::LayerSpec) -> bool,
+    ) -> usize {
+        kinds.specs().iter().position(pred).unwrap()
+    }
+
     /// Nemotron 3 Nano on 8 GB200 in NVFP4 (tp 1, ep 8), with `recipe` and `mtp` MTP depths.
     fn nano(recipe: Option<&str>, mtp: Option<u32>) -> (Problem, Plan) {
         let mut model = crate::presets::model("nemotron-3-nano-30b-a3b").unwrap();
@@ -1866,9 +1876,7 @@ mod tests {
         let (p, plan) = nano(None, None);
         let t = tc(&p, &plan);
         let kinds = p.model.layer_kinds();
-        let mamba = (0..kinds.len())
-            .find(|&k| matches!(kinds.specs()[k].mixer, crate::layer::Mixer::Mamba(_)))
-            .unwrap();
+        let mamba = kind_where(&kinds, |s| matches!(s.mixer, crate::layer::Mixer::Mamba(_)));
         let keys = crate::device::ssd_flash_crossover_keys();
         assert_eq!(keys, 2048.0);
         let core = t.layer_ops(mamba).attention;
@@ -1904,14 +1912,9 @@ mod tests {
         let t2 = tc(&p, &tp2);
         assert!((t2.layer_parts(mamba).attention_fwd / (floor / 2.0) - 1.0).abs() < 1e-12);
         // Attention layers keep their own keys: no floor.
-        let attn = (0..kinds.len())
-            .find(|&k| {
-                matches!(
-                    kinds.specs()[k].mixer,
-                    crate::layer::Mixer::Attention { .. }
-                )
-            })
-            .unwrap();
+        let attn = kind_where(&kinds, |s| {
+            matches!(s.mixer, crate::layer::Mixer::Attention { .. })
+        });
         assert_eq!(t.layer_ops(attn).attention.ssd_heads, 0.0);
     }
 
@@ -1934,9 +1937,7 @@ mod tests {
         )
         .unwrap();
         let kinds = p.model.layer_kinds();
-        let moe_kind = (0..kinds.len())
-            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
-            .unwrap();
+        let moe_kind = kind_where(&kinds, |s| matches!(s.mlp, crate::layer::Mlp::Moe(_)));
         let (t0, t1) = (tc(&p, &plain), tc(&p, &overlap));
         assert_eq!(t1.stack().ep_comm_sms, 20.0);
         let (a, b) = (t0.layer_parts(moe_kind).time, t1.layer_parts(moe_kind).time);
@@ -1968,9 +1969,7 @@ mod tests {
         let t = tc(&p, &plan);
         assert_eq!(t.stack().grouped_gemm_expert_issue_us, 33.0);
         let kinds = p.model.layer_kinds();
-        let moe = (0..kinds.len())
-            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
-            .unwrap();
+        let moe = kind_where(&kinds, |s| matches!(s.mlp, crate::layer::Mlp::Moe(_)));
         let ops = t.layer_ops(moe);
         let (mut all, mut routed) = (LinearTimes::default(), LinearTimes::default());
         for gemm in ops.gemms() {
@@ -2021,9 +2020,7 @@ mod tests {
         let tc = tc(&p, &plan);
         assert_eq!(tc.stack().wgrad_output_bytes, Some(8.0));
         let kinds = p.model.layer_kinds();
-        let moe_kind = (0..kinds.len())
-            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
-            .unwrap();
+        let moe_kind = kind_where(&kinds, |s| matches!(s.mlp, crate::layer::Mlp::Moe(_)));
         let wgrad = tc.layer_parts(moe_kind).time.wgrad;
         let moe = p.model.moe.as_ref().unwrap();
         let local = moe.num_experts as f64 / 8.0;
@@ -2049,12 +2046,9 @@ mod tests {
         p.workload.cuda_graphs = CudaGraphs::Full;
         let tc = tc(&p, &plan);
         let kinds = p.model.layer_kinds();
-        let moe_kind = (0..kinds.len())
-            .find(|&k| {
-                matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_))
-                    && !kinds.specs()[k].mixer.present()
-            })
-            .unwrap();
+        let moe_kind = kind_where(&kinds, |s| {
+            matches!(s.mlp, crate::layer::Mlp::Moe(_)) && !s.mixer.present()
+        });
         let parts = tc.layer_parts(moe_kind);
         let sel = |m: Option<&str>| {
             parts.with(
@@ -2088,9 +2082,7 @@ mod tests {
         // The block holds both: its replay is more than the two together.
         assert!(parts.modules.compute[i] > extra);
         // A Mamba layer has nothing the MoE modules replay.
-        let mamba = (0..kinds.len())
-            .find(|&k| matches!(kinds.specs()[k].mixer, crate::layer::Mixer::Mamba(_)))
-            .unwrap();
+        let mamba = kind_where(&kinds, |s| matches!(s.mixer, crate::layer::Mixer::Mamba(_)));
         let mp = tc.layer_parts(mamba);
         assert_eq!(
             mp.with(
@@ -2127,9 +2119,7 @@ mod tests {
         let (pe, plan) = qwen3_30b("qwen3-30b-a3b", 1, CudaGraphs::None);
         let (pg, _) = qwen3_30b("qwen3-30b-a3b", 1, CudaGraphs::Full);
         let kinds = pe.model.layer_kinds();
-        let k = (0..kinds.len())
-            .find(|&k| matches!(kinds.specs()[k].mlp, crate::layer::Mlp::Moe(_)))
-            .unwrap();
+        let k = kind_where(&kinds, |s| matches!(s.mlp, crate::layer::Mlp::Moe(_)));
         let (eager, graphed) = (tc(&pe, &plan).layer(k), tc(&pg, &plan).layer(k));
         assert_eq!(graphed.host_wait, 0.0);
         assert!(graphed.total() < host, "{} vs {host}", graphed.total());

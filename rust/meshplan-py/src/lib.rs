@@ -813,6 +813,23 @@ fn attention_length_factors(py: Python<'_>, seqs: &Bound<'_, PyAny>) -> PyResult
     })
 }
 
+/// Layers per pipeline rank of `plan` (a plan dict) on a model of `layers` layers, as
+/// `(ranks, layers each)` runs in rank order: the split the cost model times (`stages.rs`).
+#[pyfunction]
+fn rank_layer_counts(
+    py: Python<'_>,
+    layers: &Bound<'_, PyAny>,
+    plan: &Bound<'_, PyAny>,
+) -> PyResult<Py<PyAny>> {
+    let inputs = (
+        arg::<u32>(layers, "layers")?,
+        arg::<core::Plan>(plan, "plan")?,
+    );
+    run(py, inputs, None, |(layers, plan)| {
+        core::stages::rank_layer_counts(layers, &plan)
+    })
+}
+
 /// Explains one plan axis by axis (sharding, collectives, bytes, fabric, time) on a problem dict.
 #[pyfunction]
 #[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
@@ -1187,6 +1204,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(collective_times, m)?)?;
     m.add_function(wrap_pyfunction!(gemm_times, m)?)?;
     m.add_function(wrap_pyfunction!(attention_length_factors, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_layer_counts, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(decode_traffic, m)?)?;
     m.add_function(wrap_pyfunction!(rank_orders, m)?)?;
