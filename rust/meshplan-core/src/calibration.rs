@@ -116,14 +116,7 @@ impl CalibrationOverride {
             if let Some(g) = over {
                 for p in Precision::ALL {
                     if let Some(v) = g.get(p) {
-                        let slot = match p {
-                            Precision::Bf16 => &mut table.bf16,
-                            Precision::Fp16 => &mut table.fp16,
-                            Precision::Fp8 => &mut table.fp8,
-                            Precision::Mxfp8 => &mut table.mxfp8,
-                            Precision::Nvfp4 => &mut table.nvfp4,
-                        };
-                        *slot = Some(v);
+                        table.set(p, v);
                     }
                 }
             }

@@ -70,6 +70,18 @@ impl PerPrecision {
         }
     }
 
+    /// Sets the value for `p`.
+    pub fn set(&mut self, p: Precision, value: f64) {
+        let slot = match p {
+            Precision::Bf16 => &mut self.bf16,
+            Precision::Fp16 => &mut self.fp16,
+            Precision::Fp8 => &mut self.fp8,
+            Precision::Mxfp8 => &mut self.mxfp8,
+            Precision::Nvfp4 => &mut self.nvfp4,
+        };
+        *slot = Some(value);
+    }
+
     /// No precision has a value.
     pub fn is_empty(&self) -> bool {
         self.available().is_empty()

@@ -63,7 +63,7 @@ use crate::calibration::{apply_overrides, CalibrationOverrides};
 use crate::error::{Error, Result};
 use crate::evaluate::evaluate_in;
 use crate::flops::{recompute_flops_per_token, train_flops_per_token, AttentionCounting};
-use crate::hardware::{Cluster, Precision};
+use crate::hardware::{Cluster, Gpu, PerPrecision, Precision};
 use crate::model::{Activation, LinearAttention, Mamba, Mla, Model, Moe, Norm};
 use crate::plan::{CpExchange, Dispatcher, Plan, Recompute, RecomputeModules, Schedule};
 use crate::report::Evaluation;
@@ -151,6 +151,12 @@ pub struct CaseCluster {
     pub gpus_per_node: Option<u32>,
     #[serde(default)]
     pub nvlink_domain: Option<u32>,
+    /// The maximum-achievable-matmul fraction of the dense peak measured on the run's own
+    /// machine, per precision, where the run's source publishes a GEMM microbenchmark of it
+    /// (validation/README.md): the GPU's GEMM efficiency at the run's precision is scaled by this
+    /// over the preset's `matmul_efficiency` there ([`scale_to_machine`]).
+    #[serde(default)]
+    pub matmul_efficiency: Option<PerPrecision>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -437,6 +443,45 @@ pub fn parse_cases(json_text: &str) -> Result<Vec<Entry>> {
         .collect()
 }
 
+/// The run's own machine against the GPU's preset (`cluster.matmul_efficiency`): the GEMM
+/// efficiency at `precision` ([`crate::device::gemm_efficiency`]) times the machine's measured
+/// matmul fraction over the preset's `matmul_efficiency` there, both the best of a GEMM shape
+/// sweep, so that a slower (power-capped, throttled) machine of the same GPU type is timed at its
+/// own rate and fitting the GPU's efficiency on its runs yields the GPU's, not the machine's
+/// (docs/calibration.md). Every fraction must lie in (0, 1]; a fraction at the run's precision
+/// needs the preset's at that precision.
+fn scale_to_machine(gpu: &mut Gpu, machine: &PerPrecision, precision: Precision) -> Result<()> {
+    for p in machine.available() {
+        let v = machine.get(p).unwrap_or_default();
+        if !(v > 0.0 && v <= 1.0) {
+            return Err(Error::invalid(
+                format!("cluster.matmul_efficiency.{}", p.name()),
+                v,
+                "a fraction of the dense peak in (0, 1]",
+            ));
+        }
+    }
+    let Some(measured) = machine.get(precision) else {
+        return Ok(());
+    };
+    let Some(reference) = gpu.calibration.matmul_efficiency.get(precision) else {
+        return Err(Error::invalid(
+            format!("cluster.matmul_efficiency.{}", precision.name()),
+            measured,
+            format!(
+                "a precision whose matmul_efficiency the {} preset records (none at {})",
+                gpu.name,
+                precision.name()
+            ),
+        ));
+    };
+    let efficiency = crate::device::gemm_efficiency(&gpu.calibration, precision);
+    gpu.calibration
+        .gemm_efficiency
+        .set(precision, efficiency * measured / reference);
+    Ok(())
+}
+
 const SOURCES_TOML: &str = include_str!("../data/sources.toml");
 
 /// One `[[source]]` of `data/sources.toml`: the framework facts of the published runs whose
@@ -696,16 +741,19 @@ fn problem_of(
     if !facts.tp_comm_overlap {
         gpu.calibration.tp_overlap = Some(0.0);
     }
+    let precision = case.training.precision.unwrap_or_else(|| {
+        defaults.push("training.precision".into());
+        Precision::Bf16
+    });
+    if let Some(machine) = &case.cluster.matmul_efficiency {
+        scale_to_machine(&mut gpu, machine, precision)?;
+    }
     let cluster = Cluster {
         gpu,
         num_gpus: case.cluster.num_gpus,
         gpus_per_node: case.cluster.gpus_per_node,
         nvlink_domain: case.cluster.nvlink_domain,
     };
-    let precision = case.training.precision.unwrap_or_else(|| {
-        defaults.push("training.precision".into());
-        Precision::Bf16
-    });
     let p = &case.plan;
     let per_step = p.dense_dp().saturating_mul(p.micro_batch.unwrap_or(1));
     let global_batch = case.training.global_batch.unwrap_or_else(|| {
@@ -1233,6 +1281,74 @@ mod tests {
         let q = problem_of(&other, None, &mut defaults).unwrap();
         assert_eq!(q.cluster.gpu.network_bandwidth_gbps, 25.0);
         assert_eq!(q.cluster.gpu.calibration.dp_overlap, None);
+    }
+
+    #[test]
+    fn a_cases_own_machine_scales_its_gemm_efficiency() {
+        let case = |machine: serde_json::Value, precision: &str| -> Case {
+            serde_json::from_value(serde_json::json!({
+                "id": "simumax-x", "source": "MooreThreads/SimuMax", "task": "pretrain",
+                "model": {"name": "m", "layers": 2, "hidden": 1024, "heads": 8,
+                          "ffn_hidden": 4096, "vocab": 32000, "activation": "swiglu"},
+                "cluster": {"gpu": "b200", "num_gpus": 8, "matmul_efficiency": machine},
+                "training": {"global_batch": 8, "seq_len": 1024, "precision": precision},
+                "plan": {"dp": 8, "tp": 1, "pp": 1, "ep": 1, "cp": 1},
+                "measured": {"step_time_s": 1.0}
+            }))
+            .unwrap()
+        };
+        let preset = presets::gpu("b200").unwrap().calibration;
+        let (fitted, fact) = (
+            preset.gemm_efficiency.bf16.unwrap(),
+            preset.matmul_efficiency.bf16.unwrap(),
+        );
+        let mut defaults = Vec::new();
+        let p = problem_of(
+            &case(serde_json::json!({"bf16": 0.655}), "bf16"),
+            None,
+            &mut defaults,
+        )
+        .unwrap();
+        let scaled = p.cluster.gpu.calibration.gemm_efficiency.bf16.unwrap();
+        assert!((scaled - fitted * 0.655 / fact).abs() < 1e-12);
+        assert!(scaled < fitted);
+        // A machine fact at another precision leaves the run's own precision alone.
+        let p = problem_of(
+            &case(serde_json::json!({"bf16": 0.655}), "fp8"),
+            None,
+            &mut defaults,
+        )
+        .unwrap();
+        assert_eq!(
+            p.cluster.gpu.calibration.gemm_efficiency,
+            preset.gemm_efficiency
+        );
+        // Out-of-range fractions and a precision the preset has no fact for are named errors.
+        for bad in [0.0, 1.5, -0.2] {
+            let e = problem_of(
+                &case(serde_json::json!({"bf16": bad}), "bf16"),
+                None,
+                &mut defaults,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("cluster.matmul_efficiency.bf16") && e.contains("(0, 1]"),
+                "{e}"
+            );
+        }
+        let mut gpu = presets::gpu("h100-sxm-96g").unwrap();
+        let machine = PerPrecision {
+            bf16: Some(0.7),
+            ..PerPrecision::default()
+        };
+        let e = scale_to_machine(&mut gpu, &machine, Precision::Bf16)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("cluster.matmul_efficiency.bf16") && e.contains("h100-sxm-96g"),
+            "{e}"
+        );
     }
 
     #[test]
