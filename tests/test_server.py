@@ -187,6 +187,7 @@ def test_list_presets(client: PlannerClient) -> None:
     # The host link activation offloading copies over: set for every preset that states one.
     for g in presets.gpus:
         assert g.host_bandwidth_gbps == mp.Gpu.preset(g.name).host_bandwidth_gbps
+        assert g.architecture is not None and g.architecture == mp.Gpu.preset(g.name).architecture
     assert next(g for g in presets.gpus if g.name == "gb200-nvl72").host_bandwidth_gbps == 225
 
 

@@ -93,7 +93,8 @@ def test_a_held_out_gpu_is_predicted_from_its_microbenchmark() -> None:
     """The prior is the core's rule for a GPU without fits (``device::gemm_efficiency``): the GPU's
     matmul fraction at the precision (else at BF16), measured or derived, times the realisation:
     the median, over the fitted groups whose fraction is *measured at that precision* (a BF16 MAMF
-    serves FP16), of fitted / fraction, all precisions pooled."""
+    serves FP16), of fitted / fraction, all precisions pooled (within the GPU's realisation class
+    when the fold has two or more of its groups, below)."""
     from meshplan.validation import matmul_fact, matmul_prior, matmul_realisation
 
     a100, h100, h100_fp8 = matmul_fact("a100-sxm-80g", {}), matmul_fact("h100-sxm", {}), matmul_fact("h100-sxm", {}, "fp8")
@@ -125,18 +126,22 @@ def test_a_held_out_gpu_is_predicted_from_its_microbenchmark() -> None:
     assert matmul_fact("h100-sxm-96g", base) == 0.7
     r_user = statistics.median([0.80 / a100, 0.75 / h100, 0.69 / h100_fp8, 0.60 / b200_fp8, 0.40 / 0.7])
     assert matmul_realisation(fitted, base) == pytest.approx(r_user)
-    assert matmul_prior(("h100-sxm-96g", "bf16"), fitted, base) == pytest.approx(0.7 * r_user, abs=1e-4)
+    # Hopper's class (default) has four measured groups here: the prior takes their median.
+    r_default = statistics.median([0.80 / a100, 0.75 / h100, 0.69 / h100_fp8, 0.40 / 0.7])
+    assert matmul_prior(("h100-sxm-96g", "bf16"), fitted, base) == pytest.approx(0.7 * r_default, abs=1e-4)
 
 
 def test_the_shipped_realisation_is_the_median_of_the_measured_pairs() -> None:
-    """data/device.toml ``matmul_realisation`` follows its stated rule on the shipped presets: the
-    median, over the (GPU, precision) whose gemm_efficiency is fitted and whose matmul_efficiency
-    is measured at that precision (16-bit pooled), of the ratio of the two."""
+    """data/device.toml ``matmul_realisation`` follows its stated rule on the shipped presets: per
+    realisation class, the median, over the (GPU, precision) whose gemm_efficiency is fitted and
+    whose matmul_efficiency is measured at that precision (16-bit pooled), of the ratio of the
+    two; and the core serves each class's value to the GPUs of its architecture."""
     import tomllib
 
     from meshplan import _core
+    from meshplan.validation import realisation_class
 
-    ratios = []
+    ratios: dict[str, list[float]] = {}
     for gpu in _core.gpu_presets():
         cal = _core.gpu_preset(gpu)["calibration"]
         kinds = _core.gpu_provenance(gpu)["constants"]
@@ -148,10 +153,39 @@ def test_the_shipped_realisation_is_the_median_of_the_measured_pairs() -> None:
             facts = [(cal.get("matmul_efficiency") or {}).get(p) for p in same
                      if kind(f"matmul_efficiency.{p}") == "measured"]
             if facts and facts[0] is not None:
-                ratios.append(value / facts[0])
-    assert len(ratios) >= 8
+                ratios.setdefault(realisation_class(gpu), []).append(value / facts[0])
     device = tomllib.loads((REPO_CASES.parent.parent / "rust" / "meshplan-core" / "data" / "device.toml").read_text())
-    assert device["matmul_realisation"] == pytest.approx(statistics.median(ratios), abs=0.005)
+    table = device["matmul_realisation"]
+    assert set(ratios) == set(table) == {"default", "blackwell"}
+    for name, values in ratios.items():
+        assert len(values) >= 4, name  # each class rests on several GPUs and sources
+        assert table[name] == pytest.approx(statistics.median(values), abs=0.005), name
+        assert _core.matmul_realisation(name) == (name, table[name])
+    assert table["blackwell"] < table["default"]
+    assert realisation_class("gb200-nvl72") == "blackwell" and realisation_class("h100-sxm") == "default"
+    assert _core.matmul_realisation(None) == ("default", table["default"])
+
+
+def test_a_held_out_gpu_takes_its_own_classes_realisation() -> None:
+    """Partial pooling by class: a GPU whose class has at least two measured fitted groups in the
+    fold takes their median; with fewer, the median of every group."""
+    from meshplan.validation import matmul_fact, matmul_prior, matmul_realisation
+
+    h100, h100_fp8, a100 = matmul_fact("h100-sxm", {}), matmul_fact("h100-sxm", {}, "fp8"), matmul_fact("a100-sxm-80g", {})
+    b200, b200_fp8, gb200_fp8 = matmul_fact("b200", {}), matmul_fact("b200", {}, "fp8"), matmul_fact("gb200-nvl72", {}, "fp8")
+    fitted = {("h100-sxm", "bf16"): 0.75, ("h100-sxm", "fp8"): 0.69, ("b200", "fp8"): 0.60,
+              ("gb200-nvl72", "fp8"): 0.60}
+    blackwell = statistics.median([0.60 / b200_fp8, 0.60 / gb200_fp8])
+    default = statistics.median([0.75 / h100, 0.69 / h100_fp8])
+    assert matmul_realisation(fitted, {}, "b300") == pytest.approx(blackwell)
+    assert matmul_realisation(fitted, {}, "a100-sxm-80g") == pytest.approx(default)
+    assert matmul_prior(("b200", "bf16"), fitted, {}) == pytest.approx(b200 * blackwell, abs=1e-4)
+    assert matmul_prior(("a100-sxm-80g", "fp16"), fitted, {}) == pytest.approx(a100 * default, abs=1e-4)
+    # One Blackwell group is too few for a class median: every group's median serves.
+    del fitted[("gb200-nvl72", "fp8")]
+    pooled = statistics.median([0.75 / h100, 0.69 / h100_fp8, 0.60 / b200_fp8])
+    assert matmul_realisation(fitted, {}, "b300") == pytest.approx(pooled)
+    assert matmul_realisation(fitted, {}) == pytest.approx(pooled)
 
 
 def test_leave_one_source_out_groups_by_id_prefix() -> None:

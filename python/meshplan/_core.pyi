@@ -23,6 +23,7 @@ __all__ = [
     "gpu_presets",
     "gpu_preset",
     "gpu_provenance",
+    "matmul_realisation",
     "stacks",
     "model_from_hf_config",
     "default_space",
@@ -81,6 +82,11 @@ def stacks() -> list[dict[str, Any]]:
 
 def gpu_preset(name: str) -> dict[str, Any]:
     """The GPU preset ``name`` (core ``Gpu`` shape); ``UnknownPresetError`` otherwise."""
+
+def matmul_realisation(architecture: Optional[str] = None) -> tuple[str, float]:
+    """The class of ``data/device.toml`` ``matmul_realisation`` a GPU of ``architecture`` (None:
+    unknown) belongs to, and that class's realisation: ``(class, realisation)``."""
+    ...
 
 def gpu_provenance(name: str) -> dict[str, Any]:
     """Where each calibration constant of the GPU preset ``name`` comes from: ``{"summary":

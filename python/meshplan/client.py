@@ -64,6 +64,8 @@ class GpuPreset:
     network_bandwidth_gbps: float
     #: Host link per GPU per direction (activation offloading's copies); None where none is stated.
     host_bandwidth_gbps: Optional[float] = None
+    #: The die's GPU architecture (the cost model's matmul-realisation class); None where unstated.
+    architecture: Optional[str] = None
 
 
 @dataclass
@@ -255,6 +257,7 @@ class PlannerClient:
                     network_bandwidth_gbps=g.network_bandwidth_gbps,
                     host_bandwidth_gbps=(g.host_bandwidth_gbps
                                          if g.HasField("host_bandwidth_gbps") else None),
+                    architecture=g.architecture if g.HasField("architecture") else None,
                 )
                 for g in response.gpus
             ],

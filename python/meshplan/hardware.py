@@ -43,6 +43,10 @@ class Gpu:
     host_bandwidth_gbps: Optional[float] = None
     """Link to host memory per GPU, per direction (PCIe x16 or NVLink-C2C): what activation
     offloading (``Plan.offload_layers``) copies over. None: unknown (such a plan is refused)."""
+    architecture: Optional[str] = None
+    """The die's GPU architecture (``"ampere"``, ``"hopper"``, ``"blackwell"``, ``"cdna3"``,
+    ``"cdna4"``): which class of the core's ``matmul_realisation`` turns a measured
+    ``calibration["matmul_efficiency"]`` into a GEMM efficiency. None: the default class."""
 
     def __post_init__(self) -> None:
         check_fields(self, "gpu", _GPU_KINDS)
@@ -64,6 +68,7 @@ class Gpu:
             # Only where known, as the core writes a GPU.
             **({} if self.host_bandwidth_gbps is None
                else {"host_bandwidth_gbps": self.host_bandwidth_gbps}),
+            **({} if self.architecture is None else {"architecture": self.architecture}),
         }
 
     @classmethod
@@ -206,6 +211,6 @@ _GPU_KINDS = {
     "memory_bandwidth_gbps": "number", "sm_count": "int", "scaleup_bandwidth_gbps": "number",
     "scaleup_domain": "int", "gpus_per_node": "int", "network_bandwidth_gbps": "number",
     "calibration": "mapping", "description": "str", "scaleup_topology": "str",
-    "host_bandwidth_gbps": "number?",
+    "host_bandwidth_gbps": "number?", "architecture": "str?",
 }
 _CLUSTER_KINDS = {"num_gpus": "int", "gpus_per_node": "int?", "nvlink_domain": "int?"}

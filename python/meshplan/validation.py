@@ -267,22 +267,43 @@ def matmul_fact(gpu: str, base: Mapping[str, Any], precision: str = "bf16") -> O
     return fact[0] if fact is not None else None
 
 
+REALISATION_MIN_GROUPS = 2
+"""Fitted (GPU, precision) groups a realisation class needs in a fold to get its own median."""
+
+
+def realisation_class(gpu: str) -> str:
+    """The class of the core's ``matmul_realisation`` (``data/device.toml``) ``gpu`` belongs to:
+    its preset's ``architecture`` where the table has one for it, else ``default``."""
+    architecture = _core.gpu_preset(gpu).get("architecture") if gpu in _core.gpu_presets() else None
+    return _core.matmul_realisation(architecture)[0]
+
+
 def matmul_realisation(
-    fitted: Mapping[tuple[str, str], float], base: Mapping[str, Any]
+    fitted: Mapping[tuple[str, str], float],
+    base: Mapping[str, Any],
+    gpu: Optional[str] = None,
 ) -> Optional[float]:
     """What training runs realise of the matmul microbenchmark, refitted on ``fitted`` by the rule
     of ``data/device.toml`` ``matmul_realisation``: the median, over the fitted (GPU, precision)
     groups whose matmul fraction is *measured at that precision* (BF16 and FP16 are one tensor-core
-    rate: a measured BF16 fraction serves an FP16 group), of fitted efficiency / fraction; None when
-    no fitted group has one."""
-    ratios = []
-    for (gpu, precision), value in fitted.items():
-        table = _matmul_table(gpu, base)
+    rate: a measured BF16 fraction serves an FP16 group), of fitted efficiency / fraction, taken
+    within ``gpu``'s realisation class (:func:`realisation_class`) when ``fitted`` has at least
+    :data:`REALISATION_MIN_GROUPS` groups of it, else over every group (a class the fold cannot
+    estimate); all groups pooled when ``gpu`` is None; None when no fitted group has a measured
+    fraction."""
+    ratios: list[tuple[str, float]] = []
+    for (name, precision), value in fitted.items():
+        table = _matmul_table(name, base)
         same_rate = SIXTEEN_BIT if precision in SIXTEEN_BIT else (precision,)
         measured = [fact for p, (fact, is_measured) in table.items() if p in same_rate and is_measured]
         if measured:
-            ratios.append(value / measured[0])
-    return statistics.median(ratios) if ratios else None
+            ratios.append((realisation_class(name), value / measured[0]))
+    if gpu is not None:
+        own = realisation_class(gpu)
+        same = [r for c, r in ratios if c == own]
+        if len(same) >= REALISATION_MIN_GROUPS:
+            return statistics.median(same)
+    return statistics.median([r for _, r in ratios]) if ratios else None
 
 
 def matmul_prior(
@@ -293,14 +314,15 @@ def matmul_prior(
     """GEMM efficiency of a (GPU, precision) no training run fitted, from hardware facts, by the
     rule the core applies to a GPU without fitted efficiencies (``device::gemm_efficiency``): the
     GPU's matmul fraction at that precision (else at BF16, :func:`matmul_fact`) times the
-    realisation ratio, refitted on ``fitted`` (:func:`matmul_realisation`, the fold's own
+    realisation of its class, refitted on ``fitted`` (:func:`matmul_realisation`, the fold's own
     ``matmul_realisation``); None when the GPU has no fact or no fitted group has a measured one.
 
     A GPU's fitted efficiency is mostly its microbenchmark times how much of it the software
-    realises (0.91-0.98 for the Megatron sources, docs/costmodel.md §5.2), so a held-out GPU is
-    predicted from its own hardware rather than from the other GPUs' median."""
+    realises (0.91-0.98 for the Ampere/Hopper sources, 0.71-0.83 for the Blackwell ones,
+    docs/costmodel.md §5.2), so a held-out GPU is predicted from its own hardware rather than
+    from the other GPUs' median."""
     fact = matmul_fact(key[0], base, key[1])
-    realisation = matmul_realisation(fitted, base)
+    realisation = matmul_realisation(fitted, base, key[0])
     if fact is None or realisation is None:
         return None
     return round(fact * realisation, 4)
@@ -417,5 +439,6 @@ def cross_validate(
 __all__ = [
     "validate", "calibrated", "calibration_text", "calibration_mapping", "ValidationReport",
     "CalibrationLike", "fit_gemm_efficiency", "cross_validate", "CrossValidationReport",
-    "summarize", "throughput_stats", "matmul_fact", "matmul_realisation", "matmul_prior", "source_family", "case_stacks", "CROSS_VALIDATION_GROUPS",
+    "summarize", "throughput_stats", "matmul_fact", "matmul_realisation", "matmul_prior",
+    "realisation_class", "REALISATION_MIN_GROUPS", "source_family", "case_stacks", "CROSS_VALIDATION_GROUPS",
 ]

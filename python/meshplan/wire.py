@@ -582,6 +582,7 @@ def presets_response() -> pb.ListPresetsResponse:
             gpus_per_node=g.gpus_per_node,
             network_bandwidth_gbps=g.network_bandwidth_gbps,
             host_bandwidth_gbps=g.host_bandwidth_gbps,
+            architecture=g.architecture,
         )
     return msg
 

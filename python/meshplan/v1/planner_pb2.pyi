@@ -1841,6 +1841,7 @@ class GpuPreset(_message.Message):
     GPUS_PER_NODE_FIELD_NUMBER: _builtins.int
     NETWORK_BANDWIDTH_GBPS_FIELD_NUMBER: _builtins.int
     HOST_BANDWIDTH_GBPS_FIELD_NUMBER: _builtins.int
+    ARCHITECTURE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     description: _builtins.str
     memory_gib: _builtins.float
@@ -1852,6 +1853,10 @@ class GpuPreset(_message.Message):
     host_bandwidth_gbps: _builtins.float
     """Host link per GPU per direction (PCIe or NVLink-C2C), what activation offloading's copies
     use; absent where the preset states none (an offloading plan is refused there).
+    """
+    architecture: _builtins.str
+    """The die's GPU architecture (ampere, hopper, blackwell, cdna3, cdna4): which class of the
+    cost model's matmul realisation its microbenchmark is read with (docs/costmodel.md §5.2).
     """
     @_builtins.property
     def peak_tflops(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
@@ -1870,13 +1875,19 @@ class GpuPreset(_message.Message):
         gpus_per_node: _builtins.int = ...,
         network_bandwidth_gbps: _builtins.float = ...,
         host_bandwidth_gbps: _builtins.float | None = ...,
+        architecture: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_host_bandwidth_gbps", b"_host_bandwidth_gbps", "host_bandwidth_gbps", b"host_bandwidth_gbps"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_architecture", b"_architecture", "_host_bandwidth_gbps", b"_host_bandwidth_gbps", "architecture", b"architecture", "host_bandwidth_gbps", b"host_bandwidth_gbps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_host_bandwidth_gbps", b"_host_bandwidth_gbps", "description", b"description", "gpus_per_node", b"gpus_per_node", "host_bandwidth_gbps", b"host_bandwidth_gbps", "memory_bandwidth_gbps", b"memory_bandwidth_gbps", "memory_gib", b"memory_gib", "name", b"name", "network_bandwidth_gbps", b"network_bandwidth_gbps", "peak_tflops", b"peak_tflops", "scaleup_bandwidth_gbps", b"scaleup_bandwidth_gbps", "scaleup_domain", b"scaleup_domain"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_architecture", b"_architecture", "_host_bandwidth_gbps", b"_host_bandwidth_gbps", "architecture", b"architecture", "description", b"description", "gpus_per_node", b"gpus_per_node", "host_bandwidth_gbps", b"host_bandwidth_gbps", "memory_bandwidth_gbps", b"memory_bandwidth_gbps", "memory_gib", b"memory_gib", "name", b"name", "network_bandwidth_gbps", b"network_bandwidth_gbps", "peak_tflops", b"peak_tflops", "scaleup_bandwidth_gbps", b"scaleup_bandwidth_gbps", "scaleup_domain", b"scaleup_domain"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__architecture: _TypeAlias = _typing.Literal["architecture"]  # noqa: Y015
+    _WhichOneofArgType__architecture: _TypeAlias = _typing.Literal["_architecture", b"_architecture"]  # noqa: Y015
     _WhichOneofReturnType__host_bandwidth_gbps: _TypeAlias = _typing.Literal["host_bandwidth_gbps"]  # noqa: Y015
     _WhichOneofArgType__host_bandwidth_gbps: _TypeAlias = _typing.Literal["_host_bandwidth_gbps", b"_host_bandwidth_gbps"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__architecture) -> _WhichOneofReturnType__architecture | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__host_bandwidth_gbps) -> _WhichOneofReturnType__host_bandwidth_gbps | None: ...
 
 Global___GpuPreset: _TypeAlias = GpuPreset  # noqa: Y015

@@ -4,22 +4,24 @@
 //! attention rate and the achieved HBM bandwidth. Training's time model (`time`) and a serving
 //! model are both built over it.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use crate::gemm::GemmDevice;
-use crate::hardware::{Calibration, Gpu, Precision};
+use crate::hardware::{Gpu, Precision};
 
 const DEVICE_TOML: &str = include_str!("../data/device.toml");
 
 /// Device-model defaults from `data/device.toml`.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeviceDefaults {
     /// GEMM efficiency of a GPU with none for the precision and none for bf16.
     fallback_gemm_efficiency: f64,
     /// Fraction of a GPU's measured maximum achievable matmul rate (its `matmul_efficiency`)
-    /// that a training run's GEMMs realise, for a precision without a `gemm_efficiency`.
-    matmul_realisation: f64,
+    /// that a training run's GEMMs realise, for a precision without a `gemm_efficiency`: per GPU
+    /// architecture, `default` for an architecture without its own.
+    matmul_realisation: BTreeMap<String, f64>,
     /// Rows each expert's segment of a grouped GEMM is padded to.
     grouped_gemm_tile_rows: f64,
     /// Sequence length at which Mamba-2's SSD kernels match FlashAttention-2 per token.
@@ -30,23 +32,43 @@ struct DeviceDefaults {
     attention_reference_seq: f64,
 }
 
-fn defaults() -> DeviceDefaults {
+fn defaults() -> &'static DeviceDefaults {
     static DEFAULTS: OnceLock<DeviceDefaults> = OnceLock::new();
-    *DEFAULTS.get_or_init(|| {
+    DEFAULTS.get_or_init(|| {
         toml::from_str(DEVICE_TOML).expect("data/device.toml holds the device defaults")
     })
 }
 
-/// The GEMM efficiency of `cal` at `precision`: the fitted `gemm_efficiency` at that precision;
-/// else the measured `matmul_efficiency` there times `matmul_realisation` (data/device.toml);
-/// else the same two at BF16; else `fallback_gemm_efficiency` (docs/costmodel.md §5.2).
-pub fn gemm_efficiency(cal: &Calibration, precision: Precision) -> f64 {
+/// What a training run's GEMMs realise of the matmul microbenchmark on a GPU of `architecture`
+/// (`data/device.toml` `matmul_realisation`: the architecture's own class, else `default`).
+pub fn matmul_realisation(architecture: Option<&str>) -> f64 {
+    defaults().matmul_realisation[realisation_class(architecture)]
+}
+
+/// The class of `data/device.toml` `matmul_realisation` a GPU of `architecture` belongs to: the
+/// architecture itself where the table has it, else [`DEFAULT_REALISATION`].
+pub fn realisation_class(architecture: Option<&str>) -> &'static str {
+    let table = &defaults().matmul_realisation;
+    architecture
+        .and_then(|a| table.get_key_value(a))
+        .map_or(DEFAULT_REALISATION, |(k, _)| k.as_str())
+}
+
+/// The class of [`matmul_realisation`] that serves every architecture without its own.
+pub const DEFAULT_REALISATION: &str = "default";
+
+/// The GEMM efficiency of `gpu` at `precision`: the fitted `gemm_efficiency` at that precision;
+/// else the measured `matmul_efficiency` there times its architecture's [`matmul_realisation`]
+/// (data/device.toml); else the same two at BF16; else `fallback_gemm_efficiency`
+/// (docs/costmodel.md §5.2).
+pub fn gemm_efficiency(gpu: &Gpu, precision: Precision) -> f64 {
     let d = defaults();
+    let cal = &gpu.calibration;
+    let realised = |m: f64| m * matmul_realisation(gpu.architecture.as_deref());
     let at = |p: Precision| {
-        cal.gemm_efficiency.get(p).or(cal
-            .matmul_efficiency
+        cal.gemm_efficiency
             .get(p)
-            .map(|m| m * d.matmul_realisation))
+            .or_else(|| cal.matmul_efficiency.get(p).map(realised))
     };
     at(precision)
         .or(at(Precision::Bf16))
@@ -127,7 +149,7 @@ impl Device {
             * 1e12;
         let gemm = GemmDevice {
             peak_flops: gpu.peak_tflops.get(precision).unwrap_or(0.0) * 1e12,
-            efficiency: gemm_efficiency(cal, precision),
+            efficiency: gemm_efficiency(gpu, precision),
             sm_count: gpu.sm_count,
             memory_bytes_per_s,
             element_bytes: match precision {
@@ -139,7 +161,7 @@ impl Device {
         };
         let gemm16 = GemmDevice {
             peak_flops: attention_peak,
-            efficiency: gemm_efficiency(cal, attention_precision),
+            efficiency: gemm_efficiency(gpu, attention_precision),
             element_bytes: 2.0,
             ..gemm
         };
@@ -216,10 +238,32 @@ mod tests {
     }
 
     #[test]
+    fn every_preset_names_an_architecture_and_a_bad_one_is_refused() {
+        for name in crate::presets::gpu_names() {
+            let gpu = crate::presets::gpu(&name).unwrap();
+            assert!(gpu.architecture.is_some(), "{name}");
+        }
+        let blackwell = crate::presets::gpu("b200").unwrap();
+        assert_eq!(blackwell.architecture.as_deref(), Some("blackwell"));
+        for bad in ["", "Hopper", "a b", &"x".repeat(33)] {
+            let mut gpu = blackwell.clone();
+            gpu.architecture = Some(bad.to_string());
+            let e = gpu.validate().unwrap_err().to_string();
+            assert!(e.contains("gpu.architecture"), "{e}");
+        }
+    }
+
+    #[test]
     fn a_measured_matmul_efficiency_stands_in_for_a_missing_fitted_one() {
         let mut gpu = crate::presets::gpu("h100-sxm").unwrap();
-        let r = defaults().matmul_realisation;
+        let r = matmul_realisation(gpu.architecture.as_deref());
         assert!(r > 0.5 && r <= 1.0, "{r}");
+        // Hopper has no class of its own; Blackwell's runs realise less of their microbenchmark.
+        assert_eq!(r, matmul_realisation(None));
+        assert_eq!(r, matmul_realisation(Some("no-such-architecture")));
+        assert!(matmul_realisation(Some("blackwell")) < r);
+        assert_eq!(realisation_class(Some("blackwell")), "blackwell");
+        assert_eq!(realisation_class(Some("hopper")), DEFAULT_REALISATION);
         // The fitted value wins where both are known.
         assert_eq!(
             Device::of(&gpu, Precision::Fp8).gemm.efficiency,

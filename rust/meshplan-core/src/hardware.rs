@@ -190,6 +190,11 @@ pub struct Gpu {
     /// Human description.
     #[serde(default)]
     pub description: String,
+    /// The die's GPU architecture (`ampere`, `hopper`, `blackwell`, `cdna3`, `cdna4`, ...): which
+    /// class of `data/device.toml` `matmul_realisation` turns a measured `matmul_efficiency` into
+    /// a GEMM efficiency (§5.2). `None` or an architecture without a class of its own: `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
     /// Dense (no 2:4 sparsity) tensor-core peak, TFLOP/s, per precision.
     pub peak_tflops: PerPrecision,
     /// Usable HBM per GPU, GiB (binary).
@@ -239,6 +244,16 @@ pub(crate) fn check_positive(field: &str, v: f64) -> Result<()> {
 impl Gpu {
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<()> {
+        if let Some(a) = &self.architecture {
+            let word = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+            if a.is_empty() || a.len() > 32 || !a.chars().all(word) {
+                return Err(Error::invalid(
+                    "gpu.architecture",
+                    a,
+                    "a lowercase architecture name of 1-32 letters, digits or '-' (e.g. hopper)",
+                ));
+            }
+        }
         if self.peak_tflops.available().is_empty() {
             return Err(Error::invalid(
                 "gpu.peak_tflops",

@@ -475,7 +475,7 @@ fn scale_to_machine(gpu: &mut Gpu, machine: &PerPrecision, precision: Precision)
             ),
         ));
     };
-    let efficiency = crate::device::gemm_efficiency(&gpu.calibration, precision);
+    let efficiency = crate::device::gemm_efficiency(gpu, precision);
     gpu.calibration
         .gemm_efficiency
         .set(precision, efficiency * measured / reference);

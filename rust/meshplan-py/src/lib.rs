@@ -570,6 +570,27 @@ fn gpu_provenance(py: Python<'_>, name: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>
     })
 }
 
+/// The class of the core's `matmul_realisation` (data/device.toml) a GPU of `architecture`
+/// (None: unknown) belongs to, and that class's realisation: `(class, realisation)`.
+#[pyfunction]
+#[pyo3(signature = (architecture=None))]
+fn matmul_realisation(
+    py: Python<'_>,
+    architecture: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Py<PyAny>> {
+    let architecture = architecture
+        .filter(|a| !a.is_none())
+        .map(|a| arg::<String>(a, "architecture"))
+        .transpose()?;
+    run(py, architecture, None, |a| {
+        let a = a.as_deref();
+        Ok((
+            core::device::realisation_class(a).to_string(),
+            core::device::matmul_realisation(a),
+        ))
+    })
+}
+
 /// Every training stack profile of `data/stacks.toml` as a list of dicts, sorted by name.
 #[pyfunction]
 fn stacks(py: Python<'_>) -> PyResult<Py<PyAny>> {
@@ -1192,6 +1213,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gpu_presets, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_preset, m)?)?;
     m.add_function(wrap_pyfunction!(gpu_provenance, m)?)?;
+    m.add_function(wrap_pyfunction!(matmul_realisation, m)?)?;
     m.add_function(wrap_pyfunction!(stacks, m)?)?;
     m.add_function(wrap_pyfunction!(model_from_hf_config, m)?)?;
     m.add_function(wrap_pyfunction!(default_space, m)?)?;
