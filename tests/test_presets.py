@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 
 import meshplan as mp
 from meshplan import _core
+from meshplan.errors import InvalidInputError
 
 ISSUE_MODELS = [
     "llama3-8b", "llama3-70b", "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "deepseek-v3",
@@ -82,3 +85,26 @@ def test_cluster_preset_equals_cluster_by_name() -> None:
     by_preset = mp.Cluster.preset("h100-sxm", 16, gpus_per_node=8)
     assert by_name.to_dict() == by_preset.to_dict()
     assert by_preset.to_dict()["gpu"] == mp.Gpu.from_dict(_core.gpu_preset("h100-sxm")).to_dict()
+
+
+def test_a_user_gpus_architecture_picks_its_matmul_realisation() -> None:
+    """A GPU whose only GEMM figure is its microbenchmark is priced at its architecture's
+    realisation (data/device.toml): Blackwell's is lower, so the same GPU runs slower labelled
+    Blackwell than unlabelled; a malformed name is a one-line error naming the field."""
+    import dataclasses
+
+    base = mp.Gpu.preset("h100-sxm")
+    assert base.architecture == "hopper" and mp.Gpu.preset("gb200-nvl72").architecture == "blackwell"
+    calibration = {**base.calibration, "gemm_efficiency": {}}
+    model, workload, plan = mp.Model.preset("llama3-8b"), mp.Workload(global_batch=8, seq_len=4096), mp.Plan(dp=8, tp=1, pp=1)
+
+    def step(architecture: Optional[str]) -> float:
+        gpu = dataclasses.replace(base, name="my-gpu", architecture=architecture, calibration=calibration)
+        return mp.evaluate(model, mp.Cluster(gpu, 8), workload, plan).step_time_s
+
+    (_, default), (_, blackwell) = _core.matmul_realisation(None), _core.matmul_realisation("blackwell")
+    assert blackwell < default
+    assert step(None) == step("hopper") == step("no-class-of-its-own")
+    assert step("blackwell") > step(None)
+    with pytest.raises(InvalidInputError, match=r"gpu\.architecture: Blackwell!"):
+        step("Blackwell!")
