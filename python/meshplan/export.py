@@ -896,8 +896,7 @@ def _parse_megatron(text: str, world: int, model: Optional[Model]) -> Plan:
         ep_overlap="--overlap-moe-expert-parallel-comm" in flags,
         cp_exchange={v: k for k, v in MEGATRON_CP_COMM.items()}.get(flags.get("--cp-comm-type") or ""),
         recompute_modules=modules or None,
-        offload_layers=int(flags["--cpu-offloading-num-layers"] or 0) or None
-        if "--cpu-offloading-num-layers" in flags else None,
+        offload_layers=int(flags.get("--cpu-offloading-num-layers") or 0) or None,
     )
 
 

@@ -14,7 +14,9 @@ _INT_FIELDS = (
     "dp", "tp", "pp", "ep", "cp", "vpp", "micro_batch", "zero", "etp", "first_stage_layers",
     "last_stage_layers", "offload_layers",
 )
-_SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers", "offload_layers")
+# Fields only a given plan carries (a recipe's end-rank layer counts, its offloading), never a
+# searched one: written only where set, and not columns of the tables and exports.
+_GIVEN_ONLY_FIELDS = ("first_stage_layers", "last_stage_layers", "offload_layers")
 _ALIASES = {"mb": "micro_batch", "sp": "sequence_parallel"}
 _TRUE = ("true", "1", "on", "yes")
 _FALSE = ("false", "0", "off", "no")
@@ -147,8 +149,7 @@ class Plan:
                 None if self.recompute_modules is None else self.recompute_modules.split("+")
             ),
             # Only where given, as the core writes a plan (the search never sets them).
-            # (offload_layers is one of them.)
-            **{k: getattr(self, k) for k in _SPLIT_FIELDS if getattr(self, k) is not None},
+            **{k: getattr(self, k) for k in _GIVEN_ONLY_FIELDS if getattr(self, k) is not None},
         }
 
     @classmethod
@@ -254,7 +255,7 @@ def _value(key: str, text: str) -> Any:
 
 
 PLAN_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(Plan) if f.name not in _SPLIT_FIELDS
+    f.name for f in dataclasses.fields(Plan) if f.name not in _GIVEN_ONLY_FIELDS
 )
 """The plan's fields in order (``dp`` ... ``order``): the columns every table and export lists
 (not the fixed end-rank layer counts nor the offloaded layers, which only a given plan carries,

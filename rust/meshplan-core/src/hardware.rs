@@ -246,11 +246,15 @@ impl Gpu {
     pub fn validate(&self) -> Result<()> {
         if let Some(a) = &self.architecture {
             let word = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
-            if a.is_empty() || a.len() > 32 || !a.chars().all(word) {
+            let max = crate::limits::MAX_ARCHITECTURE_CHARS;
+            if a.is_empty() || a.len() > max || !a.chars().all(word) {
                 return Err(Error::invalid(
                     "gpu.architecture",
                     a,
-                    "a lowercase architecture name of 1-32 letters, digits or '-' (e.g. hopper)",
+                    format!(
+                        "a lowercase architecture name of 1-{max} letters, digits or '-' \
+                         (e.g. hopper)"
+                    ),
                 ));
             }
         }

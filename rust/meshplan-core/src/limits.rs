@@ -80,6 +80,9 @@ pub const MAX_PARAMS: u64 = 1 << 50;
 /// this many and `…` (a 20,000-character preset name must not make a 20 KB message: gRPC
 /// status messages travel in a 16 KiB header).
 pub const MAX_ECHO_CHARS: usize = 64;
+/// Characters of a GPU's `architecture` name (one lowercase word such as `blackwell`: the key of
+/// its `data/device.toml` `matmul_realisation` class); twice the longest architecture name in use.
+pub const MAX_ARCHITECTURE_CHARS: usize = 32;
 /// Ranks listed for a group (`explain`'s mesh `example_ranks`); the group's `size` says how many
 /// there are in all.
 pub const MAX_LISTED_RANKS: usize = 64;

@@ -516,10 +516,8 @@ fn base_plan(
         dispatcher,
         ep_overlap,
         cp_exchange,
-        recompute_modules: None,
-        first_stage_layers: None,
-        last_stage_layers: None,
-        offload_layers: None,
+        // No recompute modules, end-rank layer counts or offloading: the search never sets them.
+        ..Plan::default()
     }
 }
 

@@ -98,10 +98,8 @@ fn plan_of(fs: &FeasibleSpace, i: usize) -> Plan {
             "default" => None,
             m => Some(serde_json::from_value(serde_json::json!(m)).unwrap()),
         },
-        // The search never fixes the end ranks' layers.
-        first_stage_layers: None,
-        last_stage_layers: None,
-        offload_layers: None,
+        // The search never fixes the end ranks' layers nor offloads.
+        ..Plan::default()
     }
 }
 

@@ -131,11 +131,7 @@ pub fn all_plans(p: &Problem, space: &SearchSpace) -> Vec<Plan> {
                                 dispatcher: (ep > 1)
                                     .then_some(p.workload.stack_profile().default_dispatcher),
                                 ep_overlap: false,
-                                cp_exchange: None,
-                                recompute_modules: None,
-                                first_stage_layers: None,
-                                last_stage_layers: None,
-                                offload_layers: None,
+                                ..Plan::default()
                             });
                         }
                     }
