@@ -226,3 +226,27 @@ def test_the_client_refuses_an_unknown_serving_space_key(planner_client: Planner
     with pytest.raises(InvalidInputError, match="serving_space.top"):
         planner_client.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), space={"top": 3},
                               input_len=1024, output_len=256)
+
+
+def test_the_attention_kernel_travels_over_grpc(stub: pb_grpc.PlannerStub) -> None:
+    # SGLang 0.4's Triton MLA backend on DeepSeek: over gRPC as in Python, back in the plan.
+    traffic = {"concurrency": 8, "arrival": "waves", "num_requests": 64}
+    req = pb.EvaluateServingRequest(
+        problem=pb.ServingProblem(model=pb.Model(preset="deepseek-v3"),
+                                  cluster=pb.Cluster(gpu="h100-sxm", num_gpus=8),
+                                  traffic=pb.ServingTraffic(input_len=1024, output_len=256, **traffic)),  # type: ignore[arg-type]
+        plan=pb.ServingPlan(worker=pb.ServingWorker(tp=1, attention_dp=8, expert_tp=8, max_sequences=8,
+                                                    attention_kernel="triton-mla")))
+    ev = stub.EvaluateServing(req, timeout=60).evaluation
+    local = mp.evaluate_serving("deepseek-v3", mp.Cluster("h100-sxm", 8), "tp=1,adp=8,etp=8,batch=8,attn=triton-mla",
+                                input_len=1024, output_len=256, **traffic)
+    assert ev.ttft_s == pytest.approx(local["time"]["ttft_s"])
+    assert ev.plan.worker.attention_kernel == "triton-mla"
+    assert serving_wire.evaluation_from(ev)["plan"]["worker"]["attention_kernel"] == "triton-mla"
+    bad = pb.EvaluateServingRequest(problem=problem(**traffic),
+                                    plan=pb.ServingPlan(worker=pb.ServingWorker(tp=2, max_sequences=8,
+                                                                                attention_kernel="triton-mla")))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.EvaluateServing(bad, timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "serving_plan.worker.attention_kernel" in (err.value.details() or "")

@@ -323,3 +323,28 @@ def test_host_work_per_sequence_bounds_a_small_model_at_large_batch() -> None:
     small = mp.evaluate_serving("llama3-8b", h200, "tp=1,batch=64", concurrency=64, **kw)["time"]["decode"]
     assert small["total_s"] > 64 * 34e-6
     assert small["overhead_s"] < 2e-3
+
+
+def test_the_triton_mla_attention_kernel() -> None:
+    # SGLang 0.4's Triton MLA backend (attn=triton-mla): the same deployment, a slower prefill.
+    cluster = mp.Cluster("h200-sxm", 8)
+    kw = dict(input_len=3200, output_len=800, weight_precision="fp8", concurrency=4, arrival="waves",
+              num_requests=500)
+    flash = mp.evaluate_serving("deepseek-r1", cluster, "tp=1,adp=8,etp=8,batch=8,tokens=4096", **kw)
+    triton = mp.evaluate_serving("deepseek-r1", cluster, "tp=1,adp=8,etp=8,batch=8,tokens=4096,attn=triton-mla", **kw)
+    assert triton["plan"]["worker"]["attention_kernel"] == "triton-mla"
+    assert "attention_kernel" not in flash["plan"]["worker"]
+    assert "triton-mla" in triton["label"]
+    assert triton["time"]["ttft_s"] > 1.4 * flash["time"]["ttft_s"]
+    assert triton["time"]["prefill"]["attention_s"] > 10 * flash["time"]["prefill"]["attention_s"]
+    assert triton["time"]["decode"]["total_s"] == pytest.approx(flash["time"]["decode"]["total_s"])
+    with pytest.raises(mp.errors.InvalidInputError, match=r"serving_plan.worker.attention_kernel: unknown variant `cuda`.*`flash` or `triton-mla`"):
+        mp.evaluate_serving("deepseek-r1", cluster, "tp=8,batch=8,attn=cuda", **kw)
+    with pytest.raises(mp.errors.InvalidInputError, match=r"serving_plan.prefill.attention_kernel: triton-mla \(allowed: flash for llama3-70b"):
+        mp.evaluate_serving("llama3-70b", cluster, "tp=4,batch=8", prefill="tp=4,batch=1,attn=triton-mla", **kw)
+    # The export carries it: SGLang's flag, and a note where another engine runs its own kernels.
+    problem = serving_problem("deepseek-r1", cluster, input_len=3200, output_len=800, weight_precision="fp8")
+    plan = parse_serving_plan("tp=1,adp=8,etp=8,batch=8,attn=triton-mla")
+    assert "--attention-backend triton" in launch_commands(plan, problem, "sglang")[1]
+    vllm = launch_commands(plan, problem, "vllm")
+    assert "SGLang's Triton MLA attention" in vllm[0] and "--attention-backend" not in vllm[1]

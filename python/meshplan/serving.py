@@ -53,7 +53,12 @@ _WORKER_KEYS = {
     "kv_tokens": "kv_tokens",
     "output_lag_steps": "output_lag_steps",
     "lag": "output_lag_steps",
+    "attention_kernel": "attention_kernel",
+    "attn": "attention_kernel",
 }
+
+# Worker keys whose value is a name, not an integer (the core names the allowed values).
+_NAMED_WORKER_KEYS = ("attention_kernel",)
 
 
 @dataclass
@@ -220,7 +225,7 @@ def _worker(text: str, what: str) -> tuple[dict[str, Any], Optional[int]]:
             replicas = _integer(value, f"{what}.replicas")
         elif key in _WORKER_KEYS:
             name = _WORKER_KEYS[key]
-            worker[name] = _integer(value, f"{what}.{name}")
+            worker[name] = value if name in _NAMED_WORKER_KEYS else _integer(value, f"{what}.{name}")
         else:
             keys = ", ".join(sorted(set(_WORKER_KEYS) | {"replicas"}))
             raise InvalidInputError(f"invalid {what}: unknown key {key!r} (allowed: {keys})")
@@ -236,7 +241,9 @@ def parse_serving_plan(plan: PlanLike, prefill: Optional[PlanLike] = None) -> di
     (adp), ep, expert_tp (etp; default: the stage's GPUs over ep), max_sequences (batch),
     max_batched_tokens (tokens: one forward's tokens per attention-DP rank), kv_tokens (the KV
     cache's tokens per rank as the engine reports them), output_lag_steps (lag: engine steps
-    before a step's tokens are returned; vLLM V0's asynchronous output processing: 1), replicas."""
+    before a step's tokens are returned; vLLM V0's asynchronous output processing: 1),
+    attention_kernel (attn: ``flash``, the default, or ``triton-mla``, SGLang 0.4's Triton MLA
+    backend), replicas."""
     if isinstance(plan, dict):
         if prefill is not None:
             raise InvalidInputError("invalid prefill: give the prefill pool inside the plan dict")
@@ -308,6 +315,8 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
         if tokens is not None:
             flags += ["--chunked-prefill-size", str(tokens)]
         flags += ["--kv-cache-dtype", _SGLANG_KV.get(kv, "auto")]
+        if w.get("attention_kernel") == "triton-mla":
+            flags += ["--attention-backend", "triton"]
         if weights in _SGLANG_QUANT:
             flags += ["--quantization", _SGLANG_QUANT[weights]]
         if role is not None:
@@ -350,6 +359,9 @@ def launch_commands(
         if engine == "vllm" and 1 < ep < stage:
             # vLLM's expert parallelism spans the whole stage (or nothing).
             note = f" (vLLM runs the experts at ep={stage}, not ep={ep})"
+        if engine != "sglang" and worker.get("attention_kernel") == "triton-mla":
+            # The estimate priced SGLang's Triton MLA kernel; this engine runs its own.
+            note += f" (the estimate assumed SGLang's Triton MLA attention; {engine} runs its own kernels)"
         command = " ".join(shlex.quote(a) for a in base + _engine_flags(engine, worker, problem, role))
         out.append(f"# {count} {label} of {stage * int(worker.get('pp', 1))} GPUs each{note}")
         out.append(command)

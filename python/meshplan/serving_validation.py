@@ -89,6 +89,8 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps"):
         if plan.get(key) is not None:
             worker[key] = int(plan[key])
+    if plan.get("attention_kernel") is not None:
+        worker["attention_kernel"] = plan["attention_kernel"]
     deployment = {"worker": worker, "replicas": plan.get("replicas", 1)}
     probe = _core.evaluate_serving(problem, deployment)
     fit = int(probe["memory"]["max_sequences_fit"])

@@ -54,7 +54,7 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
 def _worker_from(msg: pb.ServingWorker) -> dict[str, Any]:
     w: dict[str, Any] = {"tp": msg.tp, "max_sequences": msg.max_sequences}
     for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens",
-                 "output_lag_steps"):
+                 "output_lag_steps", "attention_kernel"):
         if msg.HasField(name):
             w[name] = getattr(msg, name)
     if "expert_tp" not in w:
@@ -99,7 +99,8 @@ def _worker_message(w: dict[str, Any]) -> pb.ServingWorker:
     return pb.ServingWorker(tp=w["tp"], pp=w["pp"], attention_dp=w["attention_dp"], ep=w["ep"],
                             expert_tp=w["expert_tp"], max_sequences=w["max_sequences"],
                             max_batched_tokens=w.get("max_batched_tokens"), kv_tokens=w.get("kv_tokens"),
-                            output_lag_steps=w.get("output_lag_steps"))
+                            output_lag_steps=w.get("output_lag_steps"),
+                            attention_kernel=w.get("attention_kernel"))
 
 
 def evaluation_message(ev: dict[str, Any]) -> pb.ServingEvaluation:
@@ -187,7 +188,7 @@ def plan_message(plan: dict[str, Any]) -> pb.ServingPlan:
 def _request_worker(w: dict[str, Any]) -> pb.ServingWorker:
     msg = pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"])
     for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens",
-                 "output_lag_steps"):
+                 "output_lag_steps", "attention_kernel"):
         if w.get(name) is not None:
             setattr(msg, name, w[name])
     return msg
@@ -222,7 +223,7 @@ def evaluation_from(msg: pb.ServingEvaluation) -> dict[str, Any]:
     out: dict[str, Any] = wire.plain(msg)
     # An unset token budget or KV size is absent, as in the core's plan (not a 0).
     for name in ("worker", "prefill"):
-        for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps"):
+        for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps", "attention_kernel"):
             if isinstance(out["plan"].get(name), dict) and not getattr(msg.plan, name).HasField(key):
                 out["plan"][name].pop(key, None)
     extra: Optional[str] = out.pop("extra_json", None)

@@ -17,7 +17,8 @@ from ..serving import ENGINES, evaluate_serving, explain_serving, launch_command
 from ._common import Parser, UsageError, cluster_from, model_from, remaining_s
 from ._render import table
 
-PLAN_HELP = "e.g. tp=8,pp=1,adp=1,ep=1,etp=8,batch=64,replicas=1"
+PLAN_HELP = ("e.g. tp=8,pp=1,adp=1,ep=1,etp=8,batch=64,replicas=1; also tokens=, kv_tokens=, lag=, "
+             "attn=flash|triton-mla")
 
 # Flat columns of one deployment (table, CSV).
 COLUMNS = (

@@ -2114,6 +2114,7 @@ class ServingWorker(_message.Message):
     MAX_BATCHED_TOKENS_FIELD_NUMBER: _builtins.int
     KV_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_LAG_STEPS_FIELD_NUMBER: _builtins.int
+    ATTENTION_KERNEL_FIELD_NUMBER: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
     """Unset: 1."""
@@ -2135,6 +2136,10 @@ class ServingWorker(_message.Message):
     """Engine steps after which a step's tokens are returned (vLLM V0's asynchronous output
     processing: 1); unset: 0.
     """
+    attention_kernel: _builtins.str
+    """The engine's attention kernels: "flash" (unset) or "triton-mla" (SGLang 0.4's Triton MLA
+    backend: absorbed-form prefill at its own rate; MLA models only).
+    """
     def __init__(
         self,
         *,
@@ -2147,13 +2152,16 @@ class ServingWorker(_message.Message):
         max_batched_tokens: _builtins.int | None = ...,
         kv_tokens: _builtins.int | None = ...,
         output_lag_steps: _builtins.int | None = ...,
+        attention_kernel: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "output_lag_steps", b"output_lag_steps", "pp", b"pp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_attention_kernel", b"_attention_kernel", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "attention_dp", b"attention_dp", "attention_kernel", b"attention_kernel", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "output_lag_steps", b"output_lag_steps", "pp", b"pp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "attention_dp", b"attention_dp", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "output_lag_steps", b"output_lag_steps", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_attention_kernel", b"_attention_kernel", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "attention_dp", b"attention_dp", "attention_kernel", b"attention_kernel", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "output_lag_steps", b"output_lag_steps", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attention_dp: _TypeAlias = _typing.Literal["attention_dp"]  # noqa: Y015
     _WhichOneofArgType__attention_dp: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp"]  # noqa: Y015
+    _WhichOneofReturnType__attention_kernel: _TypeAlias = _typing.Literal["attention_kernel"]  # noqa: Y015
+    _WhichOneofArgType__attention_kernel: _TypeAlias = _typing.Literal["_attention_kernel", b"_attention_kernel"]  # noqa: Y015
     _WhichOneofReturnType__ep: _TypeAlias = _typing.Literal["ep"]  # noqa: Y015
     _WhichOneofArgType__ep: _TypeAlias = _typing.Literal["_ep", b"_ep"]  # noqa: Y015
     _WhichOneofReturnType__expert_tp: _TypeAlias = _typing.Literal["expert_tp"]  # noqa: Y015
@@ -2168,6 +2176,8 @@ class ServingWorker(_message.Message):
     _WhichOneofArgType__pp: _TypeAlias = _typing.Literal["_pp", b"_pp"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__attention_dp) -> _WhichOneofReturnType__attention_dp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__attention_kernel) -> _WhichOneofReturnType__attention_kernel | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ep) -> _WhichOneofReturnType__ep | None: ...
     @_typing.overload

@@ -452,6 +452,7 @@ mod tests {
                 max_batched_tokens: None,
                 kv_tokens: None,
                 output_lag_steps: None,
+                attention_kernel: Default::default(),
             },
             replicas: 1,
             prefill: None,

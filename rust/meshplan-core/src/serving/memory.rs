@@ -250,6 +250,7 @@ mod tests {
             max_batched_tokens: None,
             kv_tokens: None,
             output_lag_steps: None,
+            attention_kernel: Default::default(),
         }
     }
 

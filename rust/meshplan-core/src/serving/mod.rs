@@ -29,7 +29,7 @@ use std::sync::OnceLock;
 pub use evaluate::{evaluate_serving, evaluate_serving_with, ServingEvaluation, ServingViolation};
 pub use explain::{explain_serving, ServingAxis, ServingExplanation};
 pub use memory::ServingMemory;
-pub use plan::{ServingPlan, Worker};
+pub use plan::{AttentionKernel, ServingPlan, Worker};
 pub use problem::{
     bytes_per_element, Arrival, Objective, ServingProblem, Slo, Traffic, WeightScaling,
 };
@@ -65,6 +65,9 @@ pub struct ServingConstants {
     /// Fraction of the FP8 dense peak that the engines' block-scaled FP8 GEMMs (128x128 weight
     /// blocks, 1x128 activation groups) reach, in place of the GPU's large-GEMM efficiency.
     pub block_fp8_gemm_efficiency: f64,
+    /// Fraction of the 16-bit dense peak that SGLang 0.4's Triton MLA backend reaches on
+    /// absorbed-form prefill attention (workers with `attention_kernel = triton-mla`).
+    pub triton_mla_attention_efficiency: f64,
     /// Model presets whose published FP8 checkpoint is block-scaled.
     pub block_fp8_models: Vec<String>,
     /// Host time per decode iteration, µs.

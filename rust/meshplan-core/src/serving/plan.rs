@@ -17,6 +17,34 @@ fn one() -> u32 {
     1
 }
 
+/// The attention kernels a worker runs (docs/serving.md §5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttentionKernel {
+    /// Flash-attention-class kernels at the device's attention rate; MLA prefill in its
+    /// normal (up-projected) form.
+    #[default]
+    Flash,
+    /// SGLang 0.4's Triton MLA backend (its default for DeepSeek models before FlashInfer MLA):
+    /// prefill in the absorbed form over the latent whenever a batch holds a cached prefix, at
+    /// `triton_mla_attention_efficiency` of the 16-bit peak (`data/serving.toml`).
+    TritonMla,
+}
+
+impl AttentionKernel {
+    /// The spelling of `attention_kernel` in dicts, plan strings and the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionKernel::Flash => "flash",
+            AttentionKernel::TritonMla => "triton-mla",
+        }
+    }
+
+    fn is_flash(&self) -> bool {
+        *self == AttentionKernel::Flash
+    }
+}
+
 /// One engine instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +81,10 @@ pub struct Worker {
     /// `None`: 0, published when the step ends (docs/serving.md §5.1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_lag_steps: Option<u32>,
+    /// The engine's attention kernels: `flash` (default) or `triton-mla` (SGLang 0.4's Triton
+    /// MLA backend, MLA models only).
+    #[serde(default, skip_serializing_if = "AttentionKernel::is_flash")]
+    pub attention_kernel: AttentionKernel,
 }
 
 impl Worker {
@@ -112,6 +144,9 @@ impl Worker {
         if let Some(t) = self.max_batched_tokens {
             s += &format!("·tok{t}");
         }
+        if !self.attention_kernel.is_flash() {
+            s += &format!("·{}", self.attention_kernel.name());
+        }
         s + &format!(" b{}", self.max_sequences)
     }
 
@@ -148,6 +183,16 @@ impl Worker {
                 field("tp"),
                 self.tp,
                 format!("tp × attention_dp × pp ≤ {}", limits::MAX_GPUS),
+            ));
+        }
+        if self.attention_kernel == AttentionKernel::TritonMla && model.mla.is_none() {
+            return Err(Error::invalid(
+                field("attention_kernel"),
+                self.attention_kernel.name(),
+                format!(
+                    "flash for {} (triton-mla is a multi-head latent attention backend)",
+                    model.name
+                ),
             ));
         }
         if self.pp > model.layers {

@@ -240,6 +240,7 @@ pub fn search_serving(
                         max_batched_tokens: None,
                         kv_tokens: None,
                         output_lag_steps: None,
+                        attention_kernel: Default::default(),
                     };
                     let mut cap =
                         worker_memory(problem, &shape, adp as f64, chunk).max_sequences_fit;
@@ -269,6 +270,7 @@ pub fn search_serving(
                             max_batched_tokens: None,
                             kv_tokens: None,
                             output_lag_steps: None,
+                            attention_kernel: Default::default(),
                             ..shape
                         };
                         let batch = Batch {
@@ -378,6 +380,7 @@ fn aggregated(
                         max_batched_tokens: None,
                         kv_tokens: None,
                         output_lag_steps: None,
+                        attention_kernel: Default::default(),
                         ..*shape
                     },
                     replicas: most as u32,
@@ -402,6 +405,7 @@ fn aggregated(
                             max_batched_tokens: None,
                             kv_tokens: None,
                             output_lag_steps: None,
+                            attention_kernel: Default::default(),
                             ..*shape
                         },
                         replicas: r as u32,
@@ -496,6 +500,7 @@ fn disaggregated(
                 max_batched_tokens: None,
                 kv_tokens: None,
                 output_lag_steps: None,
+                attention_kernel: Default::default(),
                 ..*shape
             };
             let step = Batch::decode(

@@ -27,7 +27,7 @@ use crate::traffic::WIRE_BYTES;
 
 use super::constants;
 use super::memory::{kv_bytes_per_token_per_layer, stage_shapes};
-use super::plan::Worker;
+use super::plan::{AttentionKernel, Worker};
 use super::problem::{bytes_per_element, ServingProblem};
 
 /// Seconds of one forward (or decode step) of a worker, by part, on its busiest stage, with
@@ -361,14 +361,26 @@ impl<'a> TimeModel<'a> {
         };
         let decode_flops = 2.0 * heads * decode_width * b.decode_seqs * b.decode_context;
         let pairs = b.prefill_new * b.prefill_cached + b.prefill_new * b.prefill_new / 2.0;
-        let prefill_flops = 2.0 * heads * (dqk + dv) * b.prefill_seqs * pairs;
+        // SGLang 0.4's Triton MLA backend prefills in the absorbed form (scores and values over
+        // the latent, as decode does) whenever a batch holds a cached prefix, which the radix
+        // cache gives every prompt after the first (they share the BOS token) and chunking gives
+        // every continuation chunk; its kernel runs at a rate of its own.
+        let (prefill_width, prefill_rate) = match (w.attention_kernel, mixer) {
+            (AttentionKernel::TritonMla, Mixer::Latent(_)) => (
+                decode_width,
+                constants().triton_mla_attention_efficiency * self.device.gemm16.peak_flops,
+            ),
+            _ => (dqk + dv, self.device.attention_flops_per_s),
+        };
+        let prefill_flops = 2.0 * heads * prefill_width * b.prefill_seqs * pairs;
         let kv_layer = kv_bytes_per_token_per_layer(model, w.tp, self.kv_bytes);
         let kv_read = kv_layer
             * (b.decode_seqs * b.decode_context
                 + b.prefill_seqs * (b.prefill_cached + b.prefill_new));
         let flops = decode_flops + prefill_flops;
-        let seconds =
-            (flops / self.device.attention_flops_per_s).max(kv_read / self.stream_bytes_per_s);
+        let seconds = (decode_flops / self.device.attention_flops_per_s
+            + prefill_flops / prefill_rate)
+            .max(kv_read / self.stream_bytes_per_s);
         (seconds, flops, kv_read)
     }
 
@@ -571,6 +583,7 @@ mod tests {
             max_batched_tokens: None,
             kv_tokens: None,
             output_lag_steps: None,
+            attention_kernel: Default::default(),
         }
     }
 
@@ -718,6 +731,53 @@ mod tests {
             .collect();
         assert_eq!(routed.len(), 2);
         assert_eq!((routed[0].k, routed[1].n), (1024.0, 1024.0));
+    }
+
+    #[test]
+    fn the_triton_mla_backend_prefills_in_the_absorbed_form_at_its_own_rate() {
+        // SGLang 0.4.3 with DP attention: one rank prefills a 3200-token prompt over all 128
+        // heads. Absorbed: 2·128·(512 + 64 + 512)·3200²/2 FLOPs per layer, 61 layers, at
+        // triton_mla_attention_efficiency of the 16-bit peak.
+        let p = problem("deepseek-v3", 8);
+        let tm = TimeModel::new(&p);
+        let flash = Worker {
+            tp: 1,
+            attention_dp: 8,
+            ep: 1,
+            expert_tp: 8,
+            max_sequences: 8,
+            ..worker(1)
+        };
+        let triton = Worker {
+            attention_kernel: AttentionKernel::TritonMla,
+            ..flash
+        };
+        let prompt = Batch {
+            decode_seqs: 0.0,
+            decode_context: 0.0,
+            prefill_seqs: 1.0,
+            prefill_new: 3200.0,
+            prefill_cached: 0.0,
+        };
+        let (f, _) = tm.forward(&flash, &prompt, false);
+        let (t, _) = tm.forward(&triton, &prompt, false);
+        let absorbed = 61.0 * 2.0 * 128.0 * 1088.0 * 3200.0 * 3200.0 / 2.0;
+        let rate = constants().triton_mla_attention_efficiency * 989.4e12;
+        assert!(
+            (t.attention_s / (absorbed / rate) - 1.0).abs() < 1e-9,
+            "{} vs {}",
+            t.attention_s,
+            absorbed / rate
+        );
+        // The normal form: 2·128·(192 + 128) per pair at the device's attention rate.
+        let normal = 61.0 * 2.0 * 128.0 * 320.0 * 3200.0 * 3200.0 / 2.0;
+        assert!((f.attention_s / (normal / tm.device.attention_flops_per_s) - 1.0).abs() < 1e-9);
+        assert!(t.attention_s > 10.0 * f.attention_s);
+        // Everything else in the forward, and a decode step, is the same on either kernel.
+        assert!((t.total_s - t.attention_s - (f.total_s - f.attention_s)).abs() < 1e-12);
+        let (fd, _) = tm.forward(&flash, &decode(8.0), true);
+        let (td, _) = tm.forward(&triton, &decode(8.0), true);
+        assert_eq!(fd.total_s, td.total_s);
     }
 
     #[test]
