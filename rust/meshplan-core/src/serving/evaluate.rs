@@ -312,8 +312,12 @@ pub(crate) fn score(
             let prefill_rate = plan.prefill_replicas as f64 * bp / prefill_period;
             let decode_rate = plan.replicas as f64 * b / (osl * tpot);
             requests_per_s = prefill_rate.min(decode_rate);
-            // Closed loop: requests beyond the decode slots wait for one; open loop: prompts
-            // queue for the prefill pool, a server of one prompt per 1/prefill_rate (M/D/1).
+            // Open loop: prompts queue for the prefill pool, a server of one prompt per
+            // 1/prefill_rate (M/D/1). Closed loop (Little's law with no think time, as for
+            // `queue::slot_wait`): the requests in flight complete at the deployment's rate, the
+            // slower pool's, so each spends `c/X` from arrival to its last token; what its decode
+            // does not take it waited before its first token: for the prefill pool when that
+            // binds, for a decode slot when decode does.
             queue_s = match arrival {
                 Arrival::Poisson => {
                     let lambda = lambda.unwrap_or(0.0) * replicas;
@@ -324,7 +328,9 @@ pub(crate) fn score(
                             .map_or(0.0, |n| queue::overload_wait(n as f64, served, lambda))
                     })
                 }
-                _ => queue::slot_wait(in_flight.unwrap_or(b), b, decode_rate / replicas),
+                _ => in_flight.map_or(0.0, |c| {
+                    queue::closed_loop_wait(c * replicas, requests_per_s, (osl - 1.0) * tpot + ttft)
+                }),
             };
             ttft += queue_s;
             let pm = worker_memory(p, pw, bp, bp / pw.attention_dp as f64 * new);
@@ -475,6 +481,33 @@ mod tests {
         // The same 64 run: TPOT and throughput do not change, only the wait.
         assert_eq!(queued.time.tpot_s, alone.time.tpot_s);
         assert_eq!(queued.requests_per_s, alone.requests_per_s);
+    }
+
+    #[test]
+    fn a_closed_loop_on_pools_obeys_littles_law() {
+        // 1P1D of Llama 3 8B, 4096-token prompts and 16 output tokens: one prefill GPU serves
+        // fewer prompts per second than the decode GPU finishes, so the 64 in flight queue for
+        // it, and each spends c/X from arrival to its last token.
+        let mut p = problem("llama3-8b", "h100-sxm", 2);
+        p.traffic.input_len = 4096;
+        p.traffic.output_len = 16;
+        p.traffic.concurrency = Some(64);
+        let mut plan = worker(1, 64);
+        plan.prefill = Some(worker(1, 1).worker);
+        plan.prefill_replicas = 1;
+        let ev = evaluate_serving(&p, &plan).unwrap();
+        let own = ev.time.prefill.total_s + ev.time.kv_transfer_s;
+        assert!(ev.queue_s > 0.0 && ev.time.ttft_s > own);
+        assert!(
+            (ev.requests_per_s - 1.0 / ev.time.prefill.total_s).abs() < 1e-9 * ev.requests_per_s
+        );
+        let little = ev.requests_per_s * (ev.time.ttft_s + 15.0 * ev.time.tpot_s);
+        assert!((little - 64.0).abs() < 1e-9 * 64.0, "{little}");
+        // Fewer in flight than the pools serve at once: no wait.
+        p.traffic.concurrency = Some(1);
+        let one = evaluate_serving(&p, &plan).unwrap();
+        assert_eq!(one.queue_s, 0.0);
+        assert_eq!(one.time.ttft_s, own);
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //!   system (Lazowska, Zahorjan, Graham, Sevcik, *Quantitative System Performance*, 1984,
 //!   §3.2 and the asymptotic bounds of §5.2: `R = N/X − Z`, here `Z = 0`), a request's response
 //!   time is `c/X` for throughput `X`; the part of it spent waiting for a slot is
-//!   `(c − b)/X` ([`slot_wait`]).
+//!   `(c − b)/X` ([`slot_wait`]); with separate prefill and decode pools, whatever of `c/X`
+//!   a request's own prefill, transfer and decode do not take ([`closed_loop_wait`]), `X` the
+//!   slower pool's rate.
 //! - **Open loop** (Poisson arrivals at rate λ): the prefill of each prompt is a server of
 //!   deterministic service time `S`; the mean wait in queue is the Pollaczek–Khinchine formula
 //!   for M/D/1, `W = ρS / (2(1 − ρ))`, `ρ = λS` (Kleinrock, *Queueing Systems* vol. 1, 1975,
@@ -26,6 +28,18 @@ pub fn slot_wait(in_flight: f64, running: f64, completions_per_s: f64) -> f64 {
         0.0
     } else {
         (in_flight - running) / completions_per_s
+    }
+}
+
+/// Seconds a request of a closed loop waits beyond its own service: `in_flight` requests
+/// complete at `completions_per_s`, so each spends `in_flight/X` in the system (Little's law,
+/// `R = N/X − Z` with `Z = 0`), of which `service_s` is its own work (0 when the loop leaves no
+/// wait, or nothing completes).
+pub fn closed_loop_wait(in_flight: f64, completions_per_s: f64, service_s: f64) -> f64 {
+    if completions_per_s <= 0.0 {
+        0.0
+    } else {
+        (in_flight / completions_per_s - service_s).max(0.0)
     }
 }
 
@@ -82,6 +96,14 @@ mod tests {
         // 128 in flight, 50 running, 1 completion/s: 78 s waiting (Little's law).
         assert_eq!(slot_wait(128.0, 50.0, 1.0), 78.0);
         assert_eq!(slot_wait(32.0, 50.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn a_closed_loop_waits_what_littles_law_leaves() {
+        // 128 in flight at 4 completions/s: 32 s in the system, 20 of them its own work.
+        assert_eq!(closed_loop_wait(128.0, 4.0, 20.0), 12.0);
+        assert_eq!(closed_loop_wait(16.0, 4.0, 20.0), 0.0);
+        assert_eq!(closed_loop_wait(16.0, 0.0, 20.0), 0.0);
     }
 
     #[test]
