@@ -387,7 +387,10 @@ def test_stop_cancels_running_calls_when_the_grace_period_ends() -> None:
         assert done.wait(10)
         assert s.drain(SECOND)
         assert time.monotonic() - began < 0.5 + SECOND
-        with pytest.raises(RemoteError):
+        # The search fails either way the race goes: the server's own cancellation of the core
+        # reaches the client as CANCELLED (CancelledError), or gRPC's shutdown closes the call
+        # first (UNAVAILABLE, a RemoteError). It never completes.
+        with pytest.raises((RemoteError, errors.CancelledError)):
             in_flight.result(timeout=10)
     client.close()
 

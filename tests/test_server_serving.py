@@ -250,3 +250,17 @@ def test_the_attention_kernel_travels_over_grpc(stub: pb_grpc.PlannerStub) -> No
         stub.EvaluateServing(bad, timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "serving_plan.worker.attention_kernel" in (err.value.details() or "")
+
+
+def test_the_spaces_attention_kernel_travels_over_grpc(stub: pb_grpc.PlannerStub) -> None:
+    req = pb.SearchServingRequest(
+        problem=pb.ServingProblem(model=pb.Model(preset="deepseek-v3"), cluster=pb.Cluster(gpu="h200-sxm", num_gpus=8),
+                                  traffic=pb.ServingTraffic(input_len=4096, output_len=256),
+                                  weight_precision="fp8"),
+        space=pb.ServingSpace(top_k=3, attention_kernel="triton-mla"))
+    response = stub.SearchServing(req, timeout=60)
+    local = mp.search_serving("deepseek-v3", mp.Cluster("h200-sxm", 8), input_len=4096, output_len=256,
+                              weight_precision="fp8", space={"top_k": 3, "attention_kernel": "triton-mla"})
+    assert [e.label for e in response.plans] == [e["label"] for e in local.plans]
+    assert all(e.plan.worker.attention_kernel == "triton-mla" for e in response.plans)
+    assert serving_wire.space_message({"attention_kernel": "triton-mla"}).attention_kernel == "triton-mla"

@@ -348,3 +348,23 @@ def test_the_triton_mla_attention_kernel() -> None:
     assert "--attention-backend triton" in launch_commands(plan, problem, "sglang")[1]
     vllm = launch_commands(plan, problem, "vllm")
     assert "SGLang's Triton MLA attention" in vllm[0] and "--attention-backend" not in vllm[1]
+
+
+def test_a_search_prices_every_deployment_with_the_spaces_attention_kernel() -> None:
+    kw = dict(input_len=8192, output_len=256, weight_precision="fp8", concurrency=8)
+    cluster = mp.Cluster("h200-sxm", 8)
+    flash = mp.search_serving("deepseek-r1", cluster, space={"top_k": 50}, **kw)
+    triton = mp.search_serving("deepseek-r1", cluster, space={"top_k": 50, "attention_kernel": "triton-mla"}, **kw)
+    assert triton.plans and all(e["plan"]["worker"]["attention_kernel"] == "triton-mla" for e in triton.plans)
+    assert all("attention_kernel" not in e["plan"]["worker"] for e in flash.plans)
+    # The same deployments, each with a longer prefill on SGLang 0.4's kernel.
+    by_label = {e["label"]: e for e in flash.plans}
+    for e in triton.plans:
+        twin = by_label[e["label"].replace("·triton-mla", "")]
+        assert e["time"]["ttft_s"] > twin["time"]["ttft_s"]
+    code, text = run_cli("inference", "search", "--model", "deepseek-r1", "--gpu", "h200-sxm", "--gpus", "8",
+                         "--input-len", "8192", "--output-len", "256", "--weight-precision", "fp8",
+                         "--attention-kernel", "triton-mla", "--top-k", "2")
+    assert code == 0 and "triton-mla" in text
+    with pytest.raises(mp.errors.InvalidInputError, match="serving_space.attention_kernel: triton-mla"):
+        mp.search_serving("llama3-8b", cluster, space={"attention_kernel": "triton-mla"}, input_len=128, output_len=16)

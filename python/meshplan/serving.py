@@ -156,7 +156,8 @@ def search_serving(
 
     ``problem`` takes the keywords of :func:`serving_problem` (``input_len`` and ``output_len``
     are required). ``space``: ``{"top_k", "disaggregation", "max_tp", "max_pp",
-    "max_attention_dp", "max_sequences", "allow_tp_cross_domain"}``, each optional.
+    "max_attention_dp", "max_sequences", "allow_tp_cross_domain", "attention_kernel"}``, each
+    optional (``attention_kernel``: ``flash`` or ``triton-mla``, for every deployment scored).
     """
     raw = _core.search_serving(serving_problem(model, cluster, **problem), space, timeout_s, cancel)
     return ServingResult(raw["plans"], raw["pareto"], raw["stats"])

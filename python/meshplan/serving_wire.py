@@ -85,7 +85,7 @@ def space_from(msg: pb.ServingSpace, max_candidates: Optional[int] = None) -> di
     if max_candidates is not None and max_candidates >= 1:
         space["max_candidates"] = max_candidates
     for name in ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
-                 "max_sequences", "allow_tp_cross_domain"):
+                 "max_sequences", "allow_tp_cross_domain", "attention_kernel"):
         if msg.HasField(name):
             space[name] = getattr(msg, name)
     top_k = space.get("top_k")
@@ -199,7 +199,7 @@ def space_message(space: Optional[dict[str, Any]]) -> pb.ServingSpace:
     refused here, naming the key, since the message has no place for them)."""
     msg = pb.ServingSpace()
     allowed = ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
-               "max_sequences", "allow_tp_cross_domain")
+               "max_sequences", "allow_tp_cross_domain", "attention_kernel")
     for key, value in (space or {}).items():
         if key not in allowed:
             raise invalid(f"serving_space.{key}", repr(key), "one of " + ", ".join(allowed))

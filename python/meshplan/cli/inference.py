@@ -78,6 +78,9 @@ def add(sub: Any) -> None:
     s.add_argument("--max-attention-dp", type=int, metavar="N")
     s.add_argument("--max-sequences", type=int, metavar="N", help="most sequences per worker")
     s.add_argument("--allow-tp-cross-domain", action="store_true", help="let TP groups leave the NVLink domain")
+    s.add_argument("--attention-kernel", metavar="NAME",
+                   help="the engine's attention kernels for every deployment: flash (default) or "
+                        "triton-mla (SGLang 0.4's Triton MLA backend)")
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON")
     fmt.add_argument("--csv", action="store_true", help="print CSV, one row per deployment")
@@ -158,7 +161,7 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("--plot pareto needs --out FILE.png")
     space: dict[str, Any] = {"disaggregation": not args.no_disaggregation,
                              "allow_tp_cross_domain": args.allow_tp_cross_domain}
-    for key in ("top_k", "max_tp", "max_pp", "max_attention_dp", "max_sequences"):
+    for key in ("top_k", "max_tp", "max_pp", "max_attention_dp", "max_sequences", "attention_kernel"):
         value = getattr(args, key)
         if value is not None:
             space[key] = value

@@ -2251,6 +2251,7 @@ class ServingSpace(_message.Message):
     MAX_ATTENTION_DP_FIELD_NUMBER: _builtins.int
     MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
     ALLOW_TP_CROSS_DOMAIN_FIELD_NUMBER: _builtins.int
+    ATTENTION_KERNEL_FIELD_NUMBER: _builtins.int
     top_k: _builtins.int
     disaggregation: _builtins.bool
     max_tp: _builtins.int
@@ -2258,6 +2259,8 @@ class ServingSpace(_message.Message):
     max_attention_dp: _builtins.int
     max_sequences: _builtins.int
     allow_tp_cross_domain: _builtins.bool
+    attention_kernel: _builtins.str
+    """The engine's attention kernels for every deployment: "flash" (unset) or "triton-mla"."""
     def __init__(
         self,
         *,
@@ -2268,13 +2271,16 @@ class ServingSpace(_message.Message):
         max_attention_dp: _builtins.int | None = ...,
         max_sequences: _builtins.int | None = ...,
         allow_tp_cross_domain: _builtins.bool | None = ...,
+        attention_kernel: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "top_k", b"top_k"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_attention_kernel", b"_attention_kernel", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "attention_kernel", b"attention_kernel", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "top_k", b"top_k"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_attention_kernel", b"_attention_kernel", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "attention_kernel", b"attention_kernel", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__allow_tp_cross_domain: _TypeAlias = _typing.Literal["allow_tp_cross_domain"]  # noqa: Y015
     _WhichOneofArgType__allow_tp_cross_domain: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain"]  # noqa: Y015
+    _WhichOneofReturnType__attention_kernel: _TypeAlias = _typing.Literal["attention_kernel"]  # noqa: Y015
+    _WhichOneofArgType__attention_kernel: _TypeAlias = _typing.Literal["_attention_kernel", b"_attention_kernel"]  # noqa: Y015
     _WhichOneofReturnType__disaggregation: _TypeAlias = _typing.Literal["disaggregation"]  # noqa: Y015
     _WhichOneofArgType__disaggregation: _TypeAlias = _typing.Literal["_disaggregation", b"_disaggregation"]  # noqa: Y015
     _WhichOneofReturnType__max_attention_dp: _TypeAlias = _typing.Literal["max_attention_dp"]  # noqa: Y015
@@ -2289,6 +2295,8 @@ class ServingSpace(_message.Message):
     _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__allow_tp_cross_domain) -> _WhichOneofReturnType__allow_tp_cross_domain | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__attention_kernel) -> _WhichOneofReturnType__attention_kernel | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__disaggregation) -> _WhichOneofReturnType__disaggregation | None: ...
     @_typing.overload

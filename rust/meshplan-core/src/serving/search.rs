@@ -19,7 +19,7 @@ use crate::Control;
 use super::constants;
 use super::evaluate::{score, ServingEvaluation};
 use super::memory::worker_memory;
-use super::plan::{ServingPlan, Worker};
+use super::plan::{AttentionKernel, ServingPlan, Worker};
 use super::problem::{Objective, ServingProblem};
 use super::time::{Batch, TimeModel};
 use crate::search::divisors;
@@ -88,6 +88,10 @@ pub struct ServingSpace {
     /// Most deployments to score (default [`DEFAULT_MAX_CANDIDATES`]).
     #[serde(default)]
     pub max_candidates: Option<u64>,
+    /// The engine's attention kernels, for every deployment scored (`triton-mla`: SGLang 0.4's
+    /// Triton MLA backend, MLA models only).
+    #[serde(default)]
+    pub attention_kernel: AttentionKernel,
 }
 
 impl Default for ServingSpace {
@@ -101,6 +105,7 @@ impl Default for ServingSpace {
             max_sequences: None,
             allow_tp_cross_domain: false,
             max_candidates: None,
+            attention_kernel: AttentionKernel::Flash,
         }
     }
 }
@@ -177,6 +182,16 @@ pub fn search_serving(
     let started = Instant::now();
     problem.validate()?;
     space.validate()?;
+    if space.attention_kernel == AttentionKernel::TritonMla && problem.model.mla.is_none() {
+        return Err(Error::invalid(
+            "serving_space.attention_kernel",
+            space.attention_kernel.name(),
+            format!(
+                "flash for {} (triton-mla is a multi-head latent attention backend)",
+                problem.model.name
+            ),
+        ));
+    }
     let tm = TimeModel::new(problem);
     let model = &problem.model;
     let n = problem.cluster.num_gpus;
@@ -240,7 +255,7 @@ pub fn search_serving(
                         max_batched_tokens: None,
                         kv_tokens: None,
                         output_lag_steps: None,
-                        attention_kernel: Default::default(),
+                        attention_kernel: space.attention_kernel,
                     };
                     let mut cap =
                         worker_memory(problem, &shape, adp as f64, chunk).max_sequences_fit;
@@ -270,7 +285,6 @@ pub fn search_serving(
                             max_batched_tokens: None,
                             kv_tokens: None,
                             output_lag_steps: None,
-                            attention_kernel: Default::default(),
                             ..shape
                         };
                         let batch = Batch {
@@ -380,7 +394,6 @@ fn aggregated(
                         max_batched_tokens: None,
                         kv_tokens: None,
                         output_lag_steps: None,
-                        attention_kernel: Default::default(),
                         ..*shape
                     },
                     replicas: most as u32,
@@ -405,7 +418,6 @@ fn aggregated(
                             max_batched_tokens: None,
                             kv_tokens: None,
                             output_lag_steps: None,
-                            attention_kernel: Default::default(),
                             ..*shape
                         },
                         replicas: r as u32,
@@ -500,7 +512,6 @@ fn disaggregated(
                 max_batched_tokens: None,
                 kv_tokens: None,
                 output_lag_steps: None,
-                attention_kernel: Default::default(),
                 ..*shape
             };
             let step = Batch::decode(
@@ -675,5 +686,55 @@ mod tests {
         assert!(r.plans.iter().any(|e| e.plan.prefill.is_some()));
         let best = &r.plans[0];
         assert!(best.plan.worker.ep > 1, "{}", best.label);
+    }
+
+    #[test]
+    fn a_space_prices_every_deployment_with_its_attention_kernel() {
+        // SGLang 0.4's Triton MLA backend: every deployment scored carries the kernel, and the
+        // absorbed prefill over all 128 heads of one attention-DP rank costs more than over a
+        // TP group's 16 heads each.
+        let mut p = problem("deepseek-v3", "h200-sxm", 8);
+        p.weight_precision = Precision::Fp8;
+        p.traffic.input_len = 8192;
+        p.traffic.output_len = 256;
+        let flash = ServingSpace {
+            top_k: 1000,
+            ..ServingSpace::default()
+        };
+        let triton = ServingSpace {
+            attention_kernel: AttentionKernel::TritonMla,
+            ..flash.clone()
+        };
+        let f = search_serving(&p, &flash, &Control::default()).unwrap();
+        let t = search_serving(&p, &triton, &Control::default()).unwrap();
+        assert_eq!(f.stats.candidates, t.stats.candidates);
+        assert!(t.plans.iter().all(|e| {
+            e.plan.worker.attention_kernel == AttentionKernel::TritonMla
+                && e.plan
+                    .prefill
+                    .is_none_or(|w| w.attention_kernel == AttentionKernel::TritonMla)
+        }));
+        let ttft = |r: &ServingSearchResult, tp: u32, adp: u32| {
+            r.plans
+                .iter()
+                .find(|e| {
+                    e.plan.prefill.is_none()
+                        && e.plan.worker.tp == tp
+                        && e.plan.worker.attention_dp == adp
+                        && e.plan.worker.max_sequences == 8
+                })
+                .map(|e| e.time.ttft_s)
+                .unwrap()
+        };
+        let tp8 = ttft(&t, 8, 1) / ttft(&f, 8, 1);
+        let adp8 = ttft(&t, 1, 8) / ttft(&f, 1, 8);
+        assert!(tp8 > 1.0 && adp8 > tp8, "tp8 x{tp8}, adp8 x{adp8}");
+        // A model without latent attention has no Triton MLA backend to run.
+        let gqa = problem("llama3-70b", "h100-sxm", 8);
+        let e = search_serving(&gqa, &triton, &Control::default()).unwrap_err();
+        assert!(
+            e.to_string().contains("serving_space.attention_kernel"),
+            "{e}"
+        );
     }
 }
