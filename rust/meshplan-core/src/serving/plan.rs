@@ -43,6 +43,22 @@ impl AttentionKernel {
     fn is_flash(&self) -> bool {
         *self == AttentionKernel::Flash
     }
+
+    /// `field`'s error when `model` cannot run this kernel (`triton-mla` needs latent
+    /// attention).
+    pub fn check(self, field: &str, model: &Model) -> Result<()> {
+        if self == AttentionKernel::TritonMla && model.mla.is_none() {
+            return Err(Error::invalid(
+                field,
+                self.name(),
+                format!(
+                    "flash for {} (triton-mla is a multi-head latent attention backend)",
+                    model.name
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One engine instance.
@@ -185,16 +201,8 @@ impl Worker {
                 format!("tp × attention_dp × pp ≤ {}", limits::MAX_GPUS),
             ));
         }
-        if self.attention_kernel == AttentionKernel::TritonMla && model.mla.is_none() {
-            return Err(Error::invalid(
-                field("attention_kernel"),
-                self.attention_kernel.name(),
-                format!(
-                    "flash for {} (triton-mla is a multi-head latent attention backend)",
-                    model.name
-                ),
-            ));
-        }
+        self.attention_kernel
+            .check(&field("attention_kernel"), model)?;
         if self.pp > model.layers {
             return Err(Error::invalid(
                 field("pp"),

@@ -182,16 +182,9 @@ pub fn search_serving(
     let started = Instant::now();
     problem.validate()?;
     space.validate()?;
-    if space.attention_kernel == AttentionKernel::TritonMla && problem.model.mla.is_none() {
-        return Err(Error::invalid(
-            "serving_space.attention_kernel",
-            space.attention_kernel.name(),
-            format!(
-                "flash for {} (triton-mla is a multi-head latent attention backend)",
-                problem.model.name
-            ),
-        ));
-    }
+    space
+        .attention_kernel
+        .check("serving_space.attention_kernel", &problem.model)?;
     let tm = TimeModel::new(problem);
     let model = &problem.model;
     let n = problem.cluster.num_gpus;
