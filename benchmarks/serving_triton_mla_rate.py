@@ -7,13 +7,16 @@ prompts' prefills (in 8192-token chunks) plus the first arrival and the decode t
 script rebuilds the prompts (bench_serving's sampler, seed 1: 936,860 tokens, as the PR
 reports), takes this model's time for each chunk without its attention, and solves for the
 rate at which the chunks' absorbed-form attention (2·h·(2·d_c + d_r) FLOPs per query-key pair)
-fills the rest. It then evaluates every chunk with ``attention_kernel = "triton-mla"`` at the
-constant in data/serving.toml and prints the modelled run time against the measured one.
+fills the rest. It then times every chunk with ``attention_kernel = "triton-mla"`` at the
+constant of data/serving.toml and prints the modelled run against the measured one
+(tests/test_serving_validation.py holds the constant to this derivation).
 
     python benchmarks/serving_triton_mla_rate.py
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +28,20 @@ TOTAL_INPUT_TOKENS = 936_860  # PR 3550, "Total input tokens"
 CHUNK = 8192  # SGLang 0.4's chunked_prefill_size on H200
 FIRST_ARRIVAL_S = 1.0  # Poisson arrivals at 1/s: the run starts with the first one
 DECODE_TAIL_S = (3.0, 6.0)  # 100 decode steps of the last requests, and the other decodes
+PEAK_16BIT = 989.4e12  # H200's dense BF16 peak (data/gpus.toml)
+
+
+@dataclass
+class Derivation:
+    measured_s: float  # the run's duration
+    chunks: list[tuple[int, int]]  # (new tokens, cached prefix) of every prefill forward
+    non_attention_s: float  # this model's time of those forwards without attention
+    absorbed_flops_per_gpu: float  # their absorbed-form attention, per GPU
+    rates: dict[float, float]  # decode tail (s) -> attention FLOP/s per GPU
+    modelled_s: float  # the run re-timed at the shipped constant (first decode tail)
+
+    def efficiency(self, tail_s: float) -> float:
+        return self.rates[tail_s] / PEAK_16BIT
 
 
 def prompt_lengths() -> np.ndarray:
@@ -45,41 +62,44 @@ def chunk_prefill(tokens: int, kernel: str, prefix: int = 0) -> dict:
     return result["time"]["prefill"]
 
 
-def main() -> None:
+def derive() -> Derivation:
     lengths = prompt_lengths()
     assert int(lengths.sum()) == TOTAL_INPUT_TOKENS, "bench_serving's sampler no longer matches"
     model = meshplan.Model.preset("deepseek-v3")
     mla = model.mla
-    heads, layers = model.heads, model.layers
+    assert mla is not None
     width = 2 * mla.kv_lora_rank + mla.qk_rope_head_dim
     measured_s = TOTAL_INPUT_TOKENS / MEASURED_INPUT_TOK_S
     non_attention_s = 0.0
     absorbed_flops = 0.0  # whole model, all 8 GPUs
-    cache: dict[int, dict] = {}
-    chunks: list[tuple[int, int]] = []  # (new tokens, cached prefix)
+    own: dict[int, float] = {}
+    chunks: list[tuple[int, int]] = []
     for n in lengths:
         done = 0
         while done < n:
             c = int(min(CHUNK, n - done))
             chunks.append((c, done))
-            if c not in cache:
-                cache[c] = chunk_prefill(c, "flash")
-            non_attention_s += cache[c]["total_s"] - cache[c]["attention_s"]
-            absorbed_flops += layers * 2 * heads * width * c * (done + c / 2)
+            if c not in own:
+                flash = chunk_prefill(c, "flash")
+                own[c] = flash["total_s"] - flash["attention_s"]
+            non_attention_s += own[c]
+            absorbed_flops += model.layers * 2 * model.heads * width * c * (done + c / 2)
             done += c
     per_gpu = absorbed_flops / 8
-    print(f"measured run: {measured_s:.1f} s for {TOTAL_INPUT_TOKENS} prompt tokens in {len(chunks)} chunks")
-    print(f"this model without attention: {non_attention_s:.1f} s; absorbed attention {per_gpu / 1e12:,.0f} TFLOP per GPU")
-    peak = 989.4e12
-    for tail in DECODE_TAIL_S:
-        left = measured_s - FIRST_ARRIVAL_S - tail - non_attention_s
-        rate = per_gpu / left
-        print(f"decode tail {tail:.0f} s: attention {left:.1f} s -> {rate / 1e12:.1f} TFLOP/s per GPU, "
-              f"{rate / peak:.3f} of the 16-bit peak")
-    # The check: every chunk at the constant of data/serving.toml, its prefix cached.
-    total = sum(chunk_prefill(c, "triton-mla", prefix)["total_s"] for c, prefix in chunks)
-    print(f"modelled with attention_kernel = triton-mla: {total + FIRST_ARRIVAL_S + DECODE_TAIL_S[0]:.1f} s "
-          f"(measured {measured_s:.1f} s)")
+    rates = {tail: per_gpu / (measured_s - FIRST_ARRIVAL_S - tail - non_attention_s) for tail in DECODE_TAIL_S}
+    modelled = sum(chunk_prefill(c, "triton-mla", prefix)["total_s"] for c, prefix in chunks)
+    return Derivation(measured_s, chunks, non_attention_s, per_gpu, rates,
+                      modelled + FIRST_ARRIVAL_S + DECODE_TAIL_S[0])
+
+
+def main() -> None:
+    d = derive()
+    print(f"measured run: {d.measured_s:.1f} s for {TOTAL_INPUT_TOKENS} prompt tokens in {len(d.chunks)} chunks")
+    print(f"this model without attention: {d.non_attention_s:.1f} s; "
+          f"absorbed attention {d.absorbed_flops_per_gpu / 1e12:,.0f} TFLOP per GPU")
+    for tail, rate in d.rates.items():
+        print(f"decode tail {tail:.0f} s: {rate / 1e12:.1f} TFLOP/s per GPU, {d.efficiency(tail):.3f} of the 16-bit peak")
+    print(f"modelled with attention_kernel = triton-mla: {d.modelled_s:.1f} s (measured {d.measured_s:.1f} s)")
 
 
 if __name__ == "__main__":
