@@ -191,14 +191,18 @@ def test_cli_evaluate_explain_export(capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_the_queue_model_takes_the_arrival_process() -> None:
-    # Closed loop: 96 in flight on a worker of 64 slots; the 32 others wait 32/X for one.
+    # Closed loop: 96 in flight on a worker of 64 slots; the 32 others wait 32/X for one, on top
+    # of what every prompt waits for the others' prefills (M/D/1 at the loop's rate); a single
+    # request in flight waits for nothing.
     kw = dict(input_len=1024, output_len=256)
     alone = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=64", concurrency=64, **kw)
     queued = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=64", concurrency=96, **kw)
     x = 64 / (256 * queued["time"]["tpot_s"])
-    assert alone["queue_s"] == 0
-    assert queued["queue_s"] == pytest.approx(32 / x)
+    assert 0 < alone["queue_s"] < alone["time"]["prefill"]["total_s"]
+    assert queued["queue_s"] == pytest.approx(alone["queue_s"] + 32 / x)
     assert queued["time"]["ttft_s"] == pytest.approx(alone["time"]["ttft_s"] + 32 / x)
+    one = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=64", concurrency=1, **kw)
+    assert one["queue_s"] == 0
     # Open loop at 2 requests/s: the rate keeps n = λ·OSL·TPOT running, with some prefill queueing;
     # the deployment's capacity (its full batch) is above the rate.
     ev = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=256", request_rate=2.0, **kw)

@@ -165,7 +165,15 @@ pub(crate) fn score(
                     prefill_cached: cached + (new - piece) / 2.0,
                 };
                 let (f, _) = tm.forward(w, &first, false);
-                (d, period, f, chunks, room)
+                // What one prompt holds the prefill budget for: its share (new/room) of a
+                // forward whose budget is full of prompts beside the decodes. A prompt of the
+                // whole budget takes that forward; smaller ones share one.
+                let full = Batch {
+                    prefill_seqs: room / new,
+                    ..first
+                };
+                let prompt_s = new / room * tm.forward(w, &full, false).0.total_s;
+                (d, period, f, chunks, prompt_s)
             };
             match arrival {
                 Arrival::Waves => {
@@ -231,12 +239,20 @@ pub(crate) fn score(
                     }
                 }
                 Arrival::Spread => {
-                    let (d, period, f, chunks, _) = mixed(b);
+                    let (d, period, f, chunks, prompt_s) = mixed(b);
                     decode = d;
                     tpot = period;
                     prefill = f;
                     let x = b / (osl * tpot);
-                    queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x);
+                    // The loop's requests arrive spread out, at its completion rate, at each
+                    // rank's prefill, where a prompt that finds others holding the budget waits
+                    // for them (M/D/1, as for Poisson arrivals below), at most for the rank's
+                    // other requests in flight; those beyond the batch wait for a slot first.
+                    let running = in_flight.unwrap_or(b).min(b) / w.attention_dp as f64;
+                    let others = (running - 1.0).max(0.0) * prompt_s;
+                    let contention = queue::md1_wait(x / w.attention_dp as f64, prompt_s)
+                        .map_or(others, |wq| wq.min(others));
+                    queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x) + contention;
                     // Tokens returned `lag` steps late: the first one too.
                     ttft = chunks * f.total_s + lag_steps * period + queue_s;
                     requests_per_s = replicas * x;
@@ -257,15 +273,14 @@ pub(crate) fn score(
                         n = next;
                     }
                     b = n;
-                    let (d, period, f, chunks, room) = mixed(n);
+                    let (d, period, f, chunks, service) = mixed(n);
                     decode = d;
                     tpot = period;
                     prefill = f;
                     let mu = n / (osl * period);
-                    // Each rank's prefill serves its share of the arrivals; a prompt takes
-                    // new/room steps' worth of the step's prefill budget (M/D/1).
+                    // Each rank's prefill serves its share of the arrivals; a prompt holds its
+                    // share of a full forward's prefill budget (M/D/1).
                     let rank_lambda = lambda / w.attention_dp as f64;
-                    let service = new / room * period;
                     let own = chunks * f.total_s;
                     queue_s = match queue::md1_wait(rank_lambda, service) {
                         Some(wq) if n < cap || mu >= lambda => wq,
@@ -468,19 +483,47 @@ mod tests {
 
     #[test]
     fn a_closed_loop_beyond_the_batch_waits_its_turn() {
-        // 64 running of 96 in flight: the 32 others wait 32 / X, X = 64 / (OSL · TPOT).
+        // 64 running of 96 in flight: the 32 others wait 32 / X, X = 64 / (OSL · TPOT), beyond
+        // what every prompt waits for the others' prefills.
         let mut p = problem("llama3-8b", "h100-sxm", 1);
         p.traffic.concurrency = Some(64);
         let alone = evaluate_serving(&p, &worker(1, 64)).unwrap();
-        assert_eq!(alone.queue_s, 0.0);
         p.traffic.concurrency = Some(96);
         let queued = evaluate_serving(&p, &worker(1, 64)).unwrap();
         let x = 64.0 / (256.0 * queued.time.tpot_s);
-        assert!((queued.queue_s - 32.0 / x).abs() < 1e-9 * queued.queue_s);
-        assert!((queued.time.ttft_s - alone.time.ttft_s - queued.queue_s).abs() < 1e-9);
+        assert!((queued.queue_s - alone.queue_s - 32.0 / x).abs() < 1e-9 * queued.queue_s);
+        assert!((queued.time.ttft_s - alone.time.ttft_s - 32.0 / x).abs() < 1e-9);
         // The same 64 run: TPOT and throughput do not change, only the wait.
         assert_eq!(queued.time.tpot_s, alone.time.tpot_s);
         assert_eq!(queued.requests_per_s, alone.requests_per_s);
+    }
+
+    #[test]
+    fn a_spread_closed_loop_queues_its_prompts_for_the_prefill_budget() {
+        // A budget of 1088 tokens beside 64 decodes leaves room for exactly one 1024-token
+        // prompt, so a prompt holds a whole forward, the one its TTFT reports: its arrivals, at
+        // the loop's rate X, wait the M/D/1 time for that server.
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.concurrency = Some(64);
+        let mut plan = worker(1, 64);
+        plan.worker.max_batched_tokens = Some(1088);
+        let ev = evaluate_serving(&p, &plan).unwrap();
+        let x = 64.0 / (256.0 * ev.time.tpot_s);
+        let service = ev.time.prefill.total_s;
+        let expected = queue::md1_wait(x, service).unwrap().min(63.0 * service);
+        assert!(expected > 0.0);
+        assert!(
+            (ev.queue_s - expected).abs() < 1e-12,
+            "{} vs {expected}",
+            ev.queue_s
+        );
+        assert!((ev.time.ttft_s - service - expected).abs() < 1e-12);
+        // Fewer in flight, fewer arrivals to wait for; one alone waits for none.
+        p.traffic.concurrency = Some(8);
+        let fewer = evaluate_serving(&p, &plan).unwrap();
+        assert!(0.0 < fewer.queue_s && fewer.queue_s < ev.queue_s);
+        p.traffic.concurrency = Some(1);
+        assert_eq!(evaluate_serving(&p, &plan).unwrap().queue_s, 0.0);
     }
 
     #[test]
