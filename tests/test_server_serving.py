@@ -264,3 +264,15 @@ def test_the_spaces_attention_kernel_travels_over_grpc(stub: pb_grpc.PlannerStub
     assert [e.label for e in response.plans] == [e["label"] for e in local.plans]
     assert all(e.plan.worker.attention_kernel == "triton-mla" for e in response.plans)
     assert serving_wire.space_message({"attention_kernel": "triton-mla"}).attention_kernel == "triton-mla"
+
+
+def test_expert_weights_travel_over_grpc(stub: pb_grpc.PlannerStub) -> None:
+    problem = mp.serving.serving_problem("gpt-oss-120b", mp.Cluster("h100-sxm", 1), input_len=1024,
+                                         output_len=256, expert_weights="mxfp4")
+    msg = serving_wire.problem_message(problem)
+    assert msg.expert_weights == "mxfp4"
+    ev = stub.EvaluateServing(pb.EvaluateServingRequest(
+        problem=msg, plan=pb.ServingPlan(worker=pb.ServingWorker(tp=1, max_sequences=8))), timeout=60).evaluation
+    local = mp.evaluate_serving("gpt-oss-120b", mp.Cluster("h100-sxm", 1), "tp=1,batch=8", input_len=1024,
+                                output_len=256, expert_weights="mxfp4")
+    assert ev.feasible and ev.tpot_s == pytest.approx(local["time"]["tpot_s"])

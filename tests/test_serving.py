@@ -372,3 +372,35 @@ def test_a_search_prices_every_deployment_with_the_spaces_attention_kernel() -> 
     assert code == 0 and "triton-mla" in text
     with pytest.raises(mp.errors.InvalidInputError, match="serving_space.attention_kernel: triton-mla"):
         mp.search_serving("llama3-8b", cluster, space={"attention_kernel": "triton-mla"}, input_len=128, output_len=16)
+
+
+def test_mxfp4_experts_as_gpt_oss_publishes_them() -> None:
+    # gpt-oss-120b's routed experts in MXFP4 (0.53125 bytes a weight), the rest BF16: one 80 GB
+    # H100 holds it, as its model card says, where BF16 experts (217 GiB) do not.
+    h100 = mp.Cluster("h100-sxm", 1)
+    kw = dict(input_len=1024, output_len=1024)
+    mx = mp.evaluate_serving("gpt-oss-120b", h100, "tp=1,batch=16", expert_weights="mxfp4", **kw)
+    bf = mp.evaluate_serving("gpt-oss-120b", h100, "tp=1,batch=16", **kw)
+    assert mx["feasible"] and not bf["feasible"]
+    assert 55 < mx["memory"]["weights_gib"] < 65 < 200 < bf["memory"]["weights_gib"]
+    # Weight-only: the decode reads fewer bytes; the experts' GEMMs are the same BF16 FLOPs.
+    assert mx["time"]["decode"]["weight_bytes"] < 0.4 * bf["time"]["decode"]["weight_bytes"]
+    assert mx["time"]["decode"]["flops"] == pytest.approx(bf["time"]["decode"]["flops"])
+    # A Hugging Face config that quantises with quant_method "mxfp4" says so itself.
+    fixture = "tests/fixtures/hf/gpt-oss-120b.json"
+    assert serving_problem(fixture, h100, **kw)["expert_weights"] == "mxfp4"
+    assert "expert_weights" not in serving_problem("tests/fixtures/hf/DeepSeek-V3.json", h100, **kw)
+    hf = mp.evaluate_serving(fixture, h100, "tp=1,batch=16", **kw)
+    assert hf["memory"]["weights_gib"] == pytest.approx(mx["memory"]["weights_gib"], rel=1e-3)
+    # The launch commands load the checkpoint's MXFP4 experts.
+    problem = serving_problem("gpt-oss-120b", h100, expert_weights="mxfp4", **kw)
+    for engine in ("vllm", "sglang"):
+        assert "--quantization mxfp4" in launch_commands(parse_serving_plan("tp=1,batch=16"), problem, engine)[1]
+    code, text = run_cli("inference", "evaluate", "--model", "gpt-oss-120b", "--gpu", "h100-sxm", "--gpus", "1",
+                         "--input-len", "1024", "--output-len", "1024", "--expert-weights", "mxfp4",
+                         "--plan", "tp=1,batch=16")
+    assert code == 0 and "feasible" in text and "infeasible" not in text
+    with pytest.raises(mp.errors.InvalidInputError, match=r"expert_weights: mxfp4 \(allowed: unset for llama3-8b"):
+        mp.evaluate_serving("llama3-8b", h100, "tp=1,batch=1", expert_weights="mxfp4", **kw)
+    with pytest.raises(mp.errors.InvalidInputError, match="expert_weights: unknown variant `int4`"):
+        mp.evaluate_serving("gpt-oss-120b", h100, "tp=1,batch=1", expert_weights="int4", **kw)

@@ -85,6 +85,7 @@ def serving_problem(
     weight_precision: str = "bf16",
     kv_precision: str = "bf16",
     weight_scaling: Optional[str] = None,
+    expert_weights: Optional[str] = None,
     prefix_fraction: float = 0.0,
     concurrency: Optional[int] = None,
     request_rate: Optional[float] = None,
@@ -100,6 +101,9 @@ def serving_problem(
     ``weight_scaling`` (``tensor`` or ``block``, FP8 only): None takes it from a Hugging Face
     config's ``quantization_config.weight_block_size`` when ``model`` is one, else the core's
     default (``block`` for presets whose published FP8 checkpoint is block-scaled).
+    ``expert_weights`` (``mxfp4``): the routed experts' weight-only storage format where it differs
+    from ``weight_precision``; None takes it from a Hugging Face config whose ``quant_method`` is
+    "mxfp4" (gpt-oss), else the experts are stored like every other layer.
     """
     problem: dict[str, Any] = {
         "model": as_model(model).to_dict(),
@@ -121,15 +125,16 @@ def serving_problem(
     scaling = weight_scaling if weight_scaling is not None else _hf_weight_scaling(model, weight_precision)
     if scaling is not None:
         problem["weight_scaling"] = scaling
+    experts = expert_weights if expert_weights is not None else _hf_expert_weights(model)
+    if experts is not None:
+        problem["expert_weights"] = experts
     return problem
 
 
-def _hf_weight_scaling(model: ModelLike, weight_precision: str) -> Optional[str]:
-    """``block`` when ``model`` is a Hugging Face config whose FP8 ``quantization_config``
-    has a ``weight_block_size`` (DeepSeek-V3's ``[128, 128]``), ``tensor`` for another FP8
-    ``quantization_config``, None otherwise (a preset, or no quantisation stated)."""
+def _hf_quantization(model: ModelLike) -> Optional[dict[str, Any]]:
+    """A Hugging Face config's ``quantization_config`` (None for a preset or none stated)."""
     path = hf_config_path(model)
-    if path is None or weight_precision != "fp8":
+    if path is None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
@@ -137,7 +142,23 @@ def _hf_weight_scaling(model: ModelLike, weight_precision: str) -> Optional[str]
     except (OSError, ValueError):
         return None  # as_model has already read it; nothing more to say here
     quant = config.get("quantization_config") if isinstance(config, dict) else None
-    if not isinstance(quant, dict) or quant.get("quant_method") != "fp8":
+    return quant if isinstance(quant, dict) else None
+
+
+def _hf_expert_weights(model: ModelLike) -> Optional[str]:
+    """``mxfp4`` when a Hugging Face config quantises with ``quant_method`` "mxfp4" (gpt-oss:
+    the routed experts, attention, router, embedding and head kept in ``modules_to_not_convert``),
+    None otherwise."""
+    quant = _hf_quantization(model)
+    return "mxfp4" if quant is not None and quant.get("quant_method") == "mxfp4" else None
+
+
+def _hf_weight_scaling(model: ModelLike, weight_precision: str) -> Optional[str]:
+    """``block`` when ``model`` is a Hugging Face config whose FP8 ``quantization_config``
+    has a ``weight_block_size`` (DeepSeek-V3's ``[128, 128]``), ``tensor`` for another FP8
+    ``quantization_config``, None otherwise (a preset, or no quantisation stated)."""
+    quant = _hf_quantization(model) if weight_precision == "fp8" else None
+    if quant is None or quant.get("quant_method") != "fp8":
         return None
     return "block" if quant.get("weight_block_size") else "tensor"
 
@@ -301,7 +322,9 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
         if tokens is not None:
             flags += ["--max-num-batched-tokens", str(tokens)]
         flags += ["--kv-cache-dtype", _VLLM_KV.get(kv, "auto")]
-        if weights in _VLLM_QUANT:
+        if problem.get("expert_weights") == "mxfp4":
+            flags += ["--quantization", "mxfp4"]
+        elif weights in _VLLM_QUANT:
             flags += ["--quantization", _VLLM_QUANT[weights]]
         if role is not None:
             flags += ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
@@ -318,7 +341,9 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
         flags += ["--kv-cache-dtype", _SGLANG_KV.get(kv, "auto")]
         if w.get("attention_kernel") == "triton-mla":
             flags += ["--attention-backend", "triton"]
-        if weights in _SGLANG_QUANT:
+        if problem.get("expert_weights") == "mxfp4":
+            flags += ["--quantization", "mxfp4"]
+        elif weights in _SGLANG_QUANT:
             flags += ["--quantization", _SGLANG_QUANT[weights]]
         if role is not None:
             flags += ["--disaggregation-mode", role]

@@ -48,6 +48,7 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
         "slo": {"ttft_s": _opt(s, "ttft_s"), "tpot_s": _opt(s, "tpot_s"), "e2e_s": _opt(s, "e2e_s")},
         "objective": _opt(msg, "objective") or "throughput",
         **({"weight_scaling": msg.weight_scaling} if msg.HasField("weight_scaling") else {}),
+        **({"expert_weights": msg.expert_weights} if msg.HasField("expert_weights") else {}),
     }
 
 
@@ -173,6 +174,7 @@ def problem_message(problem: dict[str, Any]) -> pb.ServingProblem:
         slo=pb.ServingSlo(ttft_s=s["ttft_s"], tpot_s=s["tpot_s"], e2e_s=s["e2e_s"]),
         objective=problem["objective"],
         weight_scaling=problem.get("weight_scaling"),
+        expert_weights=problem.get("expert_weights"),
     )
 
 

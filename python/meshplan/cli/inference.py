@@ -46,6 +46,9 @@ def _flags() -> Parser:
     g.add_argument("--weight-scaling", choices=("tensor", "block"),
                    help="FP8 weights' scaling (default: the checkpoint's: block for DeepSeek-V3/R1 or an HF config with "
                         "weight_block_size, else tensor)")
+    g.add_argument("--expert-weights", metavar="FORMAT",
+                   help="the routed experts' weight-only storage format: mxfp4 (gpt-oss; default: the HF "
+                        "config's quant_method, else like the other layers)")
     g.add_argument("--input-len", required=True, type=int, metavar="T", help="prompt tokens per request (ISL)")
     g.add_argument("--output-len", required=True, type=int, metavar="T", help="output tokens per request (OSL)")
     g.add_argument("--prefix-fraction", type=float, default=0.0, metavar="F", help="shared, cached prompt prefix (0-0.99)")
@@ -107,6 +110,7 @@ def _problem(args: argparse.Namespace) -> dict[str, Any]:
         "weight_precision": args.weight_precision,
         "kv_precision": args.kv_precision,
         "weight_scaling": args.weight_scaling,
+        "expert_weights": args.expert_weights,
         "prefix_fraction": args.prefix_fraction,
         "concurrency": args.concurrency,
         "request_rate": args.request_rate,

@@ -2046,6 +2046,7 @@ class ServingProblem(_message.Message):
     SLO_FIELD_NUMBER: _builtins.int
     OBJECTIVE_FIELD_NUMBER: _builtins.int
     WEIGHT_SCALING_FIELD_NUMBER: _builtins.int
+    EXPERT_WEIGHTS_FIELD_NUMBER: _builtins.int
     weight_precision: _builtins.str
     """"bf16" (default), "fp16", "fp8", "mxfp8" or "nvfp4", where the GPU has it."""
     kv_precision: _builtins.str
@@ -2055,6 +2056,10 @@ class ServingProblem(_message.Message):
     weight_scaling: _builtins.str
     """FP8 weights' scaling: "tensor" or "block" (128x128 weight blocks, DeepSeek-V3's checkpoints).
     Unset: "block" for presets whose published FP8 checkpoint is block-scaled, else "tensor".
+    """
+    expert_weights: _builtins.str
+    """The routed experts' weight-only storage format where it differs from weight_precision:
+    "mxfp4" (gpt-oss's published experts, dequantized in the kernel). Unset: like the rest.
     """
     @_builtins.property
     def model(self) -> Global___Model: ...
@@ -2075,11 +2080,14 @@ class ServingProblem(_message.Message):
         slo: Global___ServingSlo | None = ...,
         objective: _builtins.str | None = ...,
         weight_scaling: _builtins.str | None = ...,
+        expert_weights: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "_weight_scaling", b"_weight_scaling", "cluster", b"cluster", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision", "weight_scaling", b"weight_scaling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_expert_weights", b"_expert_weights", "_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "_weight_scaling", b"_weight_scaling", "cluster", b"cluster", "expert_weights", b"expert_weights", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision", "weight_scaling", b"weight_scaling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "_weight_scaling", b"_weight_scaling", "cluster", b"cluster", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision", "weight_scaling", b"weight_scaling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_expert_weights", b"_expert_weights", "_kv_precision", b"_kv_precision", "_objective", b"_objective", "_weight_precision", b"_weight_precision", "_weight_scaling", b"_weight_scaling", "cluster", b"cluster", "expert_weights", b"expert_weights", "kv_precision", b"kv_precision", "model", b"model", "objective", b"objective", "slo", b"slo", "traffic", b"traffic", "weight_precision", b"weight_precision", "weight_scaling", b"weight_scaling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__expert_weights: _TypeAlias = _typing.Literal["expert_weights"]  # noqa: Y015
+    _WhichOneofArgType__expert_weights: _TypeAlias = _typing.Literal["_expert_weights", b"_expert_weights"]  # noqa: Y015
     _WhichOneofReturnType__kv_precision: _TypeAlias = _typing.Literal["kv_precision"]  # noqa: Y015
     _WhichOneofArgType__kv_precision: _TypeAlias = _typing.Literal["_kv_precision", b"_kv_precision"]  # noqa: Y015
     _WhichOneofReturnType__objective: _TypeAlias = _typing.Literal["objective"]  # noqa: Y015
@@ -2088,6 +2096,8 @@ class ServingProblem(_message.Message):
     _WhichOneofArgType__weight_precision: _TypeAlias = _typing.Literal["_weight_precision", b"_weight_precision"]  # noqa: Y015
     _WhichOneofReturnType__weight_scaling: _TypeAlias = _typing.Literal["weight_scaling"]  # noqa: Y015
     _WhichOneofArgType__weight_scaling: _TypeAlias = _typing.Literal["_weight_scaling", b"_weight_scaling"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__expert_weights) -> _WhichOneofReturnType__expert_weights | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__kv_precision) -> _WhichOneofReturnType__kv_precision | None: ...
     @_typing.overload

@@ -104,29 +104,47 @@ pub(crate) fn stage_params(
     counts: &LayerCounts,
     first: bool,
     last: bool,
-) -> f64 {
+) -> StageParams {
     let kinds = model.layer_kinds();
     let dense_shard = w.dense_shard();
     let expert_shard = w.expert_shard();
-    let mut params = 0.0;
+    let mut params = StageParams::default();
     for (kind, n) in counts.iter() {
         if n == 0 {
             continue;
         }
         let spec = &kinds.specs()[kind];
-        let dense = params_per_rank(model, spec, &dense_shard).dense;
-        let expert = params_per_rank(model, spec, &expert_shard).expert;
-        params += n as f64 * (dense + expert);
+        params.dense += n as f64 * params_per_rank(model, spec, &dense_shard).dense;
+        params.expert += n as f64 * params_per_rank(model, spec, &expert_shard).expert;
     }
     let vocab_shard = (model.vocab as f64 * model.hidden as f64) / w.tp as f64;
     if first {
-        params += vocab_shard;
+        params.dense += vocab_shard;
     }
     // A tied head shares the embedding only when both sit on the same stage.
     if last && (!model.tied_embeddings || !first) {
-        params += vocab_shard;
+        params.dense += vocab_shard;
     }
     params
+}
+
+/// Parameters per GPU of one stage: the routed experts' apart, since a checkpoint may store
+/// them in a format of their own (`ServingProblem::expert_weights`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct StageParams {
+    /// Every parameter but the routed experts' (attention, dense and shared FFNs, router,
+    /// embedding and head).
+    pub dense: f64,
+    /// The routed experts' share on this GPU.
+    pub expert: f64,
+}
+
+impl StageParams {
+    /// Bytes of these parameters for `p`'s weight formats.
+    pub fn bytes(&self, p: &ServingProblem) -> f64 {
+        self.dense * bytes_per_element(p.weight_precision)
+            + self.expert * p.expert_bytes_per_element()
+    }
 }
 
 /// Memory per GPU of one worker's busiest stage, GiB (binary), and its KV capacity.
@@ -163,7 +181,6 @@ pub fn worker_memory(
     let model = &p.model;
     let c = constants();
     let gpu = &p.cluster.gpu;
-    let wb = bytes_per_element(p.weight_precision);
     let kvb = bytes_per_element(p.kv_precision);
     let stages = stage_shapes(model, w.pp);
     let kv_layer = kv_bytes_per_token_per_layer(model, w.tp, kvb);
@@ -177,7 +194,7 @@ pub fn worker_memory(
     let mut worst: Option<ServingMemory> = None;
     for stage in &stages {
         let counts = &stage.counts;
-        let weights = stage_params(model, w, counts, stage.first, stage.last) * wb;
+        let weights = stage_params(model, w, counts, stage.first, stage.last).bytes(p);
         let kv_per_token = kv_layer * counts.total() as f64;
         let kv = kv_per_token * (seqs_rank * own + prefix);
         let ffn_width = widest_ffn(model, w);
@@ -232,6 +249,7 @@ fn widest_ffn(model: &Model, w: &Worker) -> f64 {
 mod tests {
     use super::*;
     use crate::hardware::Precision;
+    use crate::serving::ExpertWeights;
 
     fn problem(model: &str) -> ServingProblem {
         let mut p = crate::serving::problem::tests::problem(model, "h100-sxm", 8);
@@ -252,6 +270,34 @@ mod tests {
             output_lag_steps: None,
             attention_kernel: Default::default(),
         }
+    }
+
+    #[test]
+    fn gpt_oss_with_mxfp4_experts_fits_one_h100() {
+        // gpt-oss-120b as published: MXFP4 routed experts (0.5 byte + one E8M0 scale per 32),
+        // everything else BF16. Its 114.7 B expert parameters (36 layers x 128 experts x 3 x
+        // 2880 x 2880) take 57 GiB; the rest (attention, router, embedding and head, ~2 B)
+        // ~4 GiB: one 80 GB H100 holds it, where FP8 for every layer (117 GB) does not.
+        let mut p = crate::serving::problem::tests::problem("gpt-oss-120b", "h100-sxm", 1);
+        p.expert_weights = Some(ExpertWeights::Mxfp4);
+        let stages = stage_shapes(&p.model, 1);
+        let params = stage_params(&p.model, &worker(1, 1), &stages[0].counts, true, true);
+        let by_hand = params.dense * 2.0 + params.expert * (0.5 + 1.0 / 32.0);
+        assert_eq!(params.bytes(&p), by_hand);
+        assert!(
+            (114.0e9..115.5e9).contains(&params.expert),
+            "{}",
+            params.expert
+        );
+        let fits = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        assert!((by_hand / GIB - fits.weights_gib).abs() < 1e-9);
+        assert!(fits.max_sequences_fit > 0, "{fits:?}");
+        p.expert_weights = None;
+        p.weight_precision = Precision::Fp8;
+        assert_eq!(
+            worker_memory(&p, &worker(1, 1), 1.0, 8192.0).max_sequences_fit,
+            0
+        );
     }
 
     #[test]

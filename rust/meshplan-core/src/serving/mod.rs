@@ -31,7 +31,8 @@ pub use explain::{explain_serving, ServingAxis, ServingExplanation};
 pub use memory::ServingMemory;
 pub use plan::{AttentionKernel, ServingPlan, Worker};
 pub use problem::{
-    bytes_per_element, Arrival, Objective, ServingProblem, Slo, Traffic, WeightScaling,
+    bytes_per_element, Arrival, ExpertWeights, Objective, ServingProblem, Slo, Traffic,
+    WeightScaling,
 };
 pub use search::{search_serving, ServingSearchResult, ServingSearchStats, ServingSpace};
 pub use time::{PhaseTime, ServingTime};
@@ -52,6 +53,8 @@ pub struct ServingConstants {
     pub nvfp4_scale_bytes_per_element: f64,
     /// MXFP8 block-scale bytes per element.
     pub mxfp8_scale_bytes_per_element: f64,
+    /// MXFP4's scale bytes per element.
+    pub mxfp4_scale_bytes_per_element: f64,
     /// Token rows below which a GEMM's compute term is taken at this many rows.
     pub skinny_gemm_rows: f64,
     /// Share of the HBM datasheet bandwidth decode kernels reach.

@@ -123,6 +123,33 @@ pub enum WeightScaling {
     Block,
 }
 
+/// A weight-only storage format of the routed experts (`ServingProblem::expert_weights`): the
+/// experts are stored in it and dequantized in the fused-MoE kernel to `weight_precision`, whose
+/// GEMMs they then run; the other layers keep `weight_precision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpertWeights {
+    /// OCP microscaling FP4: E2M1 elements, one E8M0 scale per 32 (gpt-oss's published experts;
+    /// its attention, router, embedding and head stay 16-bit).
+    Mxfp4,
+}
+
+impl ExpertWeights {
+    /// The spelling in dicts, on the command line and on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertWeights::Mxfp4 => "mxfp4",
+        }
+    }
+
+    /// Bytes of one stored weight, scales included.
+    pub fn bytes_per_element(self) -> f64 {
+        match self {
+            ExpertWeights::Mxfp4 => 0.5 + constants().mxfp4_scale_bytes_per_element,
+        }
+    }
+}
+
 /// A validated serving problem.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -141,6 +168,11 @@ pub struct ServingProblem {
     /// checkpoint is block-scaled (`block_fp8_models` in data/serving.toml), else `tensor`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_scaling: Option<WeightScaling>,
+    /// The routed experts' weight-only storage format where it differs from `weight_precision`
+    /// (`mxfp4`: gpt-oss's published checkpoint, an HF config's `quant_method` "mxfp4"). `None`:
+    /// the experts are stored like every other layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_weights: Option<ExpertWeights>,
     pub traffic: Traffic,
     #[serde(default)]
     pub slo: Slo,
@@ -219,6 +251,15 @@ impl ServingProblem {
                 ),
             ));
         }
+        if let Some(e) = self.expert_weights {
+            if self.model.moe.is_none() {
+                return Err(Error::invalid(
+                    "expert_weights",
+                    e.name(),
+                    format!("unset for {} (it has no routed experts)", self.model.name),
+                ));
+            }
+        }
         // A KV cache is stored, not computed in: any format the serving engines store it in.
         if self.kv_precision == Precision::Mxfp8 {
             return Err(Error::invalid(
@@ -228,6 +269,14 @@ impl ServingProblem {
             ));
         }
         Ok(())
+    }
+
+    /// Bytes of one stored weight of the routed experts.
+    pub fn expert_bytes_per_element(&self) -> f64 {
+        self.expert_weights.map_or_else(
+            || bytes_per_element(self.weight_precision),
+            ExpertWeights::bytes_per_element,
+        )
     }
 
     /// The linear layers run block-scaled FP8 GEMMs: `weight_scaling`, or when it is unset an
@@ -280,6 +329,7 @@ pub(crate) mod tests {
             weight_precision: Precision::Bf16,
             kv_precision: Precision::Bf16,
             weight_scaling: None,
+            expert_weights: None,
             traffic: Traffic {
                 input_len: 1024,
                 output_len: 256,
@@ -320,6 +370,12 @@ pub(crate) mod tests {
             p.validate().unwrap_err().to_string(),
             "invalid weight_scaling: block (allowed: tensor with weight_precision bf16; block needs fp8)"
         );
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.expert_weights = Some(ExpertWeights::Mxfp4);
+        assert_eq!(
+            p.validate().unwrap_err().to_string(),
+            "invalid expert_weights: mxfp4 (allowed: unset for llama3-8b (it has no routed experts))"
+        );
     }
 
     #[test]
@@ -340,6 +396,7 @@ pub(crate) mod tests {
     #[test]
     fn nvfp4_carries_its_block_scales() {
         assert_eq!(bytes_per_element(Precision::Nvfp4), 0.5625);
+        assert_eq!(ExpertWeights::Mxfp4.bytes_per_element(), 0.53125);
         assert_eq!(bytes_per_element(Precision::Fp8), 1.0);
         assert_eq!(bytes_per_element(Precision::Bf16), 2.0);
     }

@@ -140,6 +140,8 @@ pub(crate) struct TimeModel<'a> {
     pub fabric: Fabric,
     pub domain: u32,
     weight_bytes: f64,
+    /// Bytes of one stored weight of the routed experts (`ServingProblem::expert_weights`).
+    expert_weight_bytes: f64,
     kv_bytes: f64,
     /// HBM bytes/s of decode kernels.
     stream_bytes_per_s: f64,
@@ -179,6 +181,7 @@ impl<'a> TimeModel<'a> {
             fabric: Fabric::of(&problem.cluster),
             domain: problem.cluster.nvlink_domain(),
             weight_bytes: bytes_per_element(problem.weight_precision),
+            expert_weight_bytes: problem.expert_bytes_per_element(),
             kv_bytes: bytes_per_element(problem.kv_precision),
             stream_bytes_per_s: gpu.memory_bandwidth_gbps
                 * 1e9
@@ -230,7 +233,14 @@ impl<'a> TimeModel<'a> {
             gemm::efficiency(dev, g.m.max(skinny), g.n, g.k)
         };
         let compute = flops / (dev.peak_flops * efficiency);
-        let weights = self.weight_bytes * g.n * g.k * touched;
+        // The routed experts may be stored in a weight-only format of their own, dequantized in
+        // the kernel: their bytes shrink, their GEMMs run at the device's precision.
+        let per_weight = if g.grouped {
+            self.expert_weight_bytes
+        } else {
+            self.weight_bytes
+        };
+        let weights = per_weight * g.n * g.k * touched;
         let bytes = weights + ACT_BYTES * (g.m * g.k + g.m * g.n) * g.repeat;
         acc.seconds += compute.max(bytes / self.stream_bytes_per_s);
         acc.compute_s += compute;
@@ -778,6 +788,32 @@ mod tests {
         let (fd, _) = tm.forward(&flash, &decode(8.0), true);
         let (td, _) = tm.forward(&triton, &decode(8.0), true);
         assert_eq!(fd.total_s, td.total_s);
+    }
+
+    #[test]
+    fn mxfp4_experts_are_read_at_their_own_width() {
+        // gpt-oss-120b at batch 1: each of 36 layers reads its 4 routed experts (gate/up and
+        // down, 3 x 2880 x 2880) at 0.53125 bytes a weight instead of BF16's 2, and everything
+        // else as before; the experts' GEMMs keep the BF16 device (weight-only).
+        let p = crate::serving::problem::tests::problem("gpt-oss-120b", "h100-sxm", 1);
+        let bf16 = TimeModel::new(&p);
+        let (a, _) = bf16.forward(&worker(1), &decode(1.0), true);
+        let q = ServingProblem {
+            expert_weights: Some(super::super::ExpertWeights::Mxfp4),
+            ..p.clone()
+        };
+        let mxfp4 = TimeModel::new(&q);
+        let (b, _) = mxfp4.forward(&worker(1), &decode(1.0), true);
+        let experts = 36.0 * 4.0 * 3.0 * 2880.0 * 2880.0;
+        let saved = experts * (2.0 - (0.5 + 1.0 / 32.0));
+        assert!(
+            ((a.weight_bytes - b.weight_bytes) / saved - 1.0).abs() < 1e-9,
+            "{} vs {saved}",
+            a.weight_bytes - b.weight_bytes
+        );
+        assert!(b.linear_s < a.linear_s && b.memory_bound);
+        assert_eq!(a.flops, b.flops);
+        assert_eq!(mxfp4.device.gemm.peak_flops, bf16.device.gemm.peak_flops);
     }
 
     #[test]
