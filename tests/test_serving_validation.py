@@ -39,8 +39,13 @@ def test_every_case_is_sourced_and_exact() -> None:
             # open loop's request rate
             assert t.get("concurrency") or t.get("request_rate"), c["id"]
             assert t.get("arrival") in (None, "spread", "waves", "poisson"), c["id"]
-        assert c["plan"]["tp"] * c["plan"].get("pp", 1) * c["plan"].get("attention_dp", 1) \
-            * c["plan"].get("replicas", 1) == c["num_gpus"], c["id"]
+        def gpus(w: dict) -> int:
+            return int(w["tp"]) * w.get("pp", 1) * w.get("attention_dp", 1)
+
+        used = gpus(c["plan"]) * c["plan"].get("replicas", 1)
+        if "prefill" in c["plan"]:  # a disaggregated deployment: its prefill pool too
+            used += gpus(c["plan"]["prefill"]) * c["plan"].get("prefill_replicas", 1)
+        assert used == c["num_gpus"], c["id"]
     for engine in data["engines"].values():
         assert engine["source"]
 
@@ -152,3 +157,21 @@ def test_the_triton_mla_rate_is_what_its_source_run_gives() -> None:
     assert low < high and low - 0.001 <= shipped <= high + 0.001, (low, shipped, high)
     # The compiled model at that constant re-times the run (prefill chunks at the Triton rate).
     assert d.modelled_s == pytest.approx(d.measured_s, rel=0.01)
+
+
+def test_a_disaggregated_case_is_scored_with_its_prefill_pool() -> None:
+    data = json.loads(SERVING.read_text())
+    pd = [c for c in data["cases"] if "prefill" in c["plan"]]
+    assert pd and all(c["engine"] == "sglang" and c.get("expert_weights") == "mxfp4" for c in pd)
+    case = dict(pd[0])
+    one = {"kind": "serving", "engines": data["engines"], "cases": [case]}
+    row = validate_serving(json.dumps(one)).rows[0]
+    # The same case aggregated on its decode workers alone is another deployment: a
+    # different first token.
+    plain = dict(case, plan={k: v for k, v in case["plan"].items() if k not in ("prefill", "prefill_replicas")},
+                 num_gpus=case["num_gpus"] - 2 * case["plan"]["prefill_replicas"])
+    other = validate_serving(json.dumps(dict(one, cases=[plain]))).rows[0]
+    assert row["predicted"]["ttft_s"] != other["predicted"]["ttft_s"]
+    bad = dict(case, plan=dict(case["plan"], prefill={"tp": 2}))
+    with pytest.raises(InvalidCaseError, match=r"plan.prefill: missing or bad 'max_sequences'"):
+        validate_serving(json.dumps(dict(one, cases=[bad])))

@@ -92,7 +92,25 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
             worker[key] = int(plan[key])
     if plan.get("attention_kernel") is not None:
         worker["attention_kernel"] = plan["attention_kernel"]
-    deployment = {"worker": worker, "replicas": plan.get("replicas", 1)}
+    deployment: dict[str, Any] = {"worker": worker, "replicas": plan.get("replicas", 1)}
+    if plan.get("prefill") is not None:
+        # A disaggregated deployment: its prefill workers as the case states them, their batch
+        # (the prompts one prefill forward takes) included.
+        pre = plan["prefill"]
+        try:
+            p_adp = int(pre.get("attention_dp", 1))
+            p_ep = int(pre.get("ep", 1))
+            prefill = {"tp": int(pre["tp"]), "pp": int(pre.get("pp", 1)), "attention_dp": p_adp, "ep": p_ep,
+                       "expert_tp": int(pre.get("expert_tp", int(pre["tp"]) * p_adp // p_ep)),
+                       "max_sequences": int(pre["max_sequences"])}
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            raise InvalidCaseError(
+                f"serving case {index} ({case.get('id', '?')}): plan.prefill: missing or bad {e}") from None
+        for key in ("max_batched_tokens", "kv_tokens", "attention_kernel"):
+            if pre.get(key) is not None:
+                prefill[key] = pre[key]
+        deployment["prefill"] = prefill
+        deployment["prefill_replicas"] = int(plan.get("prefill_replicas", 1))
     probe = _core.evaluate_serving(problem, deployment)
     fit = int(probe["memory"]["max_sequences_fit"])
     cap = int(engine.get("max_batch_size", fit)) * int(plan.get("replicas", 1))

@@ -16,7 +16,9 @@ use crate::error::Result;
 use crate::Control;
 
 use super::constants;
-use super::memory::{kv_bytes_per_token_per_layer, stage_counts, worker_memory, ServingMemory};
+use super::memory::{
+    cached_layers, kv_bytes_per_token_per_layer, stage_counts, worker_memory, ServingMemory,
+};
 use super::plan::{ServingPlan, Worker};
 use super::problem::{Arrival, ServingProblem};
 use super::queue;
@@ -91,21 +93,27 @@ pub(crate) fn sequences(p: &ServingProblem, plan: &ServingPlan) -> f64 {
     }
 }
 
-/// KV-cache seconds of handing one request's prompt from prefill worker `pw` to a decode
-/// worker: each prefill GPU sends its own shard (its stage's layers, its KV heads).
-fn kv_transfer_s(tm: &TimeModel, pw: &Worker, same_domain: bool) -> f64 {
-    let p = tm.problem;
+/// KV-cache bytes one GPU of prefill worker `pw` hands to a decode worker per prompt: its own
+/// shard (its stage's layers, its KV heads; a sliding-window layer only its last `window`
+/// tokens).
+pub(crate) fn kv_transfer_bytes(p: &ServingProblem, pw: &Worker) -> f64 {
+    let isl = p.traffic.input_len as f64;
     let layers = stage_counts(&p.model, pw.pp)
         .iter()
-        .map(|c| c.total())
-        .max()
-        .unwrap_or(0) as f64;
+        .map(|c| cached_layers(&p.model, c, isl))
+        .fold(0.0, f64::max);
     let per_token = kv_bytes_per_token_per_layer(
         &p.model,
         pw.tp,
         super::problem::bytes_per_element(p.kv_precision),
     );
-    let bytes = per_token * layers * p.traffic.input_len as f64;
+    per_token * layers * isl
+}
+
+/// KV-cache seconds of handing one request's prompt from prefill worker `pw` to a decode
+/// worker ([`kv_transfer_bytes`] over the fabric, plus the transfer's fixed cost).
+fn kv_transfer_s(tm: &TimeModel, pw: &Worker, same_domain: bool) -> f64 {
+    let bytes = kv_transfer_bytes(tm.problem, pw);
     tm.fabric.p2p(bytes, same_domain).total_s + constants().kv_transfer_setup_us * 1e-6
 }
 

@@ -14,7 +14,7 @@ use crate::layout::Group;
 use crate::traffic::{wire_bytes, WIRE_BYTES};
 use crate::Control;
 
-use super::evaluate::{evaluate_serving_with, ServingEvaluation};
+use super::evaluate::{evaluate_serving_with, kv_transfer_bytes, ServingEvaluation};
 use super::memory::stage_counts;
 use super::plan::ServingPlan;
 use super::problem::ServingProblem;
@@ -258,12 +258,7 @@ pub fn explain_serving(
     ));
     if let Some(pw) = &plan.prefill {
         let same = plan.gpus() <= tm.domain as u64;
-        let per_token = super::memory::kv_bytes_per_token_per_layer(
-            model,
-            pw.tp,
-            super::problem::bytes_per_element(problem.kv_precision),
-        ) * layers;
-        let bytes = per_token * problem.traffic.input_len as f64;
+        let bytes = kv_transfer_bytes(problem, pw);
         let cost = tm.fabric.p2p(bytes, same);
         axes.push(axis(
             "kv_transfer",

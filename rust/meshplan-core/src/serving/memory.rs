@@ -96,6 +96,25 @@ pub fn kv_bytes_per_token_per_layer(model: &Model, tp: u32, kv_element_bytes: f6
     }
 }
 
+/// Layers of `counts` whose KV cache a sequence of `context` tokens fills, per token of that
+/// context: every full-attention layer, and a sliding-window layer for the `window` tokens it
+/// keeps (`min(context, window)/context`; vLLM's hybrid allocator and SGLang's SWA pool free
+/// the rest).
+pub(crate) fn cached_layers(model: &Model, counts: &LayerCounts, context: f64) -> f64 {
+    let kinds = model.layer_kinds();
+    counts
+        .iter()
+        .filter(|&(_, n)| n > 0)
+        .map(|(kind, n)| {
+            let share = match kinds.specs()[kind].mixer {
+                Mixer::SlidingWindow { window, .. } => (window as f64 / context.max(1.0)).min(1.0),
+                _ => 1.0,
+            };
+            n as f64 * share
+        })
+        .sum()
+}
+
 /// Per-GPU parameters of one stage (layers, plus the embedding on the first and the LM head on
 /// the last stage), split as the worker splits them.
 pub(crate) fn stage_params(
@@ -195,7 +214,7 @@ pub fn worker_memory(
     for stage in &stages {
         let counts = &stage.counts;
         let weights = stage_params(model, w, counts, stage.first, stage.last).bytes(p);
-        let kv_per_token = kv_layer * counts.total() as f64;
+        let kv_per_token = kv_layer * cached_layers(model, counts, p.context_tokens());
         let kv = kv_per_token * (seqs_rank * own + prefix);
         let ffn_width = widest_ffn(model, w);
         let act = forward_tokens * ACT_BYTES * (c.workspace_hidden_multiple * h + ffn_width);
@@ -270,6 +289,26 @@ mod tests {
             output_lag_steps: None,
             attention_kernel: Default::default(),
         }
+    }
+
+    #[test]
+    fn a_sliding_window_layer_caches_its_window_only() {
+        // gpt-oss-120b at 3072 + 1024 tokens: its 18 full layers hold the whole context, its 18
+        // sliding-window layers the last 128 tokens: 18 + 18 x 128/4096 layers' worth per token,
+        // 2048 bytes each at TP 1.
+        let mut p = crate::serving::problem::tests::problem("gpt-oss-120b", "h100-sxm", 1);
+        p.traffic.input_len = 3072;
+        p.traffic.output_len = 1024;
+        let m = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        assert_eq!(
+            m.kv_bytes_per_token,
+            2048.0 * (18.0 + 18.0 * 128.0 / 4096.0)
+        );
+        // A context inside the window: every layer holds all of it.
+        p.traffic.input_len = 64;
+        p.traffic.output_len = 64;
+        let short = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        assert_eq!(short.kv_bytes_per_token, 2048.0 * 36.0);
     }
 
     #[test]

@@ -195,8 +195,8 @@ impl ServingProblem {
     pub fn validate(&self) -> Result<()> {
         self.model.validate()?;
         // Serving models every layer as attention + FFN: a pattern of such layers (gpt-oss's
-        // sliding/full alternation; the window's KV saving is not taken, as before patterns)
-        // is served, Mamba-2, DeltaNet and one-block layers are not.
+        // sliding/full alternation, a sliding layer caching and reading its window only) is
+        // served, Mamba-2, DeltaNet and one-block layers are not.
         if let Some(pattern) = &self.model.layer_pattern {
             if pattern.chars().any(|c| !"AaSs".contains(c)) {
                 return Err(Error::invalid(

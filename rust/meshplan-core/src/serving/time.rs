@@ -133,6 +133,16 @@ impl Batch {
     }
 }
 
+/// Query-key pairs of `new` prompt tokens after `cached` ones when each attends to at most
+/// `window` keys (causal, in the continuous form the time model uses: `new·cached + new²/2`
+/// without a window): the tokens before position `window` see all their predecessors, the
+/// rest `window` each.
+pub(crate) fn windowed_pairs(cached: f64, new: f64, window: f64) -> f64 {
+    let open = new.min((window - cached).max(0.0));
+    let capped = new - open;
+    open * cached + open * open / 2.0 + if capped > 0.0 { capped * window } else { 0.0 }
+}
+
 /// The pieces the serving time model reads, built once per problem.
 pub(crate) struct TimeModel<'a> {
     pub problem: &'a ServingProblem,
@@ -369,8 +379,16 @@ impl<'a> TimeModel<'a> {
             // Not attention (serving takes no layer pattern yet, `ServingProblem::validate`).
             Mixer::Mamba(_) | Mixer::DeltaNet(_) | Mixer::None => 0.0,
         };
-        let decode_flops = 2.0 * heads * decode_width * b.decode_seqs * b.decode_context;
-        let pairs = b.prefill_new * b.prefill_cached + b.prefill_new * b.prefill_new / 2.0;
+        // A sliding-window layer attends to the last `window` tokens only (gpt-oss's `S`
+        // layers): decode reads at most that much of each cache, and a prompt's token at
+        // position i attends to min(i, window) keys.
+        let window = match mixer {
+            Mixer::SlidingWindow { window, .. } => *window as f64,
+            _ => f64::INFINITY,
+        };
+        let decode_context = b.decode_context.min(window);
+        let decode_flops = 2.0 * heads * decode_width * b.decode_seqs * decode_context;
+        let pairs = windowed_pairs(b.prefill_cached, b.prefill_new, window);
         // SGLang 0.4's Triton MLA backend prefills in the absorbed form (scores and values over
         // the latent, as decode does) whenever a batch holds a cached prefix, which the radix
         // cache gives every prompt after the first (they share the BOS token) and chunking gives
@@ -385,8 +403,8 @@ impl<'a> TimeModel<'a> {
         let prefill_flops = 2.0 * heads * prefill_width * b.prefill_seqs * pairs;
         let kv_layer = kv_bytes_per_token_per_layer(model, w.tp, self.kv_bytes);
         let kv_read = kv_layer
-            * (b.decode_seqs * b.decode_context
-                + b.prefill_seqs * (b.prefill_cached + b.prefill_new));
+            * (b.decode_seqs * decode_context
+                + b.prefill_seqs * (b.prefill_cached + b.prefill_new).min(window));
         let flops = decode_flops + prefill_flops;
         let seconds = (decode_flops / self.device.attention_flops_per_s
             + prefill_flops / prefill_rate)
@@ -788,6 +806,37 @@ mod tests {
         let (fd, _) = tm.forward(&flash, &decode(8.0), true);
         let (td, _) = tm.forward(&triton, &decode(8.0), true);
         assert_eq!(fd.total_s, td.total_s);
+    }
+
+    #[test]
+    fn a_window_caps_the_keys_a_token_attends_to() {
+        // No window: the causal form. 100 new tokens after 50 cached, window 120: the first 70
+        // see every predecessor (70·50 + 70²/2), the other 30 see 120 each.
+        assert_eq!(
+            windowed_pairs(50.0, 100.0, f64::INFINITY),
+            100.0 * 50.0 + 5000.0
+        );
+        assert_eq!(
+            windowed_pairs(50.0, 100.0, 120.0),
+            70.0 * 50.0 + 2450.0 + 30.0 * 120.0
+        );
+        assert_eq!(windowed_pairs(500.0, 100.0, 128.0), 100.0 * 128.0);
+    }
+
+    #[test]
+    fn gpt_oss_sliding_layers_read_their_window_only() {
+        // gpt-oss-120b alternates 18 sliding-window layers (128 tokens) with 18 full ones; at
+        // TP 1 a token's K and V take 2 x 8 heads x 64 x 2 bytes = 2048 bytes per layer. A decode
+        // step of 8 sequences at 1024 tokens of context reads 8 x (18 x 1024 + 18 x 128) x 2048.
+        let p = crate::serving::problem::tests::problem("gpt-oss-120b", "h100-sxm", 1);
+        let tm = TimeModel::new(&p);
+        let (t, _) = tm.forward(&worker(1), &decode(8.0), true);
+        let by_hand = 8.0 * (18.0 * 1024.0 + 18.0 * 128.0) * 2048.0;
+        assert!(
+            (t.kv_bytes / by_hand - 1.0).abs() < 1e-12,
+            "{} vs {by_hand}",
+            t.kv_bytes
+        );
     }
 
     #[test]
