@@ -28,7 +28,7 @@ TOTAL_INPUT_TOKENS = 936_860  # PR 3550, "Total input tokens"
 CHUNK = 8192  # SGLang 0.4's chunked_prefill_size on H200
 FIRST_ARRIVAL_S = 1.0  # Poisson arrivals at 1/s: the run starts with the first one
 DECODE_TAIL_S = (3.0, 6.0)  # 100 decode steps of the last requests, and the other decodes
-PEAK_16BIT = 989.4e12  # H200's dense BF16 peak (data/gpus.toml)
+PEAK_16BIT = meshplan.Gpu.preset("h200-sxm").peak_tflops["bf16"] * 1e12  # the preset's dense BF16 peak
 
 
 @dataclass

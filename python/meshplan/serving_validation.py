@@ -29,7 +29,7 @@ from . import _core
 from .errors import InvalidCaseError
 from .hardware import Cluster
 from .model import Model
-from .serving import serving_problem
+from .serving import _complete, serving_problem
 
 METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s", "e2e_s")
 """What a case may measure, each compared where the source publishes it."""
@@ -98,18 +98,17 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
         # (the prompts one prefill forward takes) included.
         pre = plan["prefill"]
         try:
-            p_adp = int(pre.get("attention_dp", 1))
-            p_ep = int(pre.get("ep", 1))
-            prefill = {"tp": int(pre["tp"]), "pp": int(pre.get("pp", 1)), "attention_dp": p_adp, "ep": p_ep,
-                       "expert_tp": int(pre.get("expert_tp", int(pre["tp"]) * p_adp // p_ep)),
-                       "max_sequences": int(pre["max_sequences"])}
-        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            prefill = {"tp": int(pre["tp"]), "max_sequences": int(pre["max_sequences"])}
+            for key in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens"):
+                if pre.get(key) is not None:
+                    prefill[key] = int(pre[key])
+        except (KeyError, TypeError, ValueError) as e:
             raise InvalidCaseError(
                 f"serving case {index} ({case.get('id', '?')}): plan.prefill: missing or bad {e}") from None
-        for key in ("max_batched_tokens", "kv_tokens", "attention_kernel"):
-            if pre.get(key) is not None:
-                prefill[key] = pre[key]
-        deployment["prefill"] = prefill
+        if pre.get("attention_kernel") is not None:
+            prefill["attention_kernel"] = pre["attention_kernel"]
+        # expert_tp as a plan string defaults it (the core checks what is left).
+        deployment["prefill"] = _complete(prefill)
         deployment["prefill_replicas"] = int(plan.get("prefill_replicas", 1))
     probe = _core.evaluate_serving(problem, deployment)
     fit = int(probe["memory"]["max_sequences_fit"])

@@ -25,6 +25,7 @@ time (a GPU type, a model, or a source), refits without it and predicts it.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import statistics
@@ -271,9 +272,11 @@ REALISATION_MIN_GROUPS = 2
 """Fitted (GPU, precision) groups a realisation class needs in a fold to get its own median."""
 
 
+@functools.lru_cache(maxsize=None)
 def realisation_class(gpu: str) -> str:
     """The class of the core's ``matmul_realisation`` (``data/device.toml``) ``gpu`` belongs to:
-    its preset's ``architecture`` where the table has one for it, else ``default``."""
+    its preset's ``architecture`` where the table has one for it, else ``default`` (a fixed
+    fact of the shipped presets, looked up once per name: every fold's prior asks for it)."""
     architecture = _core.gpu_preset(gpu).get("architecture") if gpu in _core.gpu_presets() else None
     return _core.matmul_realisation(architecture)[0]
 

@@ -707,10 +707,6 @@ impl Plan {
         self.offload_layers.unwrap_or(0)
     }
 
-    /// Checks [`Self::offload_layers`] against a model of `layers` layers: fewer than the
-    /// layers of the smallest model chunk (`⌊L / (pp·vpp)⌋`; with pp = vpp = 1 Megatron-Core's
-    /// own bound, "CPU offloading can be done only for layers less than num_layers"
-    /// [megatron/core/transformer/transformer_config.py `__post_init__`]).
     /// The fixed end-rank layer counts within their limits, and none with a single pipeline
     /// rank (which holds every layer).
     fn check_fixed_stage_layers(&self) -> Result<()> {
@@ -727,6 +723,10 @@ impl Plan {
         Ok(())
     }
 
+    /// Checks [`Self::offload_layers`] against a model of `layers` layers: fewer than the
+    /// layers of the smallest model chunk (`⌊L / (pp·vpp)⌋`; with pp = vpp = 1 Megatron-Core's
+    /// own bound, "CPU offloading can be done only for layers less than num_layers"
+    /// [megatron/core/transformer/transformer_config.py `__post_init__`]).
     fn validate_offload(&self, layers: u32) -> Result<()> {
         let n = self.offloaded_layers();
         if n == 0 {

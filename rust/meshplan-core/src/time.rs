@@ -922,9 +922,30 @@ impl<'a> TimeContext<'a> {
         if self.plan.offloaded_layers() == 0 || stage.layers() == 0 || host <= 0.0 {
             return 0.0;
         }
+        self.offload_layer_bytes(stage) / (host * 1e9)
+    }
+
+    /// Bytes of one micro-batch's stored activations of `stage`'s mean layer: what one
+    /// offloaded layer copies to the host (0 for a stage without layers).
+    pub fn offload_layer_bytes(&self, stage: &Stage) -> f64 {
+        if stage.layers() == 0 {
+            return 0.0;
+        }
         let per_token = crate::memory::layer_activations(self.problem, self.plan);
-        let bytes = stage.kinds.weighted_sum(&per_token) / stage.layers() as f64 * self.tokens;
-        bytes / (host * 1e9)
+        stage.kinds.weighted_sum(&per_token) / stage.layers() as f64 * self.tokens
+    }
+
+    /// `(N, w)`: the layers offloaded per model chunk of `stage` (at most the chunk's) and the
+    /// window of `w = ⌊L/N⌋` layers each copy overlaps; `None` without offloading or layers.
+    pub fn offload_window(&self, stage: &Stage) -> Option<(u32, u32)> {
+        let n = self.plan.offloaded_layers();
+        let count = stage.layers();
+        if n == 0 || count == 0 {
+            return None;
+        }
+        let per_chunk = (count / self.plan.vpp.max(1)).max(1);
+        let n = n.min(per_chunk);
+        Some((n, per_chunk / n))
     }
 
     /// Forward and backward seconds per micro-batch that `stage`'s activation offloading adds
@@ -936,18 +957,15 @@ impl<'a> TimeContext<'a> {
     /// what the copy takes beyond `w` mean layers of the pass is exposed. The copies' HBM
     /// traffic (each byte read or written once against several TB/s) is not modelled.
     pub fn offload_exposed(&self, stage: &Stage, layers: &LayerTimes) -> (f64, f64) {
-        let n = self.plan.offloaded_layers();
-        let count = stage.layers();
-        if n == 0 || count == 0 {
+        let Some((n, window)) = self.offload_window(stage) else {
             return (0.0, 0.0);
-        }
+        };
+        let count = stage.layers();
         let copy = self.offload_copy_s(stage);
         let mut sum = LayerTime::default();
         add_stage_layers(&mut sum, stage, layers);
         let vpp = self.plan.vpp.max(1);
-        let per_chunk = (count / vpp).max(1);
-        let n = n.min(per_chunk);
-        let window = (per_chunk / n) as f64;
+        let window = window as f64;
         let (fwd, bwd) = (
             sum.fwd.total() / count as f64,
             sum.bwd.total() / count as f64,

@@ -2,7 +2,7 @@
 //! offloaded layers take off the GPU and what their copies over the host link cost.
 
 use super::*;
-use crate::memory::{layer_activations, offload_resident_share};
+use crate::memory::offload_resident_share;
 
 /// The plan's activation offloading on the worst (slowest) pipeline rank, per micro-batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,25 +29,19 @@ pub struct OffloadCost {
 impl Ctx<'_> {
     /// The plan's offloading on the worst rank (`None` without it).
     pub(super) fn offload(&self) -> Option<OffloadCost> {
-        let n = self.plan.offloaded_layers();
         let host = self.problem.cluster.gpu.host_bandwidth_gbps?;
-        let count = self.worst.layers();
-        if n == 0 || count == 0 {
-            return None;
-        }
         let tc = TimeContext::new(self.problem, self.plan, self.groups);
+        let (_, window) = tc.offload_window(&self.worst)?;
         let layers = tc.layers();
         let (fwd, bwd) = tc.offload_exposed(&self.worst, &layers);
-        let per_token = layer_activations(self.problem, self.plan);
-        let layer_bytes = self.worst.kinds.weighted_sum(&per_token) / count as f64 * self.tokens;
-        let per_chunk = (count / self.plan.vpp.max(1)).max(1);
-        let stored = layer_bytes * count as f64;
+        let layer_bytes = tc.offload_layer_bytes(&self.worst);
+        let stored = layer_bytes * self.worst.layers() as f64;
         Some(OffloadCost {
-            layers: n,
+            layers: self.plan.offloaded_layers(),
             host_gbps: host,
             layer_gib: layer_bytes / crate::memory::GIB,
             copy_s_per_layer: tc.offload_copy_s(&self.worst),
-            window_layers: per_chunk / n.min(per_chunk),
+            window_layers: window,
             saved_gib_per_micro_batch: stored
                 * (1.0 - offload_resident_share(self.plan, &self.worst))
                 / crate::memory::GIB,

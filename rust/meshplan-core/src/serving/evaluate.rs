@@ -151,8 +151,9 @@ pub(crate) fn score(
     let lag_steps = w.output_lag_steps.unwrap_or(0) as f64;
     match &plan.prefill {
         None => {
-            // A new prompt rides on steps in chunks of what the running decodes leave free.
-            let mixed = |b: f64| {
+            // The steady state's step: every running sequence decodes, and the prompts arriving
+            // meanwhile (b/OSL per step) take their share of a forward.
+            let steady = |b: f64| {
                 let b_rank = b / w.attention_dp as f64;
                 let step = Batch {
                     decode_seqs: b_rank,
@@ -161,7 +162,15 @@ pub(crate) fn score(
                     prefill_new: new,
                     prefill_cached: cached,
                 };
-                let (d, period) = tm.forward(w, &step, true);
+                tm.forward(w, &step, true)
+            };
+            // A new prompt rides on steps in chunks of what the running decodes leave free:
+            // `(first forward, chunks, prompt_s)`, prompt_s what one prompt holds the prefill
+            // budget for, its share (new/room) of a forward whose budget is full of prompts
+            // beside the decodes (a prompt of the whole budget takes that forward; smaller ones
+            // share one).
+            let prompt = |b: f64| {
+                let b_rank = b / w.attention_dp as f64;
                 let room = (chunk - b_rank).max(chunk / 2.0);
                 let chunks = (new / room).ceil().max(1.0);
                 let piece = new / chunks;
@@ -173,15 +182,12 @@ pub(crate) fn score(
                     prefill_cached: cached + (new - piece) / 2.0,
                 };
                 let (f, _) = tm.forward(w, &first, false);
-                // What one prompt holds the prefill budget for: its share (new/room) of a
-                // forward whose budget is full of prompts beside the decodes. A prompt of the
-                // whole budget takes that forward; smaller ones share one.
                 let full = Batch {
                     prefill_seqs: room / new,
                     ..first
                 };
                 let prompt_s = new / room * tm.forward(w, &full, false).0.total_s;
-                (d, period, f, chunks, prompt_s)
+                (f, chunks, prompt_s)
             };
             match arrival {
                 Arrival::Waves => {
@@ -247,7 +253,8 @@ pub(crate) fn score(
                     }
                 }
                 Arrival::Spread => {
-                    let (d, period, f, chunks, prompt_s) = mixed(b);
+                    let (d, period) = steady(b);
+                    let (f, chunks, prompt_s) = prompt(b);
                     decode = d;
                     tpot = period;
                     prefill = f;
@@ -272,7 +279,7 @@ pub(crate) fn score(
                     let cap = b;
                     let mut n = 1.0_f64.max(w.attention_dp as f64).min(cap);
                     for _ in 0..32 {
-                        let (_, period, _, _, _) = mixed(n);
+                        let (_, period) = steady(n);
                         let next = (lambda * osl * period).max(w.attention_dp as f64).min(cap);
                         if (next - n).abs() < 1e-6 * n {
                             n = next;
@@ -281,7 +288,8 @@ pub(crate) fn score(
                         n = next;
                     }
                     b = n;
-                    let (d, period, f, chunks, service) = mixed(n);
+                    let (d, period) = steady(n);
+                    let (f, chunks, service) = prompt(n);
                     decode = d;
                     tpot = period;
                     prefill = f;
@@ -303,7 +311,7 @@ pub(crate) fn score(
                     // The deployment's rate is its capacity, what its full batch completes (as
                     // for a closed loop); TTFT and TPOT are those at the offered load.
                     let capacity = if n < cap {
-                        let (_, full, _, _, _) = mixed(cap);
+                        let (_, full) = steady(cap);
                         cap / (osl * full)
                     } else {
                         mu
