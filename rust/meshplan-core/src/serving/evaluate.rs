@@ -93,6 +93,23 @@ pub(crate) fn sequences(p: &ServingProblem, plan: &ServingPlan) -> f64 {
     }
 }
 
+/// Sequences a worker of batch `cap` holds when Little's law gives `occupancy(n)` for a batch
+/// of `n` (the requests reaching it per second times the seconds each decodes at that batch's
+/// step): the fixed point, at least one per attention-DP rank, at most `cap`. A step is never
+/// slower for fewer sequences, so the iteration from `cap` only descends.
+pub(crate) fn decode_occupancy(cap: f64, ranks: f64, occupancy: impl Fn(f64) -> f64) -> f64 {
+    let floor = ranks.min(cap);
+    let mut n = cap;
+    for _ in 0..32 {
+        let next = occupancy(n).clamp(floor, cap);
+        if (next - n).abs() <= 1e-6 * n {
+            return next;
+        }
+        n = next;
+    }
+    n
+}
+
 /// KV-cache bytes one GPU of prefill worker `pw` hands to a decode worker per prompt: its own
 /// shard (its stage's layers, its KV heads; a sliding-window layer only its last `window`
 /// tokens).
@@ -130,7 +147,6 @@ pub(crate) fn score(
     let new = p.new_prompt_tokens();
     let cached = isl - new;
     let b = sequences(p, plan);
-    let b_rank = b / w.attention_dp as f64;
     let context = isl + osl / 2.0;
     let chunk = w.forward_tokens();
     let mut violations = Vec::new();
@@ -277,16 +293,9 @@ pub(crate) fn score(
                     // decode slots, n = λ·OSL·TPOT(n)), at most the worker's batch.
                     let lambda = lambda.unwrap_or(0.0);
                     let cap = b;
-                    let mut n = 1.0_f64.max(w.attention_dp as f64).min(cap);
-                    for _ in 0..32 {
-                        let (_, period) = steady(n);
-                        let next = (lambda * osl * period).max(w.attention_dp as f64).min(cap);
-                        if (next - n).abs() < 1e-6 * n {
-                            n = next;
-                            break;
-                        }
-                        n = next;
-                    }
+                    let n = decode_occupancy(cap, w.attention_dp as f64, |n| {
+                        lambda * osl * steady(n).1
+                    });
                     b = n;
                     let (d, period) = steady(n);
                     let (f, chunks, service) = prompt(n);
@@ -332,17 +341,32 @@ pub(crate) fn score(
                 prefill_cached: cached,
             };
             let (f, prefill_period) = tm.forward(pw, &pbatch, false);
-            let step = Batch::decode(b_rank, context);
-            let (d, period) = tm.forward(w, &step, true);
+            let decode_step = |n: f64| {
+                let step = Batch::decode(n / w.attention_dp as f64, context);
+                tm.forward(w, &step, true)
+            };
             let same_domain = plan.gpus() <= tm.domain as u64;
             kv_transfer = kv_transfer_s(tm, pw, same_domain);
+            let prefill_rate = plan.prefill_replicas as f64 * bp / prefill_period;
+            let decode_rate = plan.replicas as f64 * b / (osl * decode_step(b).1);
+            requests_per_s = prefill_rate.min(decode_rate);
+            // The decode pool decodes what reaches it: the deployment's rate, or the offered
+            // one when lower. By Little's law each decode worker then holds
+            // n = X/replicas · OSL · TPOT(n) sequences, at most its batch (`decode_occupancy`);
+            // a prefill-bound loop's other requests wait for the prefill pool, holding no
+            // decode slot.
+            let reaching = match (arrival, lambda) {
+                (Arrival::Poisson, Some(l)) => requests_per_s.min(l * replicas),
+                _ => requests_per_s,
+            };
+            b = decode_occupancy(b, w.attention_dp as f64, |n| {
+                reaching / replicas * osl * decode_step(n).1
+            });
+            let (d, period) = decode_step(b);
             decode = d;
             tpot = period;
             prefill = f;
             ttft = f.total_s + kv_transfer;
-            let prefill_rate = plan.prefill_replicas as f64 * bp / prefill_period;
-            let decode_rate = plan.replicas as f64 * b / (osl * tpot);
-            requests_per_s = prefill_rate.min(decode_rate);
             // Open loop: prompts queue for the prefill pool, a server of one prompt per
             // 1/prefill_rate (M/D/1). Closed loop (Little's law with no think time, as for
             // `queue::slot_wait`): the requests in flight complete at the deployment's rate, the
@@ -378,7 +402,7 @@ pub(crate) fn score(
         }
     }
     let forward = if plan.prefill.is_some() {
-        b_rank
+        b / w.attention_dp as f64
     } else {
         chunk
     };
@@ -562,6 +586,29 @@ mod tests {
         );
         let little = ev.requests_per_s * (ev.time.ttft_s + 15.0 * ev.time.tpot_s);
         assert!((little - 64.0).abs() < 1e-9 * 64.0, "{little}");
+        // The decode GPU holds only what the prefill pool sends it (Little's law on its slots,
+        // n = X · OSL · TPOT(n)): a handful of the 64, at a shorter step than a batch of 64.
+        let n = ev.sequences_per_worker;
+        assert!(
+            (n - ev.requests_per_s * 16.0 * ev.time.tpot_s).abs() < 1e-5 * n,
+            "{n}"
+        );
+        assert!(n < 8.0, "{n}");
+        let mut full = plan;
+        full.prefill_replicas = 0;
+        full.prefill = None;
+        p.traffic.arrival = Some(Arrival::Waves);
+        let batch_of_64 = evaluate_serving(&p, &full).unwrap().time.decode.total_s;
+        assert!(ev.time.tpot_s < batch_of_64);
+        p.traffic.arrival = None;
+        // An open loop below the pools' rate: the decode GPU holds λ · OSL · TPOT(n).
+        p.traffic.concurrency = None;
+        p.traffic.request_rate = Some(0.5 * ev.requests_per_s);
+        let open = evaluate_serving(&p, &plan).unwrap();
+        let n = open.sequences_per_worker;
+        let want = 0.5 * ev.requests_per_s * 16.0 * open.time.tpot_s;
+        assert!((n - want.max(1.0)).abs() < 1e-5 * n, "{n} vs {want}");
+        p.traffic.request_rate = None;
         // Fewer in flight than the pools serve at once: no wait.
         p.traffic.concurrency = Some(1);
         let one = evaluate_serving(&p, &plan).unwrap();
