@@ -59,6 +59,10 @@ pub struct ServingConstants {
     pub skinny_gemm_rows: f64,
     /// Share of the HBM datasheet bandwidth decode kernels reach.
     pub decode_bandwidth_fraction: f64,
+    /// Share of the HBM datasheet bandwidth at which MXFP4 routed experts stream on a GPU
+    /// without FP4 tensor cores (Hopper: OpenAI's Triton `matmul_ogs`, upcast in the kernel),
+    /// in place of `decode_bandwidth_fraction` for those weights.
+    pub mxfp4_upcast_moe_bandwidth_fraction: f64,
     /// Fraction of the dense peak that serving engines' fused-MoE grouped GEMMs reach with
     /// FP8/FP4 weights (in place of the GPU's large-GEMM efficiency, for the routed experts).
     pub moe_gemm_quantized_efficiency: f64,
@@ -114,5 +118,9 @@ mod tests {
         let c = super::constants();
         assert!(c.gpu_memory_utilization > 0.5 && c.gpu_memory_utilization <= 1.0);
         assert!(c.decode_bandwidth_fraction > 0.0 && c.decode_bandwidth_fraction <= 1.0);
+        assert!(
+            c.mxfp4_upcast_moe_bandwidth_fraction > 0.0
+                && c.mxfp4_upcast_moe_bandwidth_fraction <= c.decode_bandwidth_fraction
+        );
     }
 }

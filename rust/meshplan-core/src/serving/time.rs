@@ -28,7 +28,7 @@ use crate::traffic::WIRE_BYTES;
 use super::constants;
 use super::memory::{kv_bytes_per_token_per_layer, stage_shapes};
 use super::plan::{AttentionKernel, Worker};
-use super::problem::{bytes_per_element, ServingProblem};
+use super::problem::{bytes_per_element, ExpertWeights, ServingProblem};
 
 /// Seconds of one forward (or decode step) of a worker, by part, on its busiest stage, with
 /// the bytes and FLOPs behind them (per GPU).
@@ -143,6 +143,22 @@ pub(crate) fn windowed_pairs(cached: f64, new: f64, window: f64) -> f64 {
     open * cached + open * open / 2.0 + if capped > 0.0 { capped * window } else { 0.0 }
 }
 
+/// Share of the HBM bandwidth at which `problem`'s routed experts stream: MXFP4 experts on a
+/// GPU without FP4 tensor cores (no `nvfp4` peak: Hopper) run OpenAI's Triton `matmul_ogs`,
+/// which upcasts the weights in the kernel and, below ~32 rows, splits K into FP32 partials
+/// (`mxfp4_upcast_moe_bandwidth_fraction`, data/serving.toml); every other expert keeps the
+/// decode kernels' `decode_bandwidth_fraction`.
+pub(crate) fn expert_bandwidth_fraction(problem: &ServingProblem) -> f64 {
+    let c = constants();
+    let upcast = problem.expert_weights == Some(ExpertWeights::Mxfp4)
+        && problem.cluster.gpu.peak_tflops.nvfp4.is_none();
+    if upcast {
+        c.mxfp4_upcast_moe_bandwidth_fraction
+    } else {
+        c.decode_bandwidth_fraction
+    }
+}
+
 /// The pieces the serving time model reads, built once per problem.
 pub(crate) struct TimeModel<'a> {
     pub problem: &'a ServingProblem,
@@ -155,6 +171,9 @@ pub(crate) struct TimeModel<'a> {
     kv_bytes: f64,
     /// HBM bytes/s of decode kernels.
     stream_bytes_per_s: f64,
+    /// HBM bytes/s at which the routed experts' weights stream (`stream_bytes_per_s`, or the
+    /// MXFP4 upcast kernel's share on a GPU without FP4 tensor cores).
+    expert_stream_bytes_per_s: f64,
     ops: OpsContext,
     /// The dense linears run block-scaled FP8 kernels (`ServingProblem::block_scaled_fp8`).
     block_scaled: bool,
@@ -196,6 +215,9 @@ impl<'a> TimeModel<'a> {
             stream_bytes_per_s: gpu.memory_bandwidth_gbps
                 * 1e9
                 * constants().decode_bandwidth_fraction,
+            expert_stream_bytes_per_s: gpu.memory_bandwidth_gbps
+                * 1e9
+                * expert_bandwidth_fraction(problem),
             ops,
             block_scaled: problem.block_scaled_fp8(),
         }
@@ -251,8 +273,15 @@ impl<'a> TimeModel<'a> {
             self.weight_bytes
         };
         let weights = per_weight * g.n * g.k * touched;
-        let bytes = weights + ACT_BYTES * (g.m * g.k + g.m * g.n) * g.repeat;
-        acc.seconds += compute.max(bytes / self.stream_bytes_per_s);
+        let activations = ACT_BYTES * (g.m * g.k + g.m * g.n) * g.repeat;
+        let bytes = weights + activations;
+        let weight_stream = if g.grouped {
+            self.expert_stream_bytes_per_s
+        } else {
+            self.stream_bytes_per_s
+        };
+        let stream_s = weights / weight_stream + activations / self.stream_bytes_per_s;
+        acc.seconds += compute.max(stream_s);
         acc.compute_s += compute;
         acc.bytes += bytes;
         acc.weight_bytes += weights;
@@ -863,6 +892,49 @@ mod tests {
         assert!(b.linear_s < a.linear_s && b.memory_bound);
         assert_eq!(a.flops, b.flops);
         assert_eq!(mxfp4.device.gemm.peak_flops, bf16.device.gemm.peak_flops);
+    }
+
+    #[test]
+    fn mxfp4_experts_stream_at_the_upcast_kernels_share_on_hopper_only() {
+        // On H100 (no FP4 tensor cores) gpt-oss's MXFP4 experts run Triton's upcast kernel:
+        // their weights stream at mxfp4_upcast_moe_bandwidth_fraction of the HBM bandwidth, so
+        // a memory-bound step grows by exactly those bytes at the lower rate; every other byte
+        // keeps decode_bandwidth_fraction. B200 runs MXFP4 natively and keeps it for all.
+        let c = constants();
+        // (decode step of 32 sequences, expert stream bytes/s, other stream bytes/s, HBM bytes/s)
+        let step = |gpu: &str, mxfp4: bool, fraction: Option<f64>| {
+            let mut p = crate::serving::problem::tests::problem("gpt-oss-120b", gpu, 1);
+            if mxfp4 {
+                p.expert_weights = Some(super::super::ExpertWeights::Mxfp4);
+            }
+            let bw = p.cluster.gpu.memory_bandwidth_gbps * 1e9;
+            let mut tm = TimeModel::new(&p);
+            if let Some(f) = fraction {
+                tm.expert_stream_bytes_per_s = bw * f;
+            }
+            let (t, _) = tm.forward(&worker(1), &decode(32.0), true);
+            (t, tm.expert_stream_bytes_per_s, tm.stream_bytes_per_s, bw)
+        };
+        let (hopper, expert_stream, _, bw) = step("h100-sxm", true, None);
+        assert_eq!(expert_stream, bw * c.mxfp4_upcast_moe_bandwidth_fraction);
+        let (full, ..) = step("h100-sxm", true, Some(c.decode_bandwidth_fraction));
+        // 36 layers of 128 experts (gate/up and down, 3 x 2880 x 2880), of which the 32 tokens'
+        // top-4 touch 1 - (1 - 4/128)^32, at 0.53125 bytes a weight.
+        let touched = 1.0 - (1.0 - 4.0_f64 / 128.0).powf(32.0);
+        let expert_bytes = 36.0 * 128.0 * touched * 3.0 * 2880.0 * 2880.0 * (0.5 + 1.0 / 32.0);
+        let extra = expert_bytes
+            * (1.0 / (bw * c.mxfp4_upcast_moe_bandwidth_fraction)
+                - 1.0 / (bw * c.decode_bandwidth_fraction));
+        assert!(
+            ((hopper.linear_s - full.linear_s) / extra - 1.0).abs() < 1e-9,
+            "{} vs {extra}",
+            hopper.linear_s - full.linear_s
+        );
+        // BF16 experts on H100 and MXFP4 experts on B200 stream at the decode kernels' share.
+        for (gpu, mxfp4) in [("h100-sxm", false), ("b200", true)] {
+            let (_, expert, other, _) = step(gpu, mxfp4, None);
+            assert_eq!(expert, other, "{gpu}");
+        }
     }
 
     #[test]

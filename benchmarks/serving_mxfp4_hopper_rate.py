@@ -1,0 +1,163 @@
+"""Derive ``mxfp4_upcast_moe_bandwidth_fraction`` (data/serving.toml) from the SGLang team's
+gpt-oss benchmark on H100.
+
+On a GPU without FP4 tensor cores, gpt-oss's MXFP4 routed experts run in OpenAI's Triton
+``matmul_ogs`` kernel, which upcasts the weights in the kernel (and, below ~32 rows, splits K into
+FP32 partials: vllm-project/vllm PR 30528, sgl-project/sglang PR 16014). The kernel's bandwidth is
+not published; one decode rate of SGLang on H100 is:
+
+- LMSYS blog "SGLang for gpt-oss: From Day 0 Support to Enhanced Performance" (Aug 27, 2025),
+  chart "High-Throughput Decode Performance (Batch Size 32)", bar "H100 (Input 1k)", Optimized
+  (main): 4,791 tok/s, read from the chart's SVG (lm-sys/lm-sys.github.io
+  public/images/blog/gpt_oss/combined_decode_performance.svg: bar top at y = 213.745, axis 0 at
+  544.468 and 1000 at 475.437). Reproduction (sgl-project/sglang benchmark/gpt_oss/README.md):
+  SGLang v0.5.1.post3, ``launch_server --model openai/gpt-oss-120b --tp 8`` on H100,
+  ``bench_one_batch_server --batch-size 32 --input-len 1024 --output-len 512``, whose output
+  throughput is batch · output_len / (latency − TTFT), i.e. 511 decode steps.
+
+A decode step of that batch is, in this model, a part that does not depend on the constant (the
+dense weights, attention, the all-reduces, launches and host time) plus the expert weights it
+streams over the fraction of the HBM bandwidth. This script computes the expert bytes per GPU from
+the model's config (the experts at least one of the 32 tokens picks, top-4 of 128, sharded 8
+ways), takes the rest of the step from this model at the shipped constant, and solves for the
+fraction that makes the step the measured one. It then re-times the source's other Hopper bars at
+the shipped constant as checks, and two other engines' published Hopper runs of the same model
+that were not used to derive it (tests/test_serving_validation.py holds the constant to this
+derivation):
+
+- vllm-project/vllm PR 27523 (Oct 2025), ``vllm bench latency --model openai/gpt-oss-120b
+  --num-iters 100`` at its defaults (batch 8, 32 in, 128 out; TP 1, so an 80 GB Hopper GPU, taken
+  as H100 SXM): 1.58155 s average with the Triton MXFP4 backend (1.17 s with Marlin).
+- vllm-project/vllm issue 30326 (Dec 2025), gpt-oss-120b on H200 at TP 8, 1024 in / 1024 out
+  (--ignore-eos), output throughput before PR 29708: 1,947.66 tok/s at concurrency 8 and
+  12,781.05 tok/s at concurrency 128 (the MoE backend is not stated; triton_kernels was vLLM's
+  Hopper default then, PR 30528).
+
+    python benchmarks/serving_mxfp4_hopper_rate.py
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import meshplan
+from meshplan import Cluster
+
+TP = 8
+BATCH = 32
+OUTPUT_LEN = 512
+# The chart's bars (tok/s) from the SVG's geometry: (544.468 - top) / 69.031 * 1000.
+AXIS_ZERO_Y = 544.467632
+PX_PER_1000 = 544.467632 - 475.436877
+BAR_TOP_Y = {1024: 213.744737, 8192: 228.531815}  # H100 (Input 1k), H100 (Input 8k), Optimized
+BATCH1_TOK_S = 318.53  # the blog's batch-1 table, MXFP4 on H100 (TP 8, --attention-backend triton)
+MXFP4_BYTES = 0.5 + 1.0 / 32.0  # E2M1 values and one E8M0 scale per 32 (data/serving.toml)
+SERVING_TOML = Path(__file__).parent.parent / "rust" / "meshplan-core" / "data" / "serving.toml"
+
+
+def bar_tok_s(input_len: int) -> float:
+    return (AXIS_ZERO_Y - BAR_TOP_Y[input_len]) / PX_PER_1000 * 1000.0
+
+
+def measured_step_s(tok_s: float, batch: int) -> float:
+    """bench_one_batch_server: batch · OSL tokens over (latency − TTFT), 511 decode steps."""
+    return batch * OUTPUT_LEN / tok_s / (OUTPUT_LEN - 1)
+
+
+def modelled_step_s(input_len: int, batch: int) -> float:
+    """This model's pure decode step of the benchmark's batch (the rates as shipped)."""
+    plan = {"worker": {"tp": TP, "expert_tp": TP, "max_sequences": batch}, "replicas": 1}
+    result = meshplan.evaluate_serving(
+        "gpt-oss-120b", Cluster(gpu="h100-sxm", num_gpus=TP), plan, input_len=input_len,
+        output_len=OUTPUT_LEN, expert_weights="mxfp4", concurrency=batch, arrival="waves",
+        num_requests=batch)
+    return float(result["time"]["decode"]["total_s"])
+
+
+def expert_bytes_per_gpu(batch: int) -> float:
+    """Routed-expert weight bytes one GPU streams per decode step of ``batch`` tokens."""
+    model = meshplan.Model.preset("gpt-oss-120b")
+    moe = model.moe
+    assert moe is not None
+    touched = 1.0 - (1.0 - moe.top_k / moe.num_experts) ** batch
+    per_expert = 3.0 * model.hidden * moe.expert_ffn_hidden * MXFP4_BYTES  # gate, up, down
+    return model.layers * moe.num_experts * touched * per_expert / TP
+
+
+def vllm_bench_latency_s() -> float:
+    """vLLM PR 27523's bench latency: one batch of 8 prompts of 32 tokens, 128 outputs, TP 1."""
+    plan = {"worker": {"tp": 1, "expert_tp": 1, "max_sequences": 8}, "replicas": 1}
+    result = meshplan.evaluate_serving(
+        "gpt-oss-120b", Cluster(gpu="h100-sxm", num_gpus=1), plan, input_len=32, output_len=128,
+        expert_weights="mxfp4", concurrency=8, arrival="waves", num_requests=8)
+    return float(result["time"]["e2e_s"])
+
+
+def vllm_h200_tok_s(concurrency: int, prompts: int | None) -> float:
+    """vLLM issue 30326: a closed loop of equal-length requests (--ignore-eos, range ratio 1.0,
+    hence waves) at ``concurrency``, 1024 in / 1024 out, TP 8 on H200; the issue gives the
+    client command (40 prompts) for concurrency 8 only."""
+    plan = {"worker": {"tp": 8, "expert_tp": 8, "max_sequences": concurrency}, "replicas": 1}
+    run = {} if prompts is None else {"num_requests": prompts}
+    result = meshplan.evaluate_serving(
+        "gpt-oss-120b", Cluster(gpu="h200-sxm", num_gpus=8), plan, input_len=1024, output_len=1024,
+        expert_weights="mxfp4", concurrency=concurrency, arrival="waves", **run)
+    return float(result["output_tokens_per_s"])
+
+
+def shipped() -> float:
+    return float(tomllib.loads(SERVING_TOML.read_text())["mxfp4_upcast_moe_bandwidth_fraction"])
+
+
+@dataclass
+class Derivation:
+    measured_step_s: float
+    modelled_step_s: float  # at the shipped constant
+    expert_bytes: float  # per GPU per step
+    fraction: float  # what makes the modelled step the measured one
+    checks: dict[str, tuple[float, float]]  # name -> (modelled, measured) step seconds
+    others: dict[str, tuple[float, float]]  # other engines' runs: name -> (modelled, measured)
+
+
+def derive() -> Derivation:
+    bandwidth = meshplan.Gpu.preset("h100-sxm").memory_bandwidth_gbps * 1e9
+    measured = measured_step_s(bar_tok_s(1024), BATCH)
+    step = modelled_step_s(1024, BATCH)
+    experts = expert_bytes_per_gpu(BATCH)
+    rest = step - experts / (bandwidth * shipped())
+    fraction = experts / (bandwidth * (measured - rest))
+    checks = {
+        "batch 32, input 8k": (modelled_step_s(8192, BATCH), measured_step_s(bar_tok_s(8192), BATCH)),
+        "batch 1, input 1k": (modelled_step_s(1024, 1), measured_step_s(BATCH1_TOK_S, 1)),
+    }
+    others = {
+        "vLLM PR 27523 bench latency, H100 TP 1, batch 8 (s)": (vllm_bench_latency_s(), 1.58155),
+        "vLLM issue 30326, H200 TP 8, concurrency 8 (tok/s)": (vllm_h200_tok_s(8, 40), 1947.66),
+        "vLLM issue 30326, H200 TP 8, concurrency 128 (tok/s)": (vllm_h200_tok_s(128, None), 12781.05),
+    }
+    return Derivation(measured, step, experts, fraction, checks, others)
+
+
+def main() -> None:
+    d = derive()
+    print(f"H100 TP {TP}, batch {BATCH}, 1k in: {bar_tok_s(1024):,.0f} tok/s measured, "
+          f"a decode step of {d.measured_step_s * 1e3:.2f} ms")
+    bandwidth = meshplan.Gpu.preset("h100-sxm").memory_bandwidth_gbps * 1e9
+    expert_s = d.expert_bytes / (bandwidth * d.fraction)
+    print(f"expert weights streamed per GPU per step: {d.expert_bytes / 1e9:.2f} GB; the rest of the "
+          f"step {(d.measured_step_s - expert_s) * 1e3:.2f} ms, the experts {expert_s * 1e3:.2f} ms "
+          f"({d.expert_bytes / expert_s / 1e12:.2f} TB/s)")
+    print(f"fraction of the HBM bandwidth that gives the measured step: {d.fraction:.3f} "
+          f"(shipped {shipped():.3f}; modelled step at it {d.modelled_step_s * 1e3:.2f} ms)")
+    for name, (modelled, measured) in d.checks.items():
+        print(f"check {name}: modelled {modelled * 1e3:.2f} ms, measured {measured * 1e3:.2f} ms "
+              f"({(modelled - measured) / measured:+.0%})")
+    for name, (modelled, measured) in d.others.items():
+        print(f"check {name}: modelled {modelled:,.3f}, measured {measured:,.3f} "
+              f"({(modelled - measured) / measured:+.0%})")
+
+
+if __name__ == "__main__":
+    main()
