@@ -266,6 +266,29 @@ def test_the_spaces_attention_kernel_travels_over_grpc(stub: pb_grpc.PlannerStub
     assert serving_wire.space_message({"attention_kernel": "triton-mla"}).attention_kernel == "triton-mla"
 
 
+def test_the_sliding_kv_pool_travels_over_grpc(stub: pb_grpc.PlannerStub) -> None:
+    # SGLang's KV pool for gpt-oss (every token of the sliding-window layers), on a plan and on a
+    # search space: over gRPC as in Python, back in the plan.
+    problem = mp.serving.serving_problem("gpt-oss-120b", mp.Cluster("h200-sxm", 2), input_len=32768,
+                                         output_len=1024, expert_weights="mxfp4", concurrency=16)
+    plan = mp.serving.parse_serving_plan("tp=2,batch=16,swa=full")
+    ev = stub.EvaluateServing(pb.EvaluateServingRequest(problem=serving_wire.problem_message(problem),
+                                                        plan=serving_wire.plan_message(plan)), timeout=60).evaluation
+    local = mp.evaluate_serving("gpt-oss-120b", mp.Cluster("h200-sxm", 2), plan, input_len=32768, output_len=1024,
+                                expert_weights="mxfp4", concurrency=16)
+    assert ev.plan.worker.sliding_kv == "full"
+    back = serving_wire.evaluation_from(ev)
+    assert back["plan"]["worker"]["sliding_kv"] == "full"
+    assert back["memory"]["max_sequences_fit"] == local["memory"]["max_sequences_fit"]
+    assert serving_wire.space_message({"sliding_kv": "full"}).sliding_kv == "full"
+    bad = pb.EvaluateServingRequest(problem=serving_wire.problem_message(problem),
+                                    plan=pb.ServingPlan(worker=pb.ServingWorker(tp=2, max_sequences=8, sliding_kv="half")))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.EvaluateServing(bad, timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "serving_plan.worker.sliding_kv" in (err.value.details() or "")
+
+
 def test_expert_weights_travel_over_grpc(stub: pb_grpc.PlannerStub) -> None:
     problem = mp.serving.serving_problem("gpt-oss-120b", mp.Cluster("h100-sxm", 1), input_len=1024,
                                          output_len=256, expert_weights="mxfp4")

@@ -374,6 +374,46 @@ def test_a_search_prices_every_deployment_with_the_spaces_attention_kernel() -> 
         mp.search_serving("llama3-8b", cluster, space={"attention_kernel": "triton-mla"}, input_len=128, output_len=16)
 
 
+def test_a_kv_pool_that_keeps_every_token_of_the_sliding_window_layers() -> None:
+    # gpt-oss-120b on 2 x H200 at 32k prompts: SGLang's pool for it (swa=full) keeps all 36
+    # layers per token where a windowed one keeps 18 and the last 128 tokens of the other 18,
+    # so fewer sequences fit; decode reads the window either way.
+    cluster = mp.Cluster("h200-sxm", 2)
+    kw = dict(input_len=32768, output_len=1024, expert_weights="mxfp4", concurrency=16)
+    window = mp.evaluate_serving("gpt-oss-120b", cluster, "tp=2,batch=16", **kw)
+    full = mp.evaluate_serving("gpt-oss-120b", cluster, "tp=2,batch=16,swa=full", **kw)
+    assert full["plan"]["worker"]["sliding_kv"] == "full" and "sliding_kv" not in window["plan"]["worker"]
+    assert "swa-full" in full["label"] and "swa" not in window["label"]
+    assert full["memory"]["kv_bytes_per_token"] == 2 * 4 * 64 * 2 * 36
+    assert window["memory"]["kv_bytes_per_token"] < 0.52 * full["memory"]["kv_bytes_per_token"]
+    assert full["memory"]["max_sequences_fit"] < 0.55 * window["memory"]["max_sequences_fit"]
+    assert full["time"]["decode"]["kv_bytes"] == pytest.approx(window["time"]["decode"]["kv_bytes"])
+    # A disaggregated hand-over moves what the prefill pool keeps.
+    pd = {**kw, "concurrency": 16}
+    a = mp.evaluate_serving("gpt-oss-120b", mp.Cluster("h200-sxm", 4), "tp=2,batch=16", prefill="tp=2,batch=1", **pd)
+    b = mp.evaluate_serving("gpt-oss-120b", mp.Cluster("h200-sxm", 4), "tp=2,batch=16,swa=full",
+                            prefill="tp=2,batch=1,swa=full", **pd)
+    assert b["time"]["kv_transfer_s"] > a["time"]["kv_transfer_s"]
+    with pytest.raises(mp.errors.InvalidInputError, match=r"serving_plan.worker.sliding_kv: unknown variant `half`.*`window` or `full`"):
+        mp.evaluate_serving("gpt-oss-120b", cluster, "tp=2,batch=16,swa=half", **kw)
+    # The export carries it: each engine's flag, a note where the engine has none.
+    problem = serving_problem("gpt-oss-120b", cluster, **kw)
+    plan = parse_serving_plan("tp=2,batch=16,swa=full")
+    assert "--disable-hybrid-swa-memory" in launch_commands(plan, problem, "sglang")[1]
+    assert "--disable-hybrid-kv-cache-manager" in launch_commands(plan, problem, "vllm")[1]
+    assert "max_attention_window" in launch_commands(plan, problem, "trtllm")[0]
+    windowed = parse_serving_plan("tp=2,batch=16")
+    assert not any("hybrid" in line for e in ("sglang", "vllm") for line in launch_commands(windowed, problem, e))
+    # A search sizes every pool the same way; so does the CLI's --sliding-kv.
+    space = {"top_k": 20, "sliding_kv": "full"}
+    searched = mp.search_serving("gpt-oss-120b", mp.Cluster("h200-sxm", 8), space=space, **kw)
+    assert searched.plans and all(e["plan"]["worker"]["sliding_kv"] == "full" for e in searched.plans)
+    code, text = run_cli("inference", "search", "--model", "gpt-oss-120b", "--gpu", "h200-sxm", "--gpus", "8",
+                         "--input-len", "32768", "--output-len", "1024", "--expert-weights", "mxfp4",
+                         "--sliding-kv", "full", "--top-k", "2")
+    assert code == 0 and "swa-full" in text, text
+
+
 def test_mxfp4_experts_as_gpt_oss_publishes_them() -> None:
     # gpt-oss-120b's routed experts in MXFP4 (0.53125 bytes a weight), the rest BF16: one 80 GB
     # H100 holds it, as its model card says, where BF16 experts (217 GiB) do not.

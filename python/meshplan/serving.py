@@ -55,10 +55,12 @@ _WORKER_KEYS = {
     "lag": "output_lag_steps",
     "attention_kernel": "attention_kernel",
     "attn": "attention_kernel",
+    "sliding_kv": "sliding_kv",
+    "swa": "sliding_kv",
 }
 
 # Worker keys whose value is a name, not an integer (the core names the allowed values).
-_NAMED_WORKER_KEYS = ("attention_kernel",)
+_NAMED_WORKER_KEYS = ("attention_kernel", "sliding_kv")
 
 
 @dataclass
@@ -177,8 +179,9 @@ def search_serving(
 
     ``problem`` takes the keywords of :func:`serving_problem` (``input_len`` and ``output_len``
     are required). ``space``: ``{"top_k", "disaggregation", "max_tp", "max_pp",
-    "max_attention_dp", "max_sequences", "allow_tp_cross_domain", "attention_kernel"}``, each
-    optional (``attention_kernel``: ``flash`` or ``triton-mla``, for every deployment scored).
+    "max_attention_dp", "max_sequences", "allow_tp_cross_domain", "attention_kernel",
+    "sliding_kv"}``, each optional (``attention_kernel``: ``flash`` or ``triton-mla``;
+    ``sliding_kv``: ``window`` or ``full``; both for every deployment scored).
     """
     raw = _core.search_serving(serving_problem(model, cluster, **problem), space, timeout_s, cancel)
     return ServingResult(raw["plans"], raw["pareto"], raw["stats"])
@@ -265,7 +268,8 @@ def parse_serving_plan(plan: PlanLike, prefill: Optional[PlanLike] = None) -> di
     cache's tokens per rank as the engine reports them), output_lag_steps (lag: engine steps
     before a step's tokens are returned; vLLM V0's asynchronous output processing: 1),
     attention_kernel (attn: ``flash``, the default, or ``triton-mla``, SGLang 0.4's Triton MLA
-    backend), replicas."""
+    backend), sliding_kv (swa: what the KV pool keeps of a sliding-window layer, ``window``, the
+    default, or ``full``, SGLang's pool for gpt-oss), replicas."""
     if isinstance(plan, dict):
         if prefill is not None:
             raise InvalidInputError("invalid prefill: give the prefill pool inside the plan dict")
@@ -322,6 +326,8 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
         if tokens is not None:
             flags += ["--max-num-batched-tokens", str(tokens)]
         flags += ["--kv-cache-dtype", _VLLM_KV.get(kv, "auto")]
+        if w.get("sliding_kv") == "full":
+            flags += ["--disable-hybrid-kv-cache-manager"]
         if problem.get("expert_weights") == "mxfp4":
             flags += ["--quantization", "mxfp4"]
         elif weights in _VLLM_QUANT:
@@ -341,6 +347,8 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
         flags += ["--kv-cache-dtype", _SGLANG_KV.get(kv, "auto")]
         if w.get("attention_kernel") == "triton-mla":
             flags += ["--attention-backend", "triton"]
+        if w.get("sliding_kv") == "full":
+            flags += ["--disable-hybrid-swa-memory"]
         if problem.get("expert_weights") == "mxfp4":
             flags += ["--quantization", "mxfp4"]
         elif weights in _SGLANG_QUANT:
@@ -388,6 +396,10 @@ def launch_commands(
         if engine != "sglang" and worker.get("attention_kernel") == "triton-mla":
             # The estimate priced SGLang's Triton MLA kernel; this engine runs its own.
             note += f" (the estimate assumed SGLang's Triton MLA attention; {engine} runs its own kernels)"
+        if engine == "trtllm" and worker.get("sliding_kv") == "full":
+            # TensorRT-LLM sizes the pools of sliding-window layers by its KV-cache config.
+            note += (" (the estimate assumed a KV pool that keeps every token of the sliding-window layers;"
+                     " set kv_cache_config.max_attention_window to match)")
         command = " ".join(shlex.quote(a) for a in base + _engine_flags(engine, worker, problem, role))
         out.append(f"# {count} {label} of {stage * int(worker.get('pp', 1))} GPUs each{note}")
         out.append(command)

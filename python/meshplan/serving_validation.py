@@ -90,8 +90,9 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps"):
         if plan.get(key) is not None:
             worker[key] = int(plan[key])
-    if plan.get("attention_kernel") is not None:
-        worker["attention_kernel"] = plan["attention_kernel"]
+    for key in ("attention_kernel", "sliding_kv"):
+        if plan.get(key) is not None:
+            worker[key] = plan[key]
     deployment: dict[str, Any] = {"worker": worker, "replicas": plan.get("replicas", 1)}
     if plan.get("prefill") is not None:
         # A disaggregated deployment: its prefill workers as the case states them, their batch
@@ -105,8 +106,9 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidCaseError(
                 f"serving case {index} ({case.get('id', '?')}): plan.prefill: missing or bad {e}") from None
-        if pre.get("attention_kernel") is not None:
-            prefill["attention_kernel"] = pre["attention_kernel"]
+        for key in ("attention_kernel", "sliding_kv"):
+            if pre.get(key) is not None:
+                prefill[key] = pre[key]
         # expert_tp as a plan string defaults it (the core checks what is left).
         deployment["prefill"] = _complete(prefill)
         deployment["prefill_replicas"] = int(plan.get("prefill_replicas", 1))

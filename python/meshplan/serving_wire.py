@@ -55,7 +55,7 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
 def _worker_from(msg: pb.ServingWorker) -> dict[str, Any]:
     w: dict[str, Any] = {"tp": msg.tp, "max_sequences": msg.max_sequences}
     for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens",
-                 "output_lag_steps", "attention_kernel"):
+                 "output_lag_steps", "attention_kernel", "sliding_kv"):
         if msg.HasField(name):
             w[name] = getattr(msg, name)
     if "expert_tp" not in w:
@@ -86,7 +86,7 @@ def space_from(msg: pb.ServingSpace, max_candidates: Optional[int] = None) -> di
     if max_candidates is not None and max_candidates >= 1:
         space["max_candidates"] = max_candidates
     for name in ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
-                 "max_sequences", "allow_tp_cross_domain", "attention_kernel"):
+                 "max_sequences", "allow_tp_cross_domain", "attention_kernel", "sliding_kv"):
         if msg.HasField(name):
             space[name] = getattr(msg, name)
     top_k = space.get("top_k")
@@ -101,7 +101,7 @@ def _worker_message(w: dict[str, Any]) -> pb.ServingWorker:
                             expert_tp=w["expert_tp"], max_sequences=w["max_sequences"],
                             max_batched_tokens=w.get("max_batched_tokens"), kv_tokens=w.get("kv_tokens"),
                             output_lag_steps=w.get("output_lag_steps"),
-                            attention_kernel=w.get("attention_kernel"))
+                            attention_kernel=w.get("attention_kernel"), sliding_kv=w.get("sliding_kv"))
 
 
 def evaluation_message(ev: dict[str, Any]) -> pb.ServingEvaluation:
@@ -190,7 +190,7 @@ def plan_message(plan: dict[str, Any]) -> pb.ServingPlan:
 def _request_worker(w: dict[str, Any]) -> pb.ServingWorker:
     msg = pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"])
     for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens",
-                 "output_lag_steps", "attention_kernel"):
+                 "output_lag_steps", "attention_kernel", "sliding_kv"):
         if w.get(name) is not None:
             setattr(msg, name, w[name])
     return msg
@@ -201,7 +201,7 @@ def space_message(space: Optional[dict[str, Any]]) -> pb.ServingSpace:
     refused here, naming the key, since the message has no place for them)."""
     msg = pb.ServingSpace()
     allowed = ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
-               "max_sequences", "allow_tp_cross_domain", "attention_kernel")
+               "max_sequences", "allow_tp_cross_domain", "attention_kernel", "sliding_kv")
     for key, value in (space or {}).items():
         if key not in allowed:
             raise invalid(f"serving_space.{key}", repr(key), "one of " + ", ".join(allowed))
@@ -225,7 +225,7 @@ def evaluation_from(msg: pb.ServingEvaluation) -> dict[str, Any]:
     out: dict[str, Any] = wire.plain(msg)
     # An unset token budget or KV size is absent, as in the core's plan (not a 0).
     for name in ("worker", "prefill"):
-        for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps", "attention_kernel"):
+        for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps", "attention_kernel", "sliding_kv"):
             if isinstance(out["plan"].get(name), dict) and not getattr(msg.plan, name).HasField(key):
                 out["plan"][name].pop(key, None)
     extra: Optional[str] = out.pop("extra_json", None)

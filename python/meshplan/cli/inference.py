@@ -18,7 +18,7 @@ from ._common import Parser, UsageError, cluster_from, model_from, remaining_s
 from ._render import table
 
 PLAN_HELP = ("e.g. tp=8,pp=1,adp=1,ep=1,etp=8,batch=64,replicas=1; also tokens=, kv_tokens=, lag=, "
-             "attn=flash|triton-mla")
+             "attn=flash|triton-mla, swa=window|full")
 
 # Flat columns of one deployment (table, CSV).
 COLUMNS = (
@@ -84,6 +84,9 @@ def add(sub: Any) -> None:
     s.add_argument("--attention-kernel", metavar="NAME",
                    help="the engine's attention kernels for every deployment: flash (default) or "
                         "triton-mla (SGLang 0.4's Triton MLA backend)")
+    s.add_argument("--sliding-kv", metavar="POOL",
+                   help="what every deployment's KV pools keep of a sliding-window layer: window "
+                        "(default) or full (SGLang's pool for gpt-oss: every token)")
     fmt = s.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON")
     fmt.add_argument("--csv", action="store_true", help="print CSV, one row per deployment")
@@ -165,7 +168,8 @@ def _search(args: argparse.Namespace, out: TextIO) -> int:
         raise UsageError("--plot pareto needs --out FILE.png")
     space: dict[str, Any] = {"disaggregation": not args.no_disaggregation,
                              "allow_tp_cross_domain": args.allow_tp_cross_domain}
-    for key in ("top_k", "max_tp", "max_pp", "max_attention_dp", "max_sequences", "attention_kernel"):
+    for key in ("top_k", "max_tp", "max_pp", "max_attention_dp", "max_sequences", "attention_kernel",
+                "sliding_kv"):
         value = getattr(args, key)
         if value is not None:
             space[key] = value

@@ -2125,6 +2125,7 @@ class ServingWorker(_message.Message):
     KV_TOKENS_FIELD_NUMBER: _builtins.int
     OUTPUT_LAG_STEPS_FIELD_NUMBER: _builtins.int
     ATTENTION_KERNEL_FIELD_NUMBER: _builtins.int
+    SLIDING_KV_FIELD_NUMBER: _builtins.int
     tp: _builtins.int
     pp: _builtins.int
     """Unset: 1."""
@@ -2150,6 +2151,10 @@ class ServingWorker(_message.Message):
     """The engine's attention kernels: "flash" (unset) or "triton-mla" (SGLang 0.4's Triton MLA
     backend: absorbed-form prefill at its own rate; MLA models only).
     """
+    sliding_kv: _builtins.str
+    """What the KV pool keeps of a sliding-window layer: "window" (unset: its last `window`
+    tokens) or "full" (every token: SGLang's pool for gpt-oss).
+    """
     def __init__(
         self,
         *,
@@ -2163,10 +2168,11 @@ class ServingWorker(_message.Message):
         kv_tokens: _builtins.int | None = ...,
         output_lag_steps: _builtins.int | None = ...,
         attention_kernel: _builtins.str | None = ...,
+        sliding_kv: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_attention_kernel", b"_attention_kernel", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "attention_dp", b"attention_dp", "attention_kernel", b"attention_kernel", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "output_lag_steps", b"output_lag_steps", "pp", b"pp"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_attention_kernel", b"_attention_kernel", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "_sliding_kv", b"_sliding_kv", "attention_dp", b"attention_dp", "attention_kernel", b"attention_kernel", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "output_lag_steps", b"output_lag_steps", "pp", b"pp", "sliding_kv", b"sliding_kv"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_attention_kernel", b"_attention_kernel", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "attention_dp", b"attention_dp", "attention_kernel", b"attention_kernel", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "output_lag_steps", b"output_lag_steps", "pp", b"pp", "tp", b"tp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp", "_attention_kernel", b"_attention_kernel", "_ep", b"_ep", "_expert_tp", b"_expert_tp", "_kv_tokens", b"_kv_tokens", "_max_batched_tokens", b"_max_batched_tokens", "_output_lag_steps", b"_output_lag_steps", "_pp", b"_pp", "_sliding_kv", b"_sliding_kv", "attention_dp", b"attention_dp", "attention_kernel", b"attention_kernel", "ep", b"ep", "expert_tp", b"expert_tp", "kv_tokens", b"kv_tokens", "max_batched_tokens", b"max_batched_tokens", "max_sequences", b"max_sequences", "output_lag_steps", b"output_lag_steps", "pp", b"pp", "sliding_kv", b"sliding_kv", "tp", b"tp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__attention_dp: _TypeAlias = _typing.Literal["attention_dp"]  # noqa: Y015
     _WhichOneofArgType__attention_dp: _TypeAlias = _typing.Literal["_attention_dp", b"_attention_dp"]  # noqa: Y015
@@ -2184,6 +2190,8 @@ class ServingWorker(_message.Message):
     _WhichOneofArgType__output_lag_steps: _TypeAlias = _typing.Literal["_output_lag_steps", b"_output_lag_steps"]  # noqa: Y015
     _WhichOneofReturnType__pp: _TypeAlias = _typing.Literal["pp"]  # noqa: Y015
     _WhichOneofArgType__pp: _TypeAlias = _typing.Literal["_pp", b"_pp"]  # noqa: Y015
+    _WhichOneofReturnType__sliding_kv: _TypeAlias = _typing.Literal["sliding_kv"]  # noqa: Y015
+    _WhichOneofArgType__sliding_kv: _TypeAlias = _typing.Literal["_sliding_kv", b"_sliding_kv"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__attention_dp) -> _WhichOneofReturnType__attention_dp | None: ...
     @_typing.overload
@@ -2200,6 +2208,8 @@ class ServingWorker(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__output_lag_steps) -> _WhichOneofReturnType__output_lag_steps | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__pp) -> _WhichOneofReturnType__pp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sliding_kv) -> _WhichOneofReturnType__sliding_kv | None: ...
 
 Global___ServingWorker: _TypeAlias = ServingWorker  # noqa: Y015
 
@@ -2262,6 +2272,7 @@ class ServingSpace(_message.Message):
     MAX_SEQUENCES_FIELD_NUMBER: _builtins.int
     ALLOW_TP_CROSS_DOMAIN_FIELD_NUMBER: _builtins.int
     ATTENTION_KERNEL_FIELD_NUMBER: _builtins.int
+    SLIDING_KV_FIELD_NUMBER: _builtins.int
     top_k: _builtins.int
     disaggregation: _builtins.bool
     max_tp: _builtins.int
@@ -2271,6 +2282,8 @@ class ServingSpace(_message.Message):
     allow_tp_cross_domain: _builtins.bool
     attention_kernel: _builtins.str
     """The engine's attention kernels for every deployment: "flash" (unset) or "triton-mla"."""
+    sliding_kv: _builtins.str
+    """What every deployment's KV pools keep of a sliding-window layer: "window" (unset) or "full"."""
     def __init__(
         self,
         *,
@@ -2282,10 +2295,11 @@ class ServingSpace(_message.Message):
         max_sequences: _builtins.int | None = ...,
         allow_tp_cross_domain: _builtins.bool | None = ...,
         attention_kernel: _builtins.str | None = ...,
+        sliding_kv: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_attention_kernel", b"_attention_kernel", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "attention_kernel", b"attention_kernel", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "top_k", b"top_k"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_attention_kernel", b"_attention_kernel", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_sliding_kv", b"_sliding_kv", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "attention_kernel", b"attention_kernel", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "sliding_kv", b"sliding_kv", "top_k", b"top_k"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_attention_kernel", b"_attention_kernel", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "attention_kernel", b"attention_kernel", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "top_k", b"top_k"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain", "_attention_kernel", b"_attention_kernel", "_disaggregation", b"_disaggregation", "_max_attention_dp", b"_max_attention_dp", "_max_pp", b"_max_pp", "_max_sequences", b"_max_sequences", "_max_tp", b"_max_tp", "_sliding_kv", b"_sliding_kv", "_top_k", b"_top_k", "allow_tp_cross_domain", b"allow_tp_cross_domain", "attention_kernel", b"attention_kernel", "disaggregation", b"disaggregation", "max_attention_dp", b"max_attention_dp", "max_pp", b"max_pp", "max_sequences", b"max_sequences", "max_tp", b"max_tp", "sliding_kv", b"sliding_kv", "top_k", b"top_k"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__allow_tp_cross_domain: _TypeAlias = _typing.Literal["allow_tp_cross_domain"]  # noqa: Y015
     _WhichOneofArgType__allow_tp_cross_domain: _TypeAlias = _typing.Literal["_allow_tp_cross_domain", b"_allow_tp_cross_domain"]  # noqa: Y015
@@ -2301,6 +2315,8 @@ class ServingSpace(_message.Message):
     _WhichOneofArgType__max_sequences: _TypeAlias = _typing.Literal["_max_sequences", b"_max_sequences"]  # noqa: Y015
     _WhichOneofReturnType__max_tp: _TypeAlias = _typing.Literal["max_tp"]  # noqa: Y015
     _WhichOneofArgType__max_tp: _TypeAlias = _typing.Literal["_max_tp", b"_max_tp"]  # noqa: Y015
+    _WhichOneofReturnType__sliding_kv: _TypeAlias = _typing.Literal["sliding_kv"]  # noqa: Y015
+    _WhichOneofArgType__sliding_kv: _TypeAlias = _typing.Literal["_sliding_kv", b"_sliding_kv"]  # noqa: Y015
     _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
     _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
     @_typing.overload
@@ -2317,6 +2333,8 @@ class ServingSpace(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_sequences) -> _WhichOneofReturnType__max_sequences | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tp) -> _WhichOneofReturnType__max_tp | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sliding_kv) -> _WhichOneofReturnType__sliding_kv | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__top_k) -> _WhichOneofReturnType__top_k | None: ...
 

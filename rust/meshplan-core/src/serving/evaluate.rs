@@ -117,7 +117,7 @@ pub(crate) fn kv_transfer_bytes(p: &ServingProblem, pw: &Worker) -> f64 {
     let isl = p.traffic.input_len as f64;
     let layers = stage_counts(&p.model, pw.pp)
         .iter()
-        .map(|c| cached_layers(&p.model, c, isl))
+        .map(|c| cached_layers(&p.model, c, isl, pw.sliding_kv))
         .fold(0.0, f64::max);
     let per_token = kv_bytes_per_token_per_layer(
         &p.model,
@@ -514,6 +514,7 @@ mod tests {
                 kv_tokens: None,
                 output_lag_steps: None,
                 attention_kernel: Default::default(),
+                sliding_kv: Default::default(),
             },
             replicas: 1,
             prefill: None,
@@ -564,6 +565,24 @@ mod tests {
         assert!(0.0 < fewer.queue_s && fewer.queue_s < ev.queue_s);
         p.traffic.concurrency = Some(1);
         assert_eq!(evaluate_serving(&p, &plan).unwrap().queue_s, 0.0);
+    }
+
+    #[test]
+    fn a_hand_over_moves_what_the_prefill_pool_keeps() {
+        // gpt-oss-120b, a 2048-token prompt from a TP 2 prefill worker: each GPU holds 4 of the
+        // 8 KV heads, 2 x 4 x 64 x 2 = 1024 bytes per token per layer. A windowed pool hands
+        // over the 18 full layers' 2048 tokens and the sliding layers' last 128; a pool that
+        // keeps every token (SGLang's for gpt-oss) all 36 layers' 2048.
+        let mut p = problem("gpt-oss-120b", "h200-sxm", 4);
+        p.traffic.input_len = 2048;
+        let pw = worker(2, 4).worker;
+        let window = kv_transfer_bytes(&p, &pw);
+        assert_eq!(window, 1024.0 * (18.0 * 2048.0 + 18.0 * 128.0));
+        let full = Worker {
+            sliding_kv: crate::serving::SlidingKv::Full,
+            ..pw
+        };
+        assert_eq!(kv_transfer_bytes(&p, &full), 1024.0 * 36.0 * 2048.0);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::layer::{params_per_rank, LayerCounts, Mixer, ACT_BYTES, FP32_BYTES};
 use crate::model::Model;
 
 use super::constants;
-use super::plan::Worker;
+use super::plan::{SlidingKv, Worker};
 use super::problem::{bytes_per_element, ServingProblem};
 
 use crate::memory::GIB;
@@ -99,15 +99,22 @@ pub fn kv_bytes_per_token_per_layer(model: &Model, tp: u32, kv_element_bytes: f6
 /// Layers of `counts` whose KV cache a sequence of `context` tokens fills, per token of that
 /// context: every full-attention layer, and a sliding-window layer for the `window` tokens it
 /// keeps (`min(context, window)/context`; vLLM's hybrid allocator and SGLang's SWA pool free
-/// the rest).
-pub(crate) fn cached_layers(model: &Model, counts: &LayerCounts, context: f64) -> f64 {
+/// the rest) or, in a pool that keeps them whole (`SlidingKv::Full`), for every token.
+pub(crate) fn cached_layers(
+    model: &Model,
+    counts: &LayerCounts,
+    context: f64,
+    pool: SlidingKv,
+) -> f64 {
     let kinds = model.layer_kinds();
     counts
         .iter()
         .filter(|&(_, n)| n > 0)
         .map(|(kind, n)| {
-            let share = match kinds.specs()[kind].mixer {
-                Mixer::SlidingWindow { window, .. } => (window as f64 / context.max(1.0)).min(1.0),
+            let share = match (kinds.specs()[kind].mixer, pool) {
+                (Mixer::SlidingWindow { window, .. }, SlidingKv::Window) => {
+                    (window as f64 / context.max(1.0)).min(1.0)
+                }
                 _ => 1.0,
             };
             n as f64 * share
@@ -214,7 +221,8 @@ pub fn worker_memory(
     for stage in &stages {
         let counts = &stage.counts;
         let weights = stage_params(model, w, counts, stage.first, stage.last).bytes(p);
-        let kv_per_token = kv_layer * cached_layers(model, counts, p.context_tokens());
+        let kv_per_token =
+            kv_layer * cached_layers(model, counts, p.context_tokens(), w.sliding_kv);
         let kv = kv_per_token * (seqs_rank * own + prefix);
         let ffn_width = widest_ffn(model, w);
         let act = forward_tokens * ACT_BYTES * (c.workspace_hidden_multiple * h + ffn_width);
@@ -288,6 +296,7 @@ mod tests {
             kv_tokens: None,
             output_lag_steps: None,
             attention_kernel: Default::default(),
+            sliding_kv: Default::default(),
         }
     }
 
@@ -309,6 +318,29 @@ mod tests {
         p.traffic.output_len = 64;
         let short = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
         assert_eq!(short.kv_bytes_per_token, 2048.0 * 36.0);
+        // A pool that keeps every token of the sliding-window layers (SGLang's for gpt-oss):
+        // all 36 layers per token, so half the sequences of the windowed pool fit, less one at
+        // most (both are floors of the same budget over 36 and over 18 + 18 x 128/4096 layers).
+        // (MXFP4 experts, as published, so that the weights fit one H100.)
+        p.traffic.input_len = 3072;
+        p.traffic.output_len = 1024;
+        p.expert_weights = Some(ExpertWeights::Mxfp4);
+        let m = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        let full = Worker {
+            sliding_kv: SlidingKv::Full,
+            ..worker(1, 1)
+        };
+        let whole = worker_memory(&p, &full, 1.0, 8192.0);
+        assert_eq!(whole.kv_bytes_per_token, 2048.0 * 36.0);
+        assert!(whole.max_sequences_fit > 10, "{}", whole.max_sequences_fit);
+        let ratio = (18.0 + 18.0 * 128.0 / 4096.0) / 36.0;
+        let expected = (m.max_sequences_fit as f64 * ratio).floor();
+        assert!(
+            (whole.max_sequences_fit as f64 - expected).abs() <= 1.0,
+            "{} vs {expected}",
+            whole.max_sequences_fit
+        );
+        assert!(whole.max_sequences_fit < m.max_sequences_fit);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::sync::OnceLock;
 pub use evaluate::{evaluate_serving, evaluate_serving_with, ServingEvaluation, ServingViolation};
 pub use explain::{explain_serving, ServingAxis, ServingExplanation};
 pub use memory::ServingMemory;
-pub use plan::{AttentionKernel, ServingPlan, Worker};
+pub use plan::{AttentionKernel, ServingPlan, SlidingKv, Worker};
 pub use problem::{
     bytes_per_element, Arrival, ExpertWeights, Objective, ServingProblem, Slo, Traffic,
     WeightScaling,

@@ -61,6 +61,35 @@ impl AttentionKernel {
     }
 }
 
+/// What a worker's KV pool keeps of a sliding-window layer (docs/serving.md §4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SlidingKv {
+    /// The last `window` tokens of each sequence (vLLM's hybrid KV cache manager, SGLang's
+    /// hybrid SWA memory pool).
+    #[default]
+    Window,
+    /// Every token, as in a full-attention layer; attention still reads the window only.
+    /// SGLang turns its hybrid SWA pool off for gpt-oss (`disable_hybrid_swa_memory = True` in
+    /// `ServerArgs`, through v0.5.4 at least); `--disable-hybrid-swa-memory` (SGLang) and
+    /// `--disable-hybrid-kv-cache-manager` (vLLM) ask for it.
+    Full,
+}
+
+impl SlidingKv {
+    /// The spelling of `sliding_kv` in dicts, plan strings and the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            SlidingKv::Window => "window",
+            SlidingKv::Full => "full",
+        }
+    }
+
+    fn is_window(&self) -> bool {
+        *self == SlidingKv::Window
+    }
+}
+
 /// One engine instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,6 +130,9 @@ pub struct Worker {
     /// MLA backend, MLA models only).
     #[serde(default, skip_serializing_if = "AttentionKernel::is_flash")]
     pub attention_kernel: AttentionKernel,
+    /// What the KV pool keeps of a sliding-window layer: `window` (default) or `full`.
+    #[serde(default, skip_serializing_if = "SlidingKv::is_window")]
+    pub sliding_kv: SlidingKv,
 }
 
 impl Worker {
@@ -162,6 +194,9 @@ impl Worker {
         }
         if !self.attention_kernel.is_flash() {
             s += &format!("·{}", self.attention_kernel.name());
+        }
+        if !self.sliding_kv.is_window() {
+            s += &format!("·swa-{}", self.sliding_kv.name());
         }
         s + &format!(" b{}", self.max_sequences)
     }

@@ -19,7 +19,7 @@ use crate::Control;
 use super::constants;
 use super::evaluate::{score, ServingEvaluation};
 use super::memory::worker_memory;
-use super::plan::{AttentionKernel, ServingPlan, Worker};
+use super::plan::{AttentionKernel, ServingPlan, SlidingKv, Worker};
 use super::problem::{Objective, ServingProblem};
 use super::time::{Batch, TimeModel};
 use crate::search::divisors;
@@ -92,6 +92,10 @@ pub struct ServingSpace {
     /// Triton MLA backend, MLA models only).
     #[serde(default)]
     pub attention_kernel: AttentionKernel,
+    /// What every deployment's KV pools keep of a sliding-window layer (`full`: SGLang's pool
+    /// for gpt-oss, which keeps every token).
+    #[serde(default)]
+    pub sliding_kv: SlidingKv,
 }
 
 impl Default for ServingSpace {
@@ -106,6 +110,7 @@ impl Default for ServingSpace {
             allow_tp_cross_domain: false,
             max_candidates: None,
             attention_kernel: AttentionKernel::Flash,
+            sliding_kv: SlidingKv::Window,
         }
     }
 }
@@ -249,6 +254,7 @@ pub fn search_serving(
                         kv_tokens: None,
                         output_lag_steps: None,
                         attention_kernel: space.attention_kernel,
+                        sliding_kv: space.sliding_kv,
                     };
                     let mut cap =
                         worker_memory(problem, &shape, adp as f64, chunk).max_sequences_fit;
@@ -729,5 +735,45 @@ mod tests {
             e.to_string().contains("serving_space.attention_kernel"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_space_sizes_every_kv_pool_as_the_engine_keeps_it() {
+        // gpt-oss-120b (MXFP4 experts) on 8 x H200 at 32k-token prompts: a pool that keeps every
+        // token of the 18 sliding-window layers (SGLang's) holds fewer sequences per worker,
+        // and every deployment scored, prefill pools included, carries it.
+        let mut p = problem("gpt-oss-120b", "h200-sxm", 8);
+        p.expert_weights = Some(crate::serving::ExpertWeights::Mxfp4);
+        p.traffic.input_len = 32768;
+        p.traffic.output_len = 1024;
+        let window = ServingSpace {
+            top_k: 1000,
+            ..ServingSpace::default()
+        };
+        let full = ServingSpace {
+            sliding_kv: SlidingKv::Full,
+            ..window.clone()
+        };
+        let w = search_serving(&p, &window, &Control::default()).unwrap();
+        let f = search_serving(&p, &full, &Control::default()).unwrap();
+        assert!(f.plans.iter().all(|e| {
+            e.plan.worker.sliding_kv == SlidingKv::Full
+                && e.plan
+                    .prefill
+                    .is_none_or(|w| w.sliding_kv == SlidingKv::Full)
+        }));
+        assert!(w
+            .plans
+            .iter()
+            .all(|e| e.plan.worker.sliding_kv == SlidingKv::Window));
+        let most = |r: &ServingSearchResult| {
+            r.plans
+                .iter()
+                .filter(|e| e.plan.worker.tp == 1 && e.plan.prefill.is_none())
+                .map(|e| e.memory.max_sequences_fit)
+                .max()
+                .unwrap()
+        };
+        assert!(most(&f) < most(&w), "{} vs {}", most(&f), most(&w));
     }
 }

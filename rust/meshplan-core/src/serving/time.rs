@@ -641,6 +641,7 @@ mod tests {
             kv_tokens: None,
             output_lag_steps: None,
             attention_kernel: Default::default(),
+            sliding_kv: Default::default(),
         }
     }
 
