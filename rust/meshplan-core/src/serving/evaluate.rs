@@ -111,8 +111,8 @@ pub(crate) fn decode_occupancy(cap: f64, ranks: f64, occupancy: impl Fn(f64) -> 
 }
 
 /// KV-cache bytes one GPU of prefill worker `pw` hands to a decode worker per prompt: its own
-/// shard (its stage's layers, its KV heads; a sliding-window layer only its last `window`
-/// tokens).
+/// shard (its stage's layers, its KV heads; a sliding-window layer what `pw.sliding_kv` keeps
+/// of it, its last `window` tokens or all of them).
 pub(crate) fn kv_transfer_bytes(p: &ServingProblem, pw: &Worker) -> f64 {
     let isl = p.traffic.input_len as f64;
     let layers = stage_counts(&p.model, pw.pp)

@@ -184,6 +184,8 @@ pub(crate) struct TimeModel<'a> {
 struct Linear {
     seconds: f64,
     compute_s: f64,
+    /// Seconds the bytes take to stream (weights at their kernels' rate, activations).
+    stream_s: f64,
     bytes: f64,
     weight_bytes: f64,
     flops: f64,
@@ -283,6 +285,7 @@ impl<'a> TimeModel<'a> {
         let stream_s = weights / weight_stream + activations / self.stream_bytes_per_s;
         acc.seconds += compute.max(stream_s);
         acc.compute_s += compute;
+        acc.stream_s += stream_s;
         acc.bytes += bytes;
         acc.weight_bytes += weights;
         acc.flops += flops;
@@ -390,7 +393,7 @@ impl<'a> TimeModel<'a> {
             kv_bytes: kv_read,
             flops: lin.flops + attention_flops,
             arithmetic_intensity: lin.flops / lin.bytes.max(1.0),
-            memory_bound: lin.bytes / self.stream_bytes_per_s > lin.compute_s,
+            memory_bound: lin.stream_s > lin.compute_s,
         };
         (t, lin)
     }
@@ -490,6 +493,7 @@ impl<'a> TimeModel<'a> {
             lin.bytes += n * layer_lin.bytes;
             lin.flops += n * layer_lin.flops;
             lin.compute_s += n * layer_lin.compute_s;
+            lin.stream_s += n * layer_lin.stream_s;
             t.linear_s += n * l.linear_s;
             t.attention_s += n * l.attention_s;
             t.elementwise_s += n * l.elementwise_s;
@@ -525,7 +529,7 @@ impl<'a> TimeModel<'a> {
             t.weight_bytes += head_bytes;
         }
         t.arithmetic_intensity = lin.flops / lin.bytes.max(1.0);
-        t.memory_bound = lin.bytes / self.stream_bytes_per_s > lin.compute_s;
+        t.memory_bound = lin.stream_s > lin.compute_s;
         t.total_s =
             t.linear_s + t.attention_s + t.elementwise_s + t.tp_comm_s + t.ep_comm_s + t.overhead_s;
         t
