@@ -71,7 +71,7 @@ pub enum SlidingKv {
     Window,
     /// Every token, as in a full-attention layer; attention still reads the window only.
     /// SGLang turns its hybrid SWA pool off for gpt-oss (`disable_hybrid_swa_memory = True` in
-    /// `ServerArgs`, through v0.5.4 at least); `--disable-hybrid-swa-memory` (SGLang) and
+    /// `ServerArgs` in its releases of Aug-Oct 2025); `--disable-hybrid-swa-memory` (SGLang) and
     /// `--disable-hybrid-kv-cache-manager` (vLLM) ask for it.
     Full,
 }
