@@ -52,13 +52,15 @@ OUTPUT_LEN = 512
 AXIS_ZERO_Y = 544.467632
 PX_PER_1000 = 544.467632 - 475.436877
 BAR_TOP_Y = {1024: 213.744737, 8192: 228.531815}  # H100 (Input 1k), H100 (Input 8k), Optimized
+B200_BAR_TOP_Y = {1024: 54.418994, 8192: 86.817198}  # B200 (Input 1k), (Input 8k) at TP 4, Optimized
+B200_BATCH1_TOK_S = 416.02  # the blog's batch-1 table, MXFP4 on B200 (TP 4)
 BATCH1_TOK_S = 318.53  # the blog's batch-1 table, MXFP4 on H100 (TP 8, --attention-backend triton)
 MXFP4_BYTES = 0.5 + 1.0 / 32.0  # E2M1 values and one E8M0 scale per 32 (data/serving.toml)
 SERVING_TOML = Path(__file__).parent.parent / "rust" / "meshplan-core" / "data" / "serving.toml"
 
 
-def bar_tok_s(input_len: int) -> float:
-    return (AXIS_ZERO_Y - BAR_TOP_Y[input_len]) / PX_PER_1000 * 1000.0
+def bar_tok_s(input_len: int, bars: dict[int, float] = BAR_TOP_Y) -> float:
+    return (AXIS_ZERO_Y - bars[input_len]) / PX_PER_1000 * 1000.0
 
 
 def measured_step_s(tok_s: float, batch: int) -> float:
@@ -66,11 +68,11 @@ def measured_step_s(tok_s: float, batch: int) -> float:
     return batch * OUTPUT_LEN / tok_s / (OUTPUT_LEN - 1)
 
 
-def modelled_step_s(input_len: int, batch: int) -> float:
+def modelled_step_s(input_len: int, batch: int, gpu: str = "h100-sxm", tp: int = TP) -> float:
     """This model's pure decode step of the benchmark's batch (the rates as shipped)."""
-    plan = {"worker": {"tp": TP, "expert_tp": TP, "max_sequences": batch}, "replicas": 1}
+    plan = {"worker": {"tp": tp, "expert_tp": tp, "max_sequences": batch}, "replicas": 1}
     result = meshplan.evaluate_serving(
-        "gpt-oss-120b", Cluster(gpu="h100-sxm", num_gpus=TP), plan, input_len=input_len,
+        "gpt-oss-120b", Cluster(gpu=gpu, num_gpus=tp), plan, input_len=input_len,
         output_len=OUTPUT_LEN, expert_weights="mxfp4", concurrency=batch, arrival="waves",
         num_requests=batch)
     return float(result["time"]["decode"]["total_s"])
@@ -105,6 +107,34 @@ def vllm_h200_tok_s(concurrency: int, prompts: int | None) -> float:
         "gpt-oss-120b", Cluster(gpu="h200-sxm", num_gpus=8), plan, input_len=1024, output_len=1024,
         expert_weights="mxfp4", concurrency=concurrency, arrival="waves", **run)
     return float(result["output_tokens_per_s"])
+
+
+# The same blog's prefill chart ("High-Throughput Prefill Performance (Batch Size 32)",
+# combined_prefill_performance.svg: axis 0 at y = 542.138, 20000 tok/s per 59.734 px), Optimized
+# bars: bench_one_batch_server's input throughput, batch · input_len / TTFT of the last request.
+# H100 at TP 8 (MXFP4 experts upcast in Triton's kernel), B200 at TP 4 (native MXFP4 MoE).
+PREFILL_AXIS_ZERO_Y = 542.13826
+PREFILL_PX_PER_20000 = 542.13826 - 482.404034
+PREFILL_BAR_TOP_Y = {("h100-sxm", 1024): 265.384514, ("h100-sxm", 8192): 220.419725,
+                     ("b200", 1024): 62.488614, ("b200", 8192): 54.308072}
+PREFILL_TP = {"h100-sxm": 8, "b200": 4}
+
+
+def prefill_bar_tok_s(gpu: str, input_len: int) -> float:
+    return (PREFILL_AXIS_ZERO_Y - PREFILL_BAR_TOP_Y[(gpu, input_len)]) / PREFILL_PX_PER_20000 * 20000.0
+
+
+def modelled_prefill_tok_s(gpu: str, input_len: int) -> float:
+    """This model's prefill of the benchmark's 32 prompts in forwards of SGLang's 8192-token
+    chunked-prefill budget: prompt tokens over the forwards' time."""
+    tp = PREFILL_TP[gpu]
+    plan = {"worker": {"tp": tp, "expert_tp": tp, "max_sequences": BATCH, "max_batched_tokens": 8192},
+            "replicas": 1}
+    result = meshplan.evaluate_serving(
+        "gpt-oss-120b", Cluster(gpu=gpu, num_gpus=tp), plan, input_len=input_len, output_len=OUTPUT_LEN,
+        expert_weights="mxfp4", concurrency=BATCH, arrival="waves", num_requests=BATCH)
+    forwards = BATCH * input_len / 8192
+    return BATCH * input_len / (forwards * float(result["time"]["prefill"]["total_s"]))
 
 
 def shipped() -> float:
@@ -157,6 +187,20 @@ def main() -> None:
     for name, (modelled, measured) in d.others.items():
         print(f"check {name}: modelled {modelled:,.3f}, measured {measured:,.3f} "
               f"({(modelled - measured) / measured:+.0%})")
+    # Not this constant's: the same blog's B200 decode (native MXFP4, decode_bandwidth_fraction)
+    # and prefill bars (compute-bound).
+    for input_len in B200_BAR_TOP_Y:
+        modelled = modelled_step_s(input_len, BATCH, "b200", 4)
+        measured = measured_step_s(bar_tok_s(input_len, B200_BAR_TOP_Y), BATCH)
+        print(f"decode b200 TP 4, batch 32, {input_len} in: modelled {modelled * 1e3:.2f} ms, "
+              f"measured {measured * 1e3:.2f} ({(modelled - measured) / measured:+.0%})")
+    modelled, measured = modelled_step_s(1024, 1, "b200", 4), measured_step_s(B200_BATCH1_TOK_S, 1)
+    print(f"decode b200 TP 4, batch 1: modelled {modelled * 1e3:.2f} ms, measured {measured * 1e3:.2f} "
+          f"({(modelled - measured) / measured:+.0%})")
+    for gpu, input_len in PREFILL_BAR_TOP_Y:
+        modelled, measured = modelled_prefill_tok_s(gpu, input_len), prefill_bar_tok_s(gpu, input_len)
+        print(f"prefill {gpu} TP {PREFILL_TP[gpu]}, 32 x {input_len} in: modelled {modelled:,.0f} tok/s, "
+              f"measured {measured:,.0f} ({(modelled - measured) / measured:+.0%})")
 
 
 if __name__ == "__main__":
