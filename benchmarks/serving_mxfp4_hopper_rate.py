@@ -1,7 +1,7 @@
 """Derive ``mxfp4_upcast_moe_bandwidth_fraction`` (data/serving.toml) from the SGLang team's
 gpt-oss benchmark on H100.
 
-On a GPU without FP4 tensor cores, gpt-oss's MXFP4 routed experts run in OpenAI's Triton
+On Hopper, which has no FP4 tensor cores, gpt-oss's MXFP4 routed experts run in OpenAI's Triton
 ``matmul_ogs`` kernel, which upcasts the weights in the kernel (and, below ~32 rows, splits K into
 FP32 partials: vllm-project/vllm PR 30528, sgl-project/sglang PR 16014). The kernel's bandwidth is
 not published; one decode rate of SGLang on H100 is:

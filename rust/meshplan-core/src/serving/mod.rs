@@ -59,9 +59,9 @@ pub struct ServingConstants {
     pub skinny_gemm_rows: f64,
     /// Share of the HBM datasheet bandwidth decode kernels reach.
     pub decode_bandwidth_fraction: f64,
-    /// Share of the HBM datasheet bandwidth at which MXFP4 routed experts stream on a GPU
-    /// without FP4 tensor cores (Hopper: OpenAI's Triton `matmul_ogs`, upcast in the kernel),
-    /// in place of `decode_bandwidth_fraction` for those weights.
+    /// Share of the HBM datasheet bandwidth at which MXFP4 routed experts stream on Hopper
+    /// (OpenAI's Triton `matmul_ogs`, upcast in the kernel), in place of
+    /// `decode_bandwidth_fraction` for those weights.
     pub mxfp4_upcast_moe_bandwidth_fraction: f64,
     /// Fraction of the dense peak that serving engines' fused-MoE grouped GEMMs reach with
     /// FP8/FP4 weights (in place of the GPU's large-GEMM efficiency, for the routed experts).

@@ -143,15 +143,18 @@ pub(crate) fn windowed_pairs(cached: f64, new: f64, window: f64) -> f64 {
     open * cached + open * open / 2.0 + if capped > 0.0 { capped * window } else { 0.0 }
 }
 
-/// Share of the HBM bandwidth at which `problem`'s routed experts stream: MXFP4 experts on a
-/// GPU without FP4 tensor cores (no `nvfp4` peak: Hopper) run OpenAI's Triton `matmul_ogs`,
-/// which upcasts the weights in the kernel and, below ~32 rows, splits K into FP32 partials
-/// (`mxfp4_upcast_moe_bandwidth_fraction`, data/serving.toml); every other expert keeps the
-/// decode kernels' `decode_bandwidth_fraction`.
+/// Share of the HBM bandwidth at which `problem`'s routed experts stream: MXFP4 experts on
+/// Hopper (no FP4 tensor cores) run OpenAI's Triton `matmul_ogs`, which upcasts the weights in
+/// the kernel and, below ~32 rows, splits K into FP32 partials
+/// (`mxfp4_upcast_moe_bandwidth_fraction`, data/serving.toml, measured on Hopper); every other
+/// expert, and MXFP4 on other architectures (native on Blackwell; no published rate elsewhere),
+/// keeps the decode kernels' `decode_bandwidth_fraction`.
 pub(crate) fn expert_bandwidth_fraction(problem: &ServingProblem) -> f64 {
     let c = constants();
+    let gpu = &problem.cluster.gpu;
     let upcast = problem.expert_weights == Some(ExpertWeights::Mxfp4)
-        && problem.cluster.gpu.peak_tflops.nvfp4.is_none();
+        && gpu.architecture.as_deref() == Some("hopper")
+        && gpu.peak_tflops.nvfp4.is_none();
     if upcast {
         c.mxfp4_upcast_moe_bandwidth_fraction
     } else {
@@ -172,7 +175,7 @@ pub(crate) struct TimeModel<'a> {
     /// HBM bytes/s of decode kernels.
     stream_bytes_per_s: f64,
     /// HBM bytes/s at which the routed experts' weights stream (`stream_bytes_per_s`, or the
-    /// MXFP4 upcast kernel's share on a GPU without FP4 tensor cores).
+    /// MXFP4 upcast kernel's share on Hopper).
     expert_stream_bytes_per_s: f64,
     ops: OpsContext,
     /// The dense linears run block-scaled FP8 kernels (`ServingProblem::block_scaled_fp8`).
@@ -901,7 +904,7 @@ mod tests {
 
     #[test]
     fn mxfp4_experts_stream_at_the_upcast_kernels_share_on_hopper_only() {
-        // On H100 (no FP4 tensor cores) gpt-oss's MXFP4 experts run Triton's upcast kernel:
+        // On Hopper (no FP4 tensor cores) gpt-oss's MXFP4 experts run Triton's upcast kernel:
         // their weights stream at mxfp4_upcast_moe_bandwidth_fraction of the HBM bandwidth, so
         // a memory-bound step grows by exactly those bytes at the lower rate; every other byte
         // keeps decode_bandwidth_fraction. B200 runs MXFP4 natively and keeps it for all.
@@ -935,8 +938,14 @@ mod tests {
             "{} vs {extra}",
             hopper.linear_s - full.linear_s
         );
-        // BF16 experts on H100 and MXFP4 experts on B200 stream at the decode kernels' share.
-        for (gpu, mxfp4) in [("h100-sxm", false), ("b200", true)] {
+        // BF16 experts on H100 and MXFP4 experts on B200 (native) and A100 (no published rate)
+        // stream at the decode kernels' share; H200 and H20 run Hopper's kernel.
+        for gpu in ["h200-sxm", "h20"] {
+            let (_, expert, other, bw) = step(gpu, true, None);
+            assert_eq!(expert, bw * c.mxfp4_upcast_moe_bandwidth_fraction, "{gpu}");
+            assert!(expert < other, "{gpu}");
+        }
+        for (gpu, mxfp4) in [("h100-sxm", false), ("b200", true), ("a100-sxm-80g", true)] {
             let (_, expert, other, _) = step(gpu, mxfp4, None);
             assert_eq!(expert, other, "{gpu}");
         }
