@@ -5,9 +5,13 @@ GPU and model kind."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
+import sys
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -134,23 +138,24 @@ def test_the_summaries_use_the_cores_percentile() -> None:
         _core.percentile([1.0], 2.0)
 
 
-def test_the_triton_mla_rate_is_what_its_source_run_gives() -> None:
-    # data/serving.toml's triton_mla_attention_efficiency comes from sglang PR 3550's saturated
-    # run (benchmarks/serving_triton_mla_rate.py): the constant must stay what that run gives
-    # under this model's other terms, and re-time the run to its measured duration.
-    import importlib.util
-    import sys
-
-    path = Path(__file__).parent.parent / "benchmarks" / "serving_triton_mla_rate.py"
-    spec = importlib.util.spec_from_file_location("serving_triton_mla_rate", path)
+def _derivation(name: str) -> Any:
+    """The module of ``benchmarks/<name>.py``, a constant's derivation from its source run."""
+    path = Path(__file__).parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks itself up there
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_triton_mla_rate_is_what_its_source_run_gives() -> None:
+    # data/serving.toml's triton_mla_attention_efficiency comes from sglang PR 3550's saturated
+    # run (benchmarks/serving_triton_mla_rate.py): the constant must stay what that run gives
+    # under this model's other terms, and re-time the run to its measured duration.
+    module = _derivation("serving_triton_mla_rate")
     d = module.derive()
     assert len(d.chunks) == 146 and d.measured_s == pytest.approx(349.7, abs=0.05)
-    import tomllib
-
     data = Path(__file__).parent.parent / "rust" / "meshplan-core" / "data" / "serving.toml"
     shipped = tomllib.loads(data.read_text())["triton_mla_attention_efficiency"]
     low, high = d.efficiency(module.DECODE_TAIL_S[0]), d.efficiency(module.DECODE_TAIL_S[1])
@@ -164,15 +169,7 @@ def test_the_mxfp4_hopper_rate_is_what_its_source_run_gives() -> None:
     # H100 batch-32 decode rate (benchmarks/serving_mxfp4_hopper_rate.py): the constant must stay
     # what that run gives under this model's other terms, and the published runs it was not
     # derived from must stay within their stated distance of the model.
-    import importlib.util
-    import sys
-
-    path = Path(__file__).parent.parent / "benchmarks" / "serving_mxfp4_hopper_rate.py"
-    spec = importlib.util.spec_from_file_location("serving_mxfp4_hopper_rate", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks itself up there
-    spec.loader.exec_module(module)
+    module = _derivation("serving_mxfp4_hopper_rate")
     d = module.derive()
     assert module.bar_tok_s(1024) == pytest.approx(4791, abs=1)
     assert d.fraction == pytest.approx(module.shipped(), abs=0.005), (d.fraction, module.shipped())
