@@ -137,8 +137,53 @@ def modelled_prefill_tok_s(gpu: str, input_len: int) -> float:
     return BATCH * input_len / (forwards * float(result["time"]["prefill"]["total_s"]))
 
 
-def shipped() -> float:
-    return float(tomllib.loads(SERVING_TOML.read_text())["mxfp4_upcast_moe_bandwidth_fraction"])
+def shipped(name: str = "mxfp4_upcast_moe_bandwidth_fraction") -> float:
+    return float(tomllib.loads(SERVING_TOML.read_text())[name])
+
+
+def prefill_forward(gpu: str, input_len: int) -> dict:
+    """This model's prefill forward of SGLang's 8192-token budget of ``input_len``-token prompts."""
+    tp = PREFILL_TP[gpu]
+    plan = {"worker": {"tp": tp, "expert_tp": tp, "max_sequences": BATCH, "max_batched_tokens": 8192},
+            "replicas": 1}
+    result = meshplan.evaluate_serving(
+        "gpt-oss-120b", Cluster(gpu=gpu, num_gpus=tp), plan, input_len=input_len, output_len=OUTPUT_LEN,
+        expert_weights="mxfp4", concurrency=BATCH, arrival="waves", num_requests=BATCH)
+    return dict(result["time"]["prefill"])
+
+
+@dataclass
+class PrefillDerivation:
+    efficiency: float  # mxfp4_upcast_moe_gemm_efficiency that fits both H100 bars
+    fixed_s: float  # the batch's time outside its forwards, the other unknown of the two bars
+    measured_s: dict[int, float]  # input_len -> the last request's TTFT
+    modelled_s: dict[int, float]  # input_len -> the forwards at the shipped constant, plus fixed_s
+    eight_k_alone: float  # the constant the 8k bar gives with no fixed time
+
+
+def derive_prefill() -> PrefillDerivation:
+    """The two H100 prefill bars (TP 8, 32 prompts of 1k and of 8k tokens in forwards of 8192
+    tokens: 4 and 32 forwards) give two equations, TTFT = forwards x (rest + experts x s) +
+    fixed, in two unknowns: s, how much longer the routed experts' GEMMs take than at the
+    shipped constant (they are compute-bound, their time inversely proportional to it), and the
+    batch's fixed time (tokenising and admitting 32 requests, which the model does not price)."""
+    cap = shipped("mxfp4_upcast_moe_gemm_efficiency")
+    rest, experts, forwards, measured = {}, {}, {}, {}
+    for input_len in (1024, 8192):
+        f = prefill_forward("h100-sxm", input_len)
+        assert not f["memory_bound"], "a prefill forward of 8192 tokens is compute-bound"
+        rest[input_len] = f["total_s"] - f["routed_expert_s"]
+        experts[input_len] = f["routed_expert_s"]
+        forwards[input_len] = BATCH * input_len / 8192
+        measured[input_len] = BATCH * input_len / prefill_bar_tok_s("h100-sxm", input_len)
+    a, b = 1024, 8192
+    scale = ((measured[b] - measured[a] - forwards[b] * rest[b] + forwards[a] * rest[a])
+             / (forwards[b] * experts[b] - forwards[a] * experts[a]))
+    fixed = measured[a] - forwards[a] * (rest[a] + experts[a] * scale)
+    modelled = {n: forwards[n] * (rest[n] + experts[n]) + fixed for n in (a, b)}
+    # With no fixed time, the 8k bar alone (the 1k bar would then say another rate).
+    alone = (measured[b] / forwards[b] - rest[b]) / experts[b]
+    return PrefillDerivation(cap / scale, fixed, measured, modelled, cap / alone)
 
 
 @dataclass
@@ -187,7 +232,13 @@ def main() -> None:
     for name, (modelled, measured) in d.others.items():
         print(f"check {name}: modelled {modelled:,.3f}, measured {measured:,.3f} "
               f"({(modelled - measured) / measured:+.0%})")
-    # Not this constant's: the same blog's B200 decode (native MXFP4, decode_bandwidth_fraction)
+    p = derive_prefill()
+    print(f"prefill: mxfp4_upcast_moe_gemm_efficiency {p.efficiency:.3f} (shipped "
+          f"{shipped('mxfp4_upcast_moe_gemm_efficiency'):.3f}) and {p.fixed_s * 1e3:.0f} ms per batch outside the "
+          f"forwards fit both H100 bars; at the shipped constant: "
+          + ", ".join(f"{n} in {p.modelled_s[n]:.3f} s against {p.measured_s[n]:.3f} s" for n in p.measured_s)
+          + f"; the 8k bar alone, with no fixed time, gives {p.eight_k_alone:.3f}")
+    # Not these constants': the same blog's B200 decode (native MXFP4, decode_bandwidth_fraction)
     # and prefill bars (compute-bound).
     for input_len in B200_BAR_TOP_Y:
         modelled = modelled_step_s(input_len, BATCH, "b200", 4)

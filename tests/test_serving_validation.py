@@ -174,6 +174,13 @@ def test_the_mxfp4_hopper_rate_is_what_its_source_run_gives() -> None:
     assert module.bar_tok_s(1024) == pytest.approx(4791, abs=1)
     assert d.fraction == pytest.approx(module.shipped(), abs=0.005), (d.fraction, module.shipped())
     assert d.modelled_step_s == pytest.approx(d.measured_step_s, rel=0.01)
+    # Its GEMM rate in prefill: both H100 prefill bars at the shipped constant and the fixed time
+    # they imply together.
+    p = module.derive_prefill()
+    assert p.efficiency == pytest.approx(module.shipped("mxfp4_upcast_moe_gemm_efficiency"), abs=0.01)
+    assert 0.0 < p.fixed_s < 0.2, p.fixed_s
+    for n, measured in p.measured_s.items():
+        assert p.modelled_s[n] == pytest.approx(measured, rel=0.02), n
     # The checks quoted beside the constant: the 8k bar, vLLM's bench latency and issue 30326.
     for name, (modelled, measured) in {**d.checks, **d.others}.items():
         bound = 0.2 if "batch 1" in name or "concurrency 8 " in name else 0.05

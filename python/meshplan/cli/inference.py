@@ -151,6 +151,12 @@ def row(ev: dict[str, Any], rank: Optional[int] = None) -> dict[str, Any]:
     }
 
 
+def _experts(phase: dict[str, Any]) -> str:
+    """`` (routed experts N)`` where the linear layers hold routed experts."""
+    seconds = phase.get("routed_expert_s", 0.0)
+    return f" (routed experts {seconds * 1e3:.2f})" if seconds > 0 else ""
+
+
 def deployments_table(evs: list[dict[str, Any]]) -> str:
     """The deployments as an aligned table."""
     header = ["#", "deployment", "GPUs", "TTFT ms", "TPOT ms", "tok/s/GPU", "tok/s/user", "mem GiB", "KV seqs"]
@@ -245,7 +251,8 @@ def evaluation_text(ev: dict[str, Any]) -> str:
         f"memory per GPU {m['total_gib']:.1f} GiB of {m['budget_gib']:.1f}: weights {m['weights_gib']:.1f}, "
         f"KV {m['kv_cache_gib']:.1f}, workspace {m['workspace_gib']:.1f}, fixed {m['fixed_gib']:.1f}; "
         f"KV holds {m['max_sequences_fit']} sequences",
-        f"decode step: linear {t['decode']['linear_s'] * 1e3:.2f} ms, attention {t['decode']['attention_s'] * 1e3:.2f}, "
+        f"decode step: linear {t['decode']['linear_s'] * 1e3:.2f} ms{_experts(t['decode'])}, "
+        f"attention {t['decode']['attention_s'] * 1e3:.2f}, "
         f"TP {t['decode']['tp_comm_s'] * 1e3:.2f}, EP {t['decode']['ep_comm_s'] * 1e3:.2f}, "
         f"PP {t['decode']['pp_comm_s'] * 1e3:.2f}, overhead {t['decode']['overhead_s'] * 1e3:.2f}; "
         f"{t['decode']['arithmetic_intensity']:.1f} FLOP/byte "

@@ -63,6 +63,9 @@ pub struct ServingConstants {
     /// (OpenAI's Triton `matmul_ogs`, upcast in the kernel), in place of
     /// `decode_bandwidth_fraction` for those weights.
     pub mxfp4_upcast_moe_bandwidth_fraction: f64,
+    /// Most of the 16-bit dense peak (before the shape's tile and wave utilisation) that the
+    /// MXFP4 routed experts' GEMMs reach on Hopper, upcasting to BF16 in the main loop.
+    pub mxfp4_upcast_moe_gemm_efficiency: f64,
     /// Fraction of the dense peak that serving engines' fused-MoE grouped GEMMs reach with
     /// FP8/FP4 weights (in place of the GPU's large-GEMM efficiency, for the routed experts).
     pub moe_gemm_quantized_efficiency: f64,

@@ -38,6 +38,9 @@ pub struct PhaseTime {
     pub total_s: f64,
     /// Linear layers (GEMMs) of the busiest stage.
     pub linear_s: f64,
+    /// Of `linear_s`, the routed experts' grouped GEMMs.
+    #[serde(default)]
+    pub routed_expert_s: f64,
     /// Core attention of the busiest stage.
     pub attention_s: f64,
     /// Element-wise kernels (norms, activation, RoPE, permutes).
@@ -143,23 +146,18 @@ pub(crate) fn windowed_pairs(cached: f64, new: f64, window: f64) -> f64 {
     open * cached + open * open / 2.0 + if capped > 0.0 { capped * window } else { 0.0 }
 }
 
-/// Share of the HBM bandwidth at which `problem`'s routed experts stream: MXFP4 experts on
-/// Hopper (no FP4 tensor cores) run OpenAI's Triton `matmul_ogs`, which upcasts the weights in
-/// the kernel and, below ~32 rows, splits K into FP32 partials
-/// (`mxfp4_upcast_moe_bandwidth_fraction`, data/serving.toml, measured on Hopper); every other
-/// expert, and MXFP4 on other architectures (native on Blackwell; no published rate elsewhere),
-/// keeps the decode kernels' `decode_bandwidth_fraction`.
-pub(crate) fn expert_bandwidth_fraction(problem: &ServingProblem) -> f64 {
-    let c = constants();
+/// Whether `problem`'s routed experts run an upcasting kernel of their own: MXFP4 experts on
+/// Hopper (no FP4 tensor cores) run OpenAI's Triton `matmul_ogs`, which upcasts the weights to
+/// BF16 in the kernel's main loop and, below ~32 rows, splits K into FP32 partials. Their
+/// weights stream at `mxfp4_upcast_moe_bandwidth_fraction` of the HBM bandwidth and their GEMMs
+/// reach at most `mxfp4_upcast_moe_gemm_efficiency` of the 16-bit peak (data/serving.toml, both
+/// measured on Hopper). MXFP4 on other architectures (native on Blackwell; no published rate on
+/// Ampere or AMD's dies) keeps the decode kernels' and the device's rates.
+pub(crate) fn mxfp4_upcast(problem: &ServingProblem) -> bool {
     let gpu = &problem.cluster.gpu;
-    let upcast = problem.expert_weights == Some(ExpertWeights::Mxfp4)
+    problem.expert_weights == Some(ExpertWeights::Mxfp4)
         && gpu.architecture.as_deref() == Some("hopper")
-        && gpu.peak_tflops.nvfp4.is_none();
-    if upcast {
-        c.mxfp4_upcast_moe_bandwidth_fraction
-    } else {
-        c.decode_bandwidth_fraction
-    }
+        && gpu.peak_tflops.nvfp4.is_none()
 }
 
 /// The pieces the serving time model reads, built once per problem.
@@ -177,6 +175,8 @@ pub(crate) struct TimeModel<'a> {
     /// HBM bytes/s at which the routed experts' weights stream (`stream_bytes_per_s`, or the
     /// MXFP4 upcast kernel's share on Hopper).
     expert_stream_bytes_per_s: f64,
+    /// The routed experts run the MXFP4 upcast kernel ([`mxfp4_upcast`]).
+    expert_upcast: bool,
     ops: OpsContext,
     /// The dense linears run block-scaled FP8 kernels (`ServingProblem::block_scaled_fp8`).
     block_scaled: bool,
@@ -189,6 +189,8 @@ struct Linear {
     compute_s: f64,
     /// Seconds the bytes take to stream (weights at their kernels' rate, activations).
     stream_s: f64,
+    /// Of `seconds`, the routed experts' grouped GEMMs.
+    expert_seconds: f64,
     bytes: f64,
     weight_bytes: f64,
     flops: f64,
@@ -222,7 +224,12 @@ impl<'a> TimeModel<'a> {
                 * constants().decode_bandwidth_fraction,
             expert_stream_bytes_per_s: gpu.memory_bandwidth_gbps
                 * 1e9
-                * expert_bandwidth_fraction(problem),
+                * if mxfp4_upcast(problem) {
+                    constants().mxfp4_upcast_moe_bandwidth_fraction
+                } else {
+                    constants().decode_bandwidth_fraction
+                },
+            expert_upcast: mxfp4_upcast(problem),
             ops,
             block_scaled: problem.block_scaled_fp8(),
         }
@@ -253,6 +260,14 @@ impl<'a> TimeModel<'a> {
             let fused = if self.device.quantized {
                 GemmDevice {
                     efficiency: dev.efficiency.min(cap),
+                    ..*dev
+                }
+            } else if self.expert_upcast {
+                // MXFP4 weights upcast to BF16 in the main loop (Hopper's Triton kernel).
+                GemmDevice {
+                    efficiency: dev
+                        .efficiency
+                        .min(constants().mxfp4_upcast_moe_gemm_efficiency),
                     ..*dev
                 }
             } else {
@@ -287,6 +302,9 @@ impl<'a> TimeModel<'a> {
         };
         let stream_s = weights / weight_stream + activations / self.stream_bytes_per_s;
         acc.seconds += compute.max(stream_s);
+        if g.grouped {
+            acc.expert_seconds += compute.max(stream_s);
+        }
         acc.compute_s += compute;
         acc.stream_s += stream_s;
         acc.bytes += bytes;
@@ -386,6 +404,7 @@ impl<'a> TimeModel<'a> {
         let t = PhaseTime {
             total_s: 0.0,
             linear_s: lin.seconds,
+            routed_expert_s: lin.expert_seconds,
             attention_s,
             elementwise_s: elementwise_bytes / self.device.memory_bytes_per_s,
             tp_comm_s,
@@ -498,6 +517,7 @@ impl<'a> TimeModel<'a> {
             lin.compute_s += n * layer_lin.compute_s;
             lin.stream_s += n * layer_lin.stream_s;
             t.linear_s += n * l.linear_s;
+            t.routed_expert_s += n * l.routed_expert_s;
             t.attention_s += n * l.attention_s;
             t.elementwise_s += n * l.elementwise_s;
             t.tp_comm_s += n * l.tp_comm_s;
@@ -900,6 +920,43 @@ mod tests {
         assert!(b.linear_s < a.linear_s && b.memory_bound);
         assert_eq!(a.flops, b.flops);
         assert_eq!(mxfp4.device.gemm.peak_flops, bf16.device.gemm.peak_flops);
+    }
+
+    #[test]
+    fn mxfp4_experts_compute_at_the_upcast_kernels_rate_on_hopper_only() {
+        // A prefill forward of 8192 tokens is compute-bound: on H100 the MXFP4 experts' GEMMs
+        // reach mxfp4_upcast_moe_gemm_efficiency of the BF16 peak where BF16 experts reach the
+        // device's calibrated efficiency, so their time grows by exactly that ratio; on B200
+        // (native MXFP4) it does not change. The rest of the forward is the same.
+        let c = constants();
+        let prefill = Batch {
+            decode_seqs: 0.0,
+            decode_context: 0.0,
+            prefill_seqs: 8.0,
+            prefill_new: 1024.0,
+            prefill_cached: 0.0,
+        };
+        let forward = |gpu: &str, mxfp4: bool| {
+            let mut p = crate::serving::problem::tests::problem("gpt-oss-120b", gpu, 1);
+            if mxfp4 {
+                p.expert_weights = Some(super::super::ExpertWeights::Mxfp4);
+            }
+            let tm = TimeModel::new(&p);
+            let (t, _) = tm.forward(&worker(1), &prefill, false);
+            (t, tm.device.gemm.efficiency)
+        };
+        let (upcast, dev) = forward("h100-sxm", true);
+        let (plain, _) = forward("h100-sxm", false);
+        assert!(!upcast.memory_bound && !plain.memory_bound);
+        assert!(c.mxfp4_upcast_moe_gemm_efficiency < dev);
+        let ratio = upcast.routed_expert_s / plain.routed_expert_s;
+        let want = dev / c.mxfp4_upcast_moe_gemm_efficiency;
+        assert!((ratio / want - 1.0).abs() < 1e-9, "{ratio} vs {want}");
+        let rest = |t: &PhaseTime| t.linear_s - t.routed_expert_s;
+        assert!((rest(&upcast) - rest(&plain)).abs() < 1e-12);
+        let (native, _) = forward("b200", true);
+        let (b200, _) = forward("b200", false);
+        assert_eq!(native.routed_expert_s, b200.routed_expert_s);
     }
 
     #[test]
