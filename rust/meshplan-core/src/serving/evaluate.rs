@@ -348,7 +348,8 @@ pub(crate) fn score(
             let same_domain = plan.gpus() <= tm.domain as u64;
             kv_transfer = kv_transfer_s(tm, pw, same_domain);
             let prefill_rate = plan.prefill_replicas as f64 * bp / prefill_period;
-            let decode_rate = plan.replicas as f64 * b / (osl * decode_step(b).1);
+            let full = decode_step(b);
+            let decode_rate = plan.replicas as f64 * b / (osl * full.1);
             requests_per_s = prefill_rate.min(decode_rate);
             // The decode pool decodes what reaches it: the deployment's rate, or the offered
             // one when lower. By Little's law each decode worker then holds
@@ -359,10 +360,14 @@ pub(crate) fn score(
                 (Arrival::Poisson, Some(l)) => requests_per_s.min(l * replicas),
                 _ => requests_per_s,
             };
-            b = decode_occupancy(b, w.attention_dp as f64, |n| {
-                reaching / replicas * osl * decode_step(n).1
-            });
-            let (d, period) = decode_step(b);
+            let (d, period) = if reaching < decode_rate {
+                b = decode_occupancy(b, w.attention_dp as f64, |n| {
+                    reaching / replicas * osl * decode_step(n).1
+                });
+                decode_step(b)
+            } else {
+                full
+            };
             decode = d;
             tpot = period;
             prefill = f;
