@@ -14,8 +14,8 @@ the source's benchmark command.
 A case without a concurrency is an offline maximum-load run: the engine batches as many
 sequences as its KV cache holds, up to its ``max_batch_size`` (the file's ``engines`` table says
 which, with its source), so the prediction evaluates that batch. A batch is a multiple of the
-plan's attention-DP ranks; with fewer requests in flight than ranks, one sequence per rank is
-evaluated and the throughput counts only the requests there are.
+plan's attention-DP ranks; with fewer requests in flight than ranks, the evaluation runs the
+requests there are (the core holds a worker to its share of the concurrency).
 """
 
 from __future__ import annotations
@@ -120,10 +120,7 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     batch = max(adp, batch // adp * adp)
     worker["max_sequences"] = batch
     ev = _core.evaluate_serving(problem, deployment)
-    # fewer requests than attention-DP ranks: the planner evaluates one sequence per rank (its
-    # batches are multiples of attention_dp); only `concurrency` of them produce tokens
-    running = batch if concurrency is None else min(batch, int(concurrency))
-    predicted = {"output_tokens_per_s": ev["output_tokens_per_s"] * running / batch, "ttft_s": ev["time"]["ttft_s"],
+    predicted = {"output_tokens_per_s": ev["output_tokens_per_s"], "ttft_s": ev["time"]["ttft_s"],
                  "tpot_s": ev["time"]["tpot_s"], "e2e_s": ev["time"]["e2e_s"]}
     ape = {}
     for metric in METRICS:
