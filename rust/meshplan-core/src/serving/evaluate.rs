@@ -93,6 +93,21 @@ pub(crate) fn sequences(p: &ServingProblem, plan: &ServingPlan) -> f64 {
     }
 }
 
+/// How a wave of `b` requests lands on `adp` attention-DP ranks dealt out in turn: the busiest
+/// rank's share, `ceil(b / adp)`, and, when that leaves ranks idle or part-full, how many
+/// ranks' worth of tokens reach the experts (`b` over that share; `None` when every rank holds
+/// the same).
+pub(crate) fn wave_share(b: f64, adp: u32) -> (f64, Option<f64>) {
+    let adp = adp as f64;
+    let busiest = (b / adp).ceil().max(1.0);
+    let ranks = b / busiest;
+    if ranks < adp {
+        (busiest, Some(ranks))
+    } else {
+        (busiest, None)
+    }
+}
+
 /// Sequences a worker of batch `cap` holds when Little's law gives `occupancy(n)` for a batch
 /// of `n` (the requests reaching it per second times the seconds each decodes at that batch's
 /// step): the fixed point, at least one per attention-DP rank, at most `cap`. A step is never
@@ -177,6 +192,7 @@ pub(crate) fn score(
                     prefill_seqs: b_rank / osl,
                     prefill_new: new,
                     prefill_cached: cached,
+                    busy_ranks: None,
                 };
                 tm.forward(w, &step, true)
             };
@@ -196,6 +212,7 @@ pub(crate) fn score(
                     prefill_seqs: 1.0,
                     prefill_new: piece,
                     prefill_cached: cached + (new - piece) / 2.0,
+                    busy_ranks: None,
                 };
                 let (f, _) = tm.forward(w, &first, false);
                 let full = Batch {
@@ -208,9 +225,15 @@ pub(crate) fn score(
             match arrival {
                 Arrival::Waves => {
                     // The wave's prompts are prefilled together in forwards of `chunk` tokens
-                    // per rank, then the wave decodes alone: TPOT is a pure decode step.
-                    let b_rank = b / w.attention_dp as f64;
-                    let step = Batch::decode(b_rank, context);
+                    // per rank, then the wave decodes alone: TPOT is a pure decode step. The
+                    // scheduler deals a wave's requests out to the attention-DP ranks in turn, so
+                    // the busiest rank holds ceil(b / adp) of them and sets every forward; with
+                    // fewer requests than ranks, the idle ranks add no tokens to the experts.
+                    let (b_rank, busy_ranks) = wave_share(b, w.attention_dp);
+                    let step = Batch {
+                        busy_ranks,
+                        ..Batch::decode(b_rank, context)
+                    };
                     let (d, period) = tm.forward(w, &step, true);
                     // The scheduler fills every forward to the token budget (the last one
                     // takes what is left): the median prompt's first token comes with the
@@ -223,6 +246,7 @@ pub(crate) fn score(
                         prefill_seqs: tokens / new,
                         prefill_new: new,
                         prefill_cached: cached,
+                        busy_ranks,
                     };
                     let (f, fperiod) = tm.forward(w, &wave_batch(full), false);
                     let last_s = if all > 1.0 {
@@ -339,6 +363,7 @@ pub(crate) fn score(
                 prefill_seqs: bp / pw.attention_dp as f64,
                 prefill_new: new,
                 prefill_cached: cached,
+                busy_ranks: None,
             };
             let (f, prefill_period) = tm.forward(pw, &pbatch, false);
             let decode_step = |n: f64| {
@@ -570,6 +595,39 @@ mod tests {
         assert!(0.0 < fewer.queue_s && fewer.queue_s < ev.queue_s);
         p.traffic.concurrency = Some(1);
         assert_eq!(evaluate_serving(&p, &plan).unwrap().queue_s, 0.0);
+    }
+
+    #[test]
+    fn a_wave_smaller_than_the_attention_dp_ranks_waits_for_its_busiest_rank() {
+        // DeepSeek-V3 on 8 H200 with DP attention over all 8: 4 prompts of 3200 tokens arrive
+        // together and land one per rank on 4 ranks. Each busy rank prefills a whole prompt, as
+        // at 8 in flight, so the attention of a forward is the same; the experts see 4 prompts'
+        // tokens instead of 8, so the forward is shorter than at 8, longer than half a prompt
+        // per rank (the mean) would make it.
+        assert_eq!(wave_share(4.0, 8), (1.0, Some(4.0)));
+        assert_eq!(wave_share(12.0, 8), (2.0, Some(6.0)));
+        assert_eq!(wave_share(16.0, 8), (2.0, None));
+        let mut p = problem("deepseek-v3", "h200-sxm", 8);
+        p.weight_precision = crate::hardware::Precision::Fp8;
+        p.traffic.input_len = 3200;
+        p.traffic.output_len = 800;
+        p.traffic.arrival = Some(Arrival::Waves);
+        let mut plan = worker(1, 8);
+        plan.worker.attention_dp = 8;
+        plan.worker.expert_tp = 8;
+        plan.worker.max_batched_tokens = Some(4096);
+        let at = |c: u32| {
+            let mut q = p.clone();
+            q.traffic.concurrency = Some(c);
+            evaluate_serving(&q, &plan).unwrap()
+        };
+        let (four, eight) = (at(4), at(8));
+        let (f4, f8) = (four.time.prefill, eight.time.prefill);
+        assert!((f4.attention_s - f8.attention_s).abs() < 1e-12 * f8.attention_s);
+        assert!(f4.routed_expert_s < f8.routed_expert_s && f4.total_s < f8.total_s);
+        // Half the requests at the same wave time per request: half the throughput, or less.
+        assert!(four.requests_per_s < eight.requests_per_s);
+        assert_eq!(four.sequences_per_worker, 4.0);
     }
 
     #[test]

@@ -292,6 +292,7 @@ pub fn search_serving(
                             prefill_seqs: bp as f64 / adp as f64,
                             prefill_new: new,
                             prefill_cached: problem.traffic.input_len as f64 - new,
+                            busy_ranks: None,
                         };
                         budget.take()?;
                         let (f, period) = tm.forward(&pw, &batch, false);

@@ -112,6 +112,11 @@ pub(crate) struct Batch {
     pub prefill_new: f64,
     /// Cached tokens (shared prefix, earlier chunks) each prefilling sequence attends to.
     pub prefill_cached: f64,
+    /// Attention-DP ranks that hold this batch, when fewer than all of them do (fewer requests
+    /// than ranks: the others idle through the forward, their experts' share of tokens absent);
+    /// `None`: every rank. The busiest rank sets the forward; the experts see the tokens of the
+    /// ranks that hold them.
+    pub busy_ranks: Option<f64>,
 }
 
 impl Batch {
@@ -123,6 +128,7 @@ impl Batch {
             prefill_seqs: 0.0,
             prefill_new: 0.0,
             prefill_cached: 0.0,
+            busy_ranks: None,
         }
     }
 
@@ -341,8 +347,11 @@ impl<'a> TimeModel<'a> {
         let mut ep_comm_s = 0.0;
         let h = model.hidden as f64;
         if let Some(moe) = spec.moe() {
-            // Tokens of the whole stage reach the experts: every attention-DP rank's own.
-            let stage_tokens = tok * w.attention_dp as f64;
+            // Tokens of the whole stage reach the experts: every busy attention-DP rank's own.
+            let ranks = batch
+                .busy_ranks
+                .map_or(w.attention_dp as f64, |r| r.min(w.attention_dp as f64));
+            let stage_tokens = tok * ranks;
             let expert_shard = w.expert_shard();
             let per_ep_rank = OpsContext {
                 tokens: stage_tokens / w.ep as f64,
@@ -732,6 +741,7 @@ mod tests {
             prefill_seqs: 2048.0,
             prefill_new: 4.0,
             prefill_cached: 0.0,
+            busy_ranks: None,
         };
         let (pf, _) = tm.forward(&worker(1), &prefill, false);
         let prefill_launches = 32.0 * c.prefill_layer_launch_us * 1e-6;
@@ -757,6 +767,7 @@ mod tests {
             prefill_seqs: 8.0,
             prefill_new: 1024.0,
             prefill_cached: 0.0,
+            busy_ranks: None,
         };
         let (pf, _) = tm.forward(&worker(1), &prefill, false);
         assert!(!pf.memory_bound);
@@ -843,6 +854,7 @@ mod tests {
             prefill_seqs: 1.0,
             prefill_new: 3200.0,
             prefill_cached: 0.0,
+            busy_ranks: None,
         };
         let (f, _) = tm.forward(&flash, &prompt, false);
         let (t, _) = tm.forward(&triton, &prompt, false);
@@ -935,6 +947,7 @@ mod tests {
             prefill_seqs: 8.0,
             prefill_new: 1024.0,
             prefill_cached: 0.0,
+            busy_ranks: None,
         };
         let forward = |gpu: &str, mxfp4: bool| {
             let mut p = crate::serving::problem::tests::problem("gpt-oss-120b", gpu, 1);
@@ -1181,6 +1194,7 @@ mod tests {
             prefill_seqs: 4.0,
             prefill_new: 3200.0,
             prefill_cached: 0.0,
+            busy_ranks: None,
         };
         let (block, _) = tm.forward(&worker(8), &prefill, false);
         let (tensor, _) = tt.forward(&worker(8), &prefill, false);
