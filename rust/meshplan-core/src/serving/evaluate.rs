@@ -625,7 +625,7 @@ mod tests {
         let (f4, f8) = (four.time.prefill, eight.time.prefill);
         assert!((f4.attention_s - f8.attention_s).abs() < 1e-12 * f8.attention_s);
         assert!(f4.routed_expert_s < f8.routed_expert_s && f4.total_s < f8.total_s);
-        // Half the requests at the same wave time per request: half the throughput, or less.
+        // Half the requests a round, in a round not half as long: fewer completions a second.
         assert!(four.requests_per_s < eight.requests_per_s);
         assert_eq!(four.sequences_per_worker, 4.0);
     }
