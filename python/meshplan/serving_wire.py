@@ -7,7 +7,7 @@ server's error table like every other."""
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any, Final, Optional
 
 from . import wire
 from ._fields import invalid
@@ -21,6 +21,17 @@ SERVER_MAX_SERVING_TOP_K = 1000
 _PLAN_KEYS = {"plan", "label", "feasible", "violations", "gpus", "sequences_per_worker",
               "output_tokens_per_s", "tokens_per_s_per_gpu", "tokens_per_s_per_user",
               "requests_per_s"}
+
+
+# A worker's fields beyond tp and max_sequences, each optional on the wire.
+_WORKER_OPTIONAL: Final = ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens",
+                           "kv_tokens", "output_lag_steps", "attention_kernel", "sliding_kv")
+# Of those, the ones the core leaves out of a plan when unset (the others it always fills in).
+_WORKER_UNSET_ABSENT: Final = ("max_batched_tokens", "kv_tokens", "output_lag_steps",
+                               "attention_kernel", "sliding_kv")
+# A serving space's fields (every one optional).
+_SPACE_FIELDS: Final = ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
+                        "max_sequences", "allow_tp_cross_domain", "attention_kernel", "sliding_kv")
 
 
 def _opt(msg: Any, name: str) -> Any:
@@ -54,8 +65,7 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
 
 def _worker_from(msg: pb.ServingWorker) -> dict[str, Any]:
     w: dict[str, Any] = {"tp": msg.tp, "max_sequences": msg.max_sequences}
-    for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens",
-                 "output_lag_steps", "attention_kernel", "sliding_kv"):
+    for name in _WORKER_OPTIONAL:
         if msg.HasField(name):
             w[name] = getattr(msg, name)
     if "expert_tp" not in w:
@@ -85,8 +95,7 @@ def space_from(msg: pb.ServingSpace, max_candidates: Optional[int] = None) -> di
     space: dict[str, Any] = {}
     if max_candidates is not None and max_candidates >= 1:
         space["max_candidates"] = max_candidates
-    for name in ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
-                 "max_sequences", "allow_tp_cross_domain", "attention_kernel", "sliding_kv"):
+    for name in _SPACE_FIELDS:
         if msg.HasField(name):
             space[name] = getattr(msg, name)
     top_k = space.get("top_k")
@@ -97,11 +106,8 @@ def space_from(msg: pb.ServingSpace, max_candidates: Optional[int] = None) -> di
 
 
 def _worker_message(w: dict[str, Any]) -> pb.ServingWorker:
-    return pb.ServingWorker(tp=w["tp"], pp=w["pp"], attention_dp=w["attention_dp"], ep=w["ep"],
-                            expert_tp=w["expert_tp"], max_sequences=w["max_sequences"],
-                            max_batched_tokens=w.get("max_batched_tokens"), kv_tokens=w.get("kv_tokens"),
-                            output_lag_steps=w.get("output_lag_steps"),
-                            attention_kernel=w.get("attention_kernel"), sliding_kv=w.get("sliding_kv"))
+    return pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"],
+                            **{name: w.get(name) for name in _WORKER_OPTIONAL})
 
 
 def evaluation_message(ev: dict[str, Any]) -> pb.ServingEvaluation:
@@ -189,8 +195,7 @@ def plan_message(plan: dict[str, Any]) -> pb.ServingPlan:
 
 def _request_worker(w: dict[str, Any]) -> pb.ServingWorker:
     msg = pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"])
-    for name in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens",
-                 "output_lag_steps", "attention_kernel", "sliding_kv"):
+    for name in _WORKER_OPTIONAL:
         if w.get(name) is not None:
             setattr(msg, name, w[name])
     return msg
@@ -200,11 +205,9 @@ def space_message(space: Optional[dict[str, Any]]) -> pb.ServingSpace:
     """A serving-space dict as a message (unknown keys are the server's to refuse: they are
     refused here, naming the key, since the message has no place for them)."""
     msg = pb.ServingSpace()
-    allowed = ("top_k", "disaggregation", "max_tp", "max_pp", "max_attention_dp",
-               "max_sequences", "allow_tp_cross_domain", "attention_kernel", "sliding_kv")
     for key, value in (space or {}).items():
-        if key not in allowed:
-            raise invalid(f"serving_space.{key}", repr(key), "one of " + ", ".join(allowed))
+        if key not in _SPACE_FIELDS:
+            raise invalid(f"serving_space.{key}", repr(key), "one of " + ", ".join(_SPACE_FIELDS))
         if value is not None:
             setattr(msg, key, value)
     return msg
@@ -225,7 +228,7 @@ def evaluation_from(msg: pb.ServingEvaluation) -> dict[str, Any]:
     out: dict[str, Any] = wire.plain(msg)
     # An unset token budget or KV size is absent, as in the core's plan (not a 0).
     for name in ("worker", "prefill"):
-        for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps", "attention_kernel", "sliding_kv"):
+        for key in _WORKER_UNSET_ABSENT:
             if isinstance(out["plan"].get(name), dict) and not getattr(msg.plan, name).HasField(key):
                 out["plan"][name].pop(key, None)
     extra: Optional[str] = out.pop("extra_json", None)

@@ -161,7 +161,7 @@ pub(crate) fn score(
     let osl = p.traffic.output_len as f64;
     let new = p.new_prompt_tokens();
     let cached = isl - new;
-    let b = sequences(p, plan);
+    let mut b = sequences(p, plan);
     let context = isl + osl / 2.0;
     let chunk = w.forward_tokens();
     let mut violations = Vec::new();
@@ -177,7 +177,6 @@ pub(crate) fn score(
     // Completions per second of the whole deployment over the run, where a finite run of
     // waves differs from the steady state.
     let mut run_rate = None;
-    let mut b = b;
     // Steps after which the (decode or aggregated) worker returns a step's tokens.
     let lag_steps = w.output_lag_steps.unwrap_or(0) as f64;
     match &plan.prefill {
@@ -241,12 +240,8 @@ pub(crate) fn score(
                     let (all, median) = queue::wave_forwards(b_rank, new, chunk);
                     let (full, last) = queue::wave_forward_tokens(b_rank, new, chunk);
                     let wave_batch = |tokens: f64| Batch {
-                        decode_seqs: 0.0,
-                        decode_context: 0.0,
-                        prefill_seqs: tokens / new,
-                        prefill_new: new,
-                        prefill_cached: cached,
                         busy_ranks,
+                        ..Batch::prefill(tokens / new, new, cached)
                     };
                     let (f, fperiod) = tm.forward(w, &wave_batch(full), false);
                     let last_s = if all > 1.0 {
@@ -357,14 +352,7 @@ pub(crate) fn score(
         }
         Some(pw) => {
             let bp = pw.max_sequences as f64;
-            let pbatch = Batch {
-                decode_seqs: 0.0,
-                decode_context: 0.0,
-                prefill_seqs: bp / pw.attention_dp as f64,
-                prefill_new: new,
-                prefill_cached: cached,
-                busy_ranks: None,
-            };
+            let pbatch = Batch::prefill(bp / pw.attention_dp as f64, new, cached);
             let (f, prefill_period) = tm.forward(pw, &pbatch, false);
             let decode_step = |n: f64| {
                 let step = Batch::decode(n / w.attention_dp as f64, context);

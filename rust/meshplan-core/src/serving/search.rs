@@ -286,14 +286,11 @@ pub fn search_serving(
                             output_lag_steps: None,
                             ..shape
                         };
-                        let batch = Batch {
-                            decode_seqs: 0.0,
-                            decode_context: 0.0,
-                            prefill_seqs: bp as f64 / adp as f64,
-                            prefill_new: new,
-                            prefill_cached: problem.traffic.input_len as f64 - new,
-                            busy_ranks: None,
-                        };
+                        let batch = Batch::prefill(
+                            bp as f64 / adp as f64,
+                            new,
+                            problem.traffic.input_len as f64 - new,
+                        );
                         budget.take()?;
                         let (f, period) = tm.forward(&pw, &batch, false);
                         prefill.push(PrefillOption {

@@ -132,6 +132,18 @@ impl Batch {
         }
     }
 
+    /// A pure prefill forward: `seqs` prompts of `new` tokens each after `cached` ones.
+    pub(crate) fn prefill(seqs: f64, new: f64, cached: f64) -> Self {
+        Batch {
+            decode_seqs: 0.0,
+            decode_context: 0.0,
+            prefill_seqs: seqs,
+            prefill_new: new,
+            prefill_cached: cached,
+            busy_ranks: None,
+        }
+    }
+
     fn tokens(&self) -> f64 {
         self.decode_seqs + self.prefill_seqs * self.prefill_new
     }
@@ -206,6 +218,7 @@ impl<'a> TimeModel<'a> {
     pub fn new(problem: &'a ServingProblem) -> Self {
         let gpu = &problem.cluster.gpu;
         let device = Device::of(gpu, problem.weight_precision);
+        let upcast = mxfp4_upcast(problem);
         let stack = Stack::default_stack();
         let ops = OpsContext {
             tokens: 1.0,
@@ -230,12 +243,12 @@ impl<'a> TimeModel<'a> {
                 * constants().decode_bandwidth_fraction,
             expert_stream_bytes_per_s: gpu.memory_bandwidth_gbps
                 * 1e9
-                * if mxfp4_upcast(problem) {
+                * if upcast {
                     constants().mxfp4_upcast_moe_bandwidth_fraction
                 } else {
                     constants().decode_bandwidth_fraction
                 },
-            expert_upcast: mxfp4_upcast(problem),
+            expert_upcast: upcast,
             ops,
             block_scaled: problem.block_scaled_fp8(),
         }
@@ -293,19 +306,14 @@ impl<'a> TimeModel<'a> {
         let compute = flops / (dev.peak_flops * efficiency);
         // The routed experts may be stored in a weight-only format of their own, dequantized in
         // the kernel: their bytes shrink, their GEMMs run at the device's precision.
-        let per_weight = if g.grouped {
-            self.expert_weight_bytes
+        let (per_weight, weight_stream) = if g.grouped {
+            (self.expert_weight_bytes, self.expert_stream_bytes_per_s)
         } else {
-            self.weight_bytes
+            (self.weight_bytes, self.stream_bytes_per_s)
         };
         let weights = per_weight * g.n * g.k * touched;
         let activations = ACT_BYTES * (g.m * g.k + g.m * g.n) * g.repeat;
         let bytes = weights + activations;
-        let weight_stream = if g.grouped {
-            self.expert_stream_bytes_per_s
-        } else {
-            self.stream_bytes_per_s
-        };
         let stream_s = weights / weight_stream + activations / self.stream_bytes_per_s;
         acc.seconds += compute.max(stream_s);
         if g.grouped {
@@ -735,14 +743,7 @@ mod tests {
         );
         // A prefill forward has no per-sequence host work on the critical path: its overhead
         // is its launches (32 layers at prefill_layer_launch_us), not 69.6 ms.
-        let prefill = Batch {
-            decode_seqs: 0.0,
-            decode_context: 0.0,
-            prefill_seqs: 2048.0,
-            prefill_new: 4.0,
-            prefill_cached: 0.0,
-            busy_ranks: None,
-        };
+        let prefill = Batch::prefill(2048.0, 4.0, 0.0);
         let (pf, _) = tm.forward(&worker(1), &prefill, false);
         let prefill_launches = 32.0 * c.prefill_layer_launch_us * 1e-6;
         assert!(
@@ -761,14 +762,7 @@ mod tests {
         assert!(big.arithmetic_intensity > 100.0 * small.arithmetic_intensity);
         // The step time grows far less than the batch.
         assert!(big.total_s < 20.0 * small.total_s);
-        let prefill = Batch {
-            decode_seqs: 0.0,
-            decode_context: 0.0,
-            prefill_seqs: 8.0,
-            prefill_new: 1024.0,
-            prefill_cached: 0.0,
-            busy_ranks: None,
-        };
+        let prefill = Batch::prefill(8.0, 1024.0, 0.0);
         let (pf, _) = tm.forward(&worker(1), &prefill, false);
         assert!(!pf.memory_bound);
     }
@@ -848,14 +842,7 @@ mod tests {
             attention_kernel: AttentionKernel::TritonMla,
             ..flash
         };
-        let prompt = Batch {
-            decode_seqs: 0.0,
-            decode_context: 0.0,
-            prefill_seqs: 1.0,
-            prefill_new: 3200.0,
-            prefill_cached: 0.0,
-            busy_ranks: None,
-        };
+        let prompt = Batch::prefill(1.0, 3200.0, 0.0);
         let (f, _) = tm.forward(&flash, &prompt, false);
         let (t, _) = tm.forward(&triton, &prompt, false);
         let absorbed = 61.0 * 2.0 * 128.0 * 1088.0 * 3200.0 * 3200.0 / 2.0;
@@ -941,14 +928,7 @@ mod tests {
         // device's calibrated efficiency, so their time grows by exactly that ratio; on B200
         // (native MXFP4) it does not change. The rest of the forward is the same.
         let c = constants();
-        let prefill = Batch {
-            decode_seqs: 0.0,
-            decode_context: 0.0,
-            prefill_seqs: 8.0,
-            prefill_new: 1024.0,
-            prefill_cached: 0.0,
-            busy_ranks: None,
-        };
+        let prefill = Batch::prefill(8.0, 1024.0, 0.0);
         let forward = |gpu: &str, mxfp4: bool| {
             let mut p = crate::serving::problem::tests::problem("gpt-oss-120b", gpu, 1);
             if mxfp4 {
@@ -1188,14 +1168,7 @@ mod tests {
             lt.seconds,
             lin.seconds
         );
-        let prefill = Batch {
-            decode_seqs: 0.0,
-            decode_context: 0.0,
-            prefill_seqs: 4.0,
-            prefill_new: 3200.0,
-            prefill_cached: 0.0,
-            busy_ranks: None,
-        };
+        let prefill = Batch::prefill(4.0, 3200.0, 0.0);
         let (block, _) = tm.forward(&worker(8), &prefill, false);
         let (tensor, _) = tt.forward(&worker(8), &prefill, false);
         // The routed experts (fused-MoE, moe_gemm_quantized_efficiency) are the same in both.
