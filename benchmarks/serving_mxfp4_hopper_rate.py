@@ -1,5 +1,5 @@
-"""Derive ``mxfp4_upcast_moe_bandwidth_fraction`` (data/serving.toml) from the SGLang team's
-gpt-oss benchmark on H100.
+"""Derive ``mxfp4_upcast_moe_bandwidth_fraction`` and ``mxfp4_upcast_moe_gemm_efficiency``
+(data/serving.toml) from the SGLang team's gpt-oss benchmark on H100.
 
 On Hopper, which has no FP4 tensor cores, gpt-oss's MXFP4 routed experts run in OpenAI's Triton
 ``matmul_ogs`` kernel, which upcasts the weights in the kernel (and, below ~32 rows, splits K into
@@ -16,11 +16,11 @@ not published; one decode rate of SGLang on H100 is:
   throughput is batch · output_len / (latency − TTFT), i.e. 511 decode steps.
 
 A decode step of that batch is, in this model, a part that does not depend on the constant (the
-dense weights, attention, the all-reduces, launches and host time) plus the expert weights it
-streams over the fraction of the HBM bandwidth. This script computes the expert bytes per GPU from
-the model's config (the experts at least one of the 32 tokens picks, top-4 of 128, sharded 8
-ways), takes the rest of the step from this model at the shipped constant, and solves for the
-fraction that makes the step the measured one. It then re-times the source's other Hopper bars at
+dense weights, attention, the all-reduces, launches and host time) plus the routed experts'
+streaming, inversely proportional to the fraction of the HBM bandwidth. This script takes both
+from this model at the shipped constant (the core reports the experts' share of a step,
+``routed_expert_s``) and solves for the fraction that makes the step the measured one; the
+prefill rate comes from the same blog's two H100 prefill bars (``derive_prefill``). It then re-times the source's other Hopper bars at
 the shipped constant as checks, and two other engines' published Hopper runs of the same model
 that were not used to derive it (tests/test_serving_validation.py holds the constant to this
 derivation):
@@ -55,7 +55,9 @@ BAR_TOP_Y = {1024: 213.744737, 8192: 228.531815}  # H100 (Input 1k), H100 (Input
 B200_BAR_TOP_Y = {1024: 54.418994, 8192: 86.817198}  # B200 (Input 1k), (Input 8k) at TP 4, Optimized
 B200_BATCH1_TOK_S = 416.02  # the blog's batch-1 table, MXFP4 on B200 (TP 4)
 BATCH1_TOK_S = 318.53  # the blog's batch-1 table, MXFP4 on H100 (TP 8, --attention-backend triton)
-MXFP4_BYTES = 0.5 + 1.0 / 32.0  # E2M1 values and one E8M0 scale per 32 (data/serving.toml)
+# SGLang's default chunked-prefill budget by GPU memory (python/sglang/srt/server_args.py: 8192
+# tokens from 35 to 160 GB, H100; 16384 above, B200).
+CHUNK = {"h100-sxm": 8192, "b200": 16384}
 SERVING_TOML = Path(__file__).parent.parent / "rust" / "meshplan-core" / "data" / "serving.toml"
 
 
@@ -68,45 +70,40 @@ def measured_step_s(tok_s: float, batch: int) -> float:
     return batch * OUTPUT_LEN / tok_s / (OUTPUT_LEN - 1)
 
 
-def modelled_step_s(input_len: int, batch: int, gpu: str = "h100-sxm", tp: int = TP) -> float:
+def evaluate(gpu: str, tp: int, batch: int, input_len: int, output_len: int = OUTPUT_LEN,
+             prompts: int | None = None, chunk: int | None = None) -> dict:
+    """This model's evaluation of gpt-oss-120b (MXFP4 experts) on one worker of ``tp`` GPUs at TP
+    ``tp``: a closed loop of ``batch`` equal-length requests arriving in waves (a benchmark's
+    one batch), over a run of ``prompts`` requests (default one wave), in forwards of ``chunk``
+    tokens where the engine fixes them."""
+    worker = {"tp": tp, "expert_tp": tp, "max_sequences": batch}
+    if chunk is not None:
+        worker["max_batched_tokens"] = chunk
+    return meshplan.evaluate_serving(
+        "gpt-oss-120b", Cluster(gpu=gpu, num_gpus=tp), {"worker": worker, "replicas": 1},
+        input_len=input_len, output_len=output_len, expert_weights="mxfp4", concurrency=batch,
+        arrival="waves", num_requests=prompts)
+
+
+def modelled_step(input_len: int, batch: int, gpu: str = "h100-sxm", tp: int = TP) -> dict:
     """This model's pure decode step of the benchmark's batch (the rates as shipped)."""
-    plan = {"worker": {"tp": tp, "expert_tp": tp, "max_sequences": batch}, "replicas": 1}
-    result = meshplan.evaluate_serving(
-        "gpt-oss-120b", Cluster(gpu=gpu, num_gpus=tp), plan, input_len=input_len,
-        output_len=OUTPUT_LEN, expert_weights="mxfp4", concurrency=batch, arrival="waves",
-        num_requests=batch)
-    return float(result["time"]["decode"]["total_s"])
+    return dict(evaluate(gpu, tp, batch, input_len, prompts=batch)["time"]["decode"])
 
 
-def expert_bytes_per_gpu(batch: int) -> float:
-    """Routed-expert weight bytes one GPU streams per decode step of ``batch`` tokens."""
-    model = meshplan.Model.preset("gpt-oss-120b")
-    moe = model.moe
-    assert moe is not None
-    touched = 1.0 - (1.0 - moe.top_k / moe.num_experts) ** batch
-    per_expert = 3.0 * model.hidden * moe.expert_ffn_hidden * MXFP4_BYTES  # gate, up, down
-    return model.layers * moe.num_experts * touched * per_expert / TP
+def modelled_step_s(input_len: int, batch: int, gpu: str = "h100-sxm", tp: int = TP) -> float:
+    return float(modelled_step(input_len, batch, gpu, tp)["total_s"])
 
 
 def vllm_bench_latency_s() -> float:
     """vLLM PR 27523's bench latency: one batch of 8 prompts of 32 tokens, 128 outputs, TP 1."""
-    plan = {"worker": {"tp": 1, "expert_tp": 1, "max_sequences": 8}, "replicas": 1}
-    result = meshplan.evaluate_serving(
-        "gpt-oss-120b", Cluster(gpu="h100-sxm", num_gpus=1), plan, input_len=32, output_len=128,
-        expert_weights="mxfp4", concurrency=8, arrival="waves", num_requests=8)
-    return float(result["time"]["e2e_s"])
+    return float(evaluate("h100-sxm", 1, 8, 32, 128, prompts=8)["time"]["e2e_s"])
 
 
 def vllm_h200_tok_s(concurrency: int, prompts: int | None) -> float:
     """vLLM issue 30326: a closed loop of equal-length requests (--ignore-eos, range ratio 1.0,
     hence waves) at ``concurrency``, 1024 in / 1024 out, TP 8 on H200; the issue gives the
     client command (40 prompts) for concurrency 8 only."""
-    plan = {"worker": {"tp": 8, "expert_tp": 8, "max_sequences": concurrency}, "replicas": 1}
-    run = {} if prompts is None else {"num_requests": prompts}
-    result = meshplan.evaluate_serving(
-        "gpt-oss-120b", Cluster(gpu="h200-sxm", num_gpus=8), plan, input_len=1024, output_len=1024,
-        expert_weights="mxfp4", concurrency=concurrency, arrival="waves", **run)
-    return float(result["output_tokens_per_s"])
+    return float(evaluate("h200-sxm", 8, concurrency, 1024, 1024, prompts=prompts)["output_tokens_per_s"])
 
 
 # The same blog's prefill chart ("High-Throughput Prefill Performance (Batch Size 32)",
@@ -125,16 +122,10 @@ def prefill_bar_tok_s(gpu: str, input_len: int) -> float:
 
 
 def modelled_prefill_tok_s(gpu: str, input_len: int) -> float:
-    """This model's prefill of the benchmark's 32 prompts in forwards of SGLang's 8192-token
-    chunked-prefill budget: prompt tokens over the forwards' time."""
-    tp = PREFILL_TP[gpu]
-    plan = {"worker": {"tp": tp, "expert_tp": tp, "max_sequences": BATCH, "max_batched_tokens": 8192},
-            "replicas": 1}
-    result = meshplan.evaluate_serving(
-        "gpt-oss-120b", Cluster(gpu=gpu, num_gpus=tp), plan, input_len=input_len, output_len=OUTPUT_LEN,
-        expert_weights="mxfp4", concurrency=BATCH, arrival="waves", num_requests=BATCH)
-    forwards = BATCH * input_len / 8192
-    return BATCH * input_len / (forwards * float(result["time"]["prefill"]["total_s"]))
+    """This model's prefill of the benchmark's 32 prompts in forwards of SGLang's chunked-prefill
+    budget: prompt tokens over the forwards' time."""
+    forwards = BATCH * input_len / CHUNK[gpu]
+    return BATCH * input_len / (forwards * float(prefill_forward(gpu, input_len)["total_s"]))
 
 
 def shipped(name: str = "mxfp4_upcast_moe_bandwidth_fraction") -> float:
@@ -142,13 +133,8 @@ def shipped(name: str = "mxfp4_upcast_moe_bandwidth_fraction") -> float:
 
 
 def prefill_forward(gpu: str, input_len: int) -> dict:
-    """This model's prefill forward of SGLang's 8192-token budget of ``input_len``-token prompts."""
-    tp = PREFILL_TP[gpu]
-    plan = {"worker": {"tp": tp, "expert_tp": tp, "max_sequences": BATCH, "max_batched_tokens": 8192},
-            "replicas": 1}
-    result = meshplan.evaluate_serving(
-        "gpt-oss-120b", Cluster(gpu=gpu, num_gpus=tp), plan, input_len=input_len, output_len=OUTPUT_LEN,
-        expert_weights="mxfp4", concurrency=BATCH, arrival="waves", num_requests=BATCH)
+    """This model's prefill forward of SGLang's budget of ``input_len``-token prompts."""
+    result = evaluate(gpu, PREFILL_TP[gpu], BATCH, input_len, prompts=BATCH, chunk=CHUNK[gpu])
     return dict(result["time"]["prefill"])
 
 
@@ -174,7 +160,7 @@ def derive_prefill() -> PrefillDerivation:
         assert not f["memory_bound"], "a prefill forward of 8192 tokens is compute-bound"
         rest[input_len] = f["total_s"] - f["routed_expert_s"]
         experts[input_len] = f["routed_expert_s"]
-        forwards[input_len] = BATCH * input_len / 8192
+        forwards[input_len] = BATCH * input_len / CHUNK["h100-sxm"]
         measured[input_len] = BATCH * input_len / prefill_bar_tok_s("h100-sxm", input_len)
     a, b = 1024, 8192
     scale = ((measured[b] - measured[a] - forwards[b] * rest[b] + forwards[a] * rest[a])
@@ -190,19 +176,21 @@ def derive_prefill() -> PrefillDerivation:
 class Derivation:
     measured_step_s: float
     modelled_step_s: float  # at the shipped constant
-    expert_bytes: float  # per GPU per step
+    expert_s: float  # the routed experts' share of the modelled step, at the shipped constant
     fraction: float  # what makes the modelled step the measured one
     checks: dict[str, tuple[float, float]]  # name -> (modelled, measured) step seconds
     others: dict[str, tuple[float, float]]  # other engines' runs: name -> (modelled, measured)
 
 
 def derive() -> Derivation:
-    bandwidth = meshplan.Gpu.preset("h100-sxm").memory_bandwidth_gbps * 1e9
     measured = measured_step_s(bar_tok_s(1024), BATCH)
-    step = modelled_step_s(1024, BATCH)
-    experts = expert_bytes_per_gpu(BATCH)
-    rest = step - experts / (bandwidth * shipped())
-    fraction = experts / (bandwidth * (measured - rest))
+    decode = modelled_step(1024, BATCH)
+    assert decode["memory_bound"], "a decode step of 32 sequences streams its weights"
+    step, experts = float(decode["total_s"]), float(decode["routed_expert_s"])
+    # The experts' time is their weights over the streamed share of the bandwidth (their
+    # activations are ~1 % of the bytes): the share that leaves the rest of the step as it is
+    # and fills the measured one.
+    fraction = shipped() * experts / (measured - (step - experts))
     checks = {
         "batch 32, input 8k": (modelled_step_s(8192, BATCH), measured_step_s(bar_tok_s(8192), BATCH)),
         "batch 1, input 1k": (modelled_step_s(1024, 1), measured_step_s(BATCH1_TOK_S, 1)),
@@ -220,10 +208,12 @@ def main() -> None:
     print(f"H100 TP {TP}, batch {BATCH}, 1k in: {bar_tok_s(1024):,.0f} tok/s measured, "
           f"a decode step of {d.measured_step_s * 1e3:.2f} ms")
     bandwidth = meshplan.Gpu.preset("h100-sxm").memory_bandwidth_gbps * 1e9
-    expert_s = d.expert_bytes / (bandwidth * d.fraction)
-    print(f"expert weights streamed per GPU per step: {d.expert_bytes / 1e9:.2f} GB; the rest of the "
+    expert_bytes = d.expert_s * bandwidth * shipped()
+    expert_s = d.expert_s * shipped() / d.fraction
+    print(f"the routed experts stream {expert_bytes / 1e9:.2f} GB per GPU per step (weights and "
+          f"activations); the rest of the "
           f"step {(d.measured_step_s - expert_s) * 1e3:.2f} ms, the experts {expert_s * 1e3:.2f} ms "
-          f"({d.expert_bytes / expert_s / 1e12:.2f} TB/s)")
+          f"({expert_bytes / expert_s / 1e12:.2f} TB/s)")
     print(f"fraction of the HBM bandwidth that gives the measured step: {d.fraction:.3f} "
           f"(shipped {shipped():.3f}; modelled step at it {d.modelled_step_s * 1e3:.2f} ms)")
     for name, (modelled, measured) in d.checks.items():
