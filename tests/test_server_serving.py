@@ -299,3 +299,25 @@ def test_expert_weights_travel_over_grpc(stub: pb_grpc.PlannerStub) -> None:
     local = mp.evaluate_serving("gpt-oss-120b", mp.Cluster("h100-sxm", 1), "tp=1,batch=8", input_len=1024,
                                 output_len=256, expert_weights="mxfp4")
     assert ev.feasible and ev.tpot_s == pytest.approx(local["time"]["tpot_s"])
+
+
+def test_the_cached_fraction_travels_over_grpc(stub: pb_grpc.PlannerStub) -> None:
+    traffic = {"concurrency": 64, "cached_fraction": 0.75}
+    req = pb.EvaluateServingRequest(
+        problem=pb.ServingProblem(model=pb.Model(preset="llama3-70b"),
+                                  cluster=pb.Cluster(gpu="h100-sxm", num_gpus=8),
+                                  traffic=pb.ServingTraffic(input_len=4096, output_len=256, **traffic)),  # type: ignore[arg-type]
+        plan=pb.ServingPlan(worker=pb.ServingWorker(tp=8, max_sequences=64)))
+    ev = stub.EvaluateServing(req, timeout=60).evaluation
+    local = mp.evaluate_serving("llama3-70b", mp.Cluster("h100-sxm", 8), "tp=8,batch=64",
+                                input_len=4096, output_len=256, **traffic)
+    assert ev.ttft_s == pytest.approx(local["time"]["ttft_s"])
+    local_problem = mp.serving.serving_problem("llama3-70b", mp.Cluster("h100-sxm", 8), input_len=4096,
+                                               output_len=256, **traffic)  # type: ignore[arg-type]
+    assert serving_wire.problem_message(local_problem).traffic.cached_fraction == 0.75
+    bad = pb.EvaluateServingRequest(problem=problem(cached_fraction=2.0),
+                                    plan=pb.ServingPlan(worker=pb.ServingWorker(tp=8, max_sequences=64)))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.EvaluateServing(bad, timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "traffic.cached_fraction: 2" in str(err.value.details())

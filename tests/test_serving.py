@@ -444,3 +444,36 @@ def test_mxfp4_experts_as_gpt_oss_publishes_them() -> None:
         mp.evaluate_serving("llama3-8b", h100, "tp=1,batch=1", expert_weights="mxfp4", **kw)
     with pytest.raises(mp.errors.InvalidInputError, match="expert_weights: unknown variant `int4`"):
         mp.evaluate_serving("gpt-oss-120b", h100, "tp=1,batch=1", expert_weights="int4", **kw)
+
+
+def test_prompts_a_warm_cache_holds_are_not_prefilled_but_held_and_handed_over_in_full() -> None:
+    # cached_fraction: each prompt's own tokens found in the prefix cache (a conversation's
+    # history, a benchmark re-sending its prompts to a warm server). Prefill skips them, as it
+    # skips a shared prefix, but every sequence keeps their KV (a shared prefix is held once),
+    # and a disaggregated hand-over moves all of it.
+    cluster = mp.Cluster("h100-sxm", 8)
+    kw = dict(input_len=4096, output_len=256, concurrency=64)
+    cold = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", **kw)
+    warm = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", cached_fraction=0.75, **kw)
+    shared = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", prefix_fraction=0.75, **kw)
+    assert warm["time"]["ttft_s"] < 0.5 * cold["time"]["ttft_s"]
+    assert warm["time"]["prefill"]["flops"] == pytest.approx(shared["time"]["prefill"]["flops"])
+    assert warm["memory"]["max_sequences_fit"] == cold["memory"]["max_sequences_fit"]
+    assert shared["memory"]["max_sequences_fit"] > 2 * cold["memory"]["max_sequences_fit"]
+    # A whole prompt in the cache still computes its last token.
+    whole = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", cached_fraction=1.0, **kw)
+    assert 0 < whole["time"]["prefill"]["flops"] < warm["time"]["prefill"]["flops"] / 10
+    pd = dict(prefill="tp=8,batch=4", input_len=4096, output_len=256, concurrency=64)
+    h16 = mp.Cluster("h100-sxm", 16)
+    a = mp.evaluate_serving("llama3-70b", h16, "tp=8,batch=64", **pd)
+    b = mp.evaluate_serving("llama3-70b", h16, "tp=8,batch=64", cached_fraction=1.0, **pd)
+    assert b["time"]["kv_transfer_s"] == pytest.approx(a["time"]["kv_transfer_s"])
+    assert b["time"]["prefill"]["total_s"] < 0.2 * a["time"]["prefill"]["total_s"]
+    with pytest.raises(mp.errors.InvalidInputError,
+                       match=r"^invalid traffic.cached_fraction: 1.5 \(allowed: a number in \[0, 1\]\)$"):
+        mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", cached_fraction=1.5, **kw)
+    # The CLI's --cached-fraction is the same field.
+    code, text = run_cli("inference", "evaluate", "--model", "llama3-70b", "--gpu", "h100-sxm", "--gpus", "8",
+                         "--input-len", "4096", "--output-len", "256", "--concurrency", "64",
+                         "--cached-fraction", "0.75", "--plan", "tp=8,batch=64", "--json")
+    assert code == 0 and json.loads(text)["time"]["ttft_s"] == pytest.approx(warm["time"]["ttft_s"])

@@ -78,7 +78,8 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
         weight_precision=case.get("weight_precision", "bf16"), kv_precision=case.get("kv_precision", "bf16"),
         weight_scaling=case.get("weight_scaling"),
         expert_weights=case.get("expert_weights"),
-        prefix_fraction=traffic.get("prefix_fraction", 0.0), concurrency=traffic.get("concurrency"),
+        prefix_fraction=traffic.get("prefix_fraction", 0.0),
+        cached_fraction=traffic.get("cached_fraction", 0.0), concurrency=traffic.get("concurrency"),
         request_rate=traffic.get("request_rate"), arrival=traffic.get("arrival"),
         num_requests=traffic.get("num_requests"),
     )

@@ -51,6 +51,7 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
             "input_len": t.input_len,
             "output_len": t.output_len,
             "prefix_fraction": _opt(t, "prefix_fraction") or 0.0,
+            "cached_fraction": _opt(t, "cached_fraction") or 0.0,
             "concurrency": _opt(t, "concurrency"),
             "request_rate": _opt(t, "request_rate"),
             "arrival": _opt(t, "arrival"),
@@ -173,7 +174,8 @@ def problem_message(problem: dict[str, Any]) -> pb.ServingProblem:
         kv_precision=problem["kv_precision"],
         traffic=pb.ServingTraffic(
             input_len=t["input_len"], output_len=t["output_len"],
-            prefix_fraction=t["prefix_fraction"], concurrency=t["concurrency"],
+            prefix_fraction=t["prefix_fraction"], cached_fraction=t.get("cached_fraction", 0.0),
+            concurrency=t["concurrency"],
             request_rate=t["request_rate"], arrival=t.get("arrival"),
             num_requests=t.get("num_requests"),
         ),

@@ -52,6 +52,9 @@ def _flags() -> Parser:
     g.add_argument("--input-len", required=True, type=int, metavar="T", help="prompt tokens per request (ISL)")
     g.add_argument("--output-len", required=True, type=int, metavar="T", help="output tokens per request (OSL)")
     g.add_argument("--prefix-fraction", type=float, default=0.0, metavar="F", help="shared, cached prompt prefix (0-0.99)")
+    g.add_argument("--cached-fraction", type=float, default=0.0, metavar="F",
+                   help="share of each prompt's own tokens already cached by earlier requests, e.g. a "
+                        "conversation's history (0-1): not prefilled, held and handed over in full")
     g.add_argument("--concurrency", type=int, metavar="N", help="requests in flight across the deployment")
     g.add_argument("--request-rate", type=float, metavar="R",
                    help="requests/s the deployment must sustain; without --concurrency also the Poisson arrival rate")
@@ -115,6 +118,7 @@ def _problem(args: argparse.Namespace) -> dict[str, Any]:
         "weight_scaling": args.weight_scaling,
         "expert_weights": args.expert_weights,
         "prefix_fraction": args.prefix_fraction,
+        "cached_fraction": args.cached_fraction,
         "concurrency": args.concurrency,
         "request_rate": args.request_rate,
         "arrival": args.arrival,

@@ -1937,6 +1937,7 @@ class ServingTraffic(_message.Message):
     REQUEST_RATE_FIELD_NUMBER: _builtins.int
     ARRIVAL_FIELD_NUMBER: _builtins.int
     NUM_REQUESTS_FIELD_NUMBER: _builtins.int
+    CACHED_FRACTION_FIELD_NUMBER: _builtins.int
     input_len: _builtins.int
     """Prompt tokens per request (ISL)."""
     output_len: _builtins.int
@@ -1956,6 +1957,10 @@ class ServingTraffic(_message.Message):
     """
     num_requests: _builtins.int
     """Requests in the whole run (a benchmark's number of prompts); unset: an endless run."""
+    cached_fraction: _builtins.float
+    """Share of each prompt's own tokens (beyond the shared prefix) already cached by earlier
+    requests (0 to 1): not prefilled, but held and handed over in full; unset: 0.
+    """
     def __init__(
         self,
         *,
@@ -1966,13 +1971,16 @@ class ServingTraffic(_message.Message):
         request_rate: _builtins.float | None = ...,
         arrival: _builtins.str | None = ...,
         num_requests: _builtins.int | None = ...,
+        cached_fraction: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "concurrency", b"concurrency", "num_requests", b"num_requests", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_cached_fraction", b"_cached_fraction", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "cached_fraction", b"cached_fraction", "concurrency", b"concurrency", "num_requests", b"num_requests", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "concurrency", b"concurrency", "input_len", b"input_len", "num_requests", b"num_requests", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_cached_fraction", b"_cached_fraction", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "cached_fraction", b"cached_fraction", "concurrency", b"concurrency", "input_len", b"input_len", "num_requests", b"num_requests", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__arrival: _TypeAlias = _typing.Literal["arrival"]  # noqa: Y015
     _WhichOneofArgType__arrival: _TypeAlias = _typing.Literal["_arrival", b"_arrival"]  # noqa: Y015
+    _WhichOneofReturnType__cached_fraction: _TypeAlias = _typing.Literal["cached_fraction"]  # noqa: Y015
+    _WhichOneofArgType__cached_fraction: _TypeAlias = _typing.Literal["_cached_fraction", b"_cached_fraction"]  # noqa: Y015
     _WhichOneofReturnType__concurrency: _TypeAlias = _typing.Literal["concurrency"]  # noqa: Y015
     _WhichOneofArgType__concurrency: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency"]  # noqa: Y015
     _WhichOneofReturnType__num_requests: _TypeAlias = _typing.Literal["num_requests"]  # noqa: Y015
@@ -1983,6 +1991,8 @@ class ServingTraffic(_message.Message):
     _WhichOneofArgType__request_rate: _TypeAlias = _typing.Literal["_request_rate", b"_request_rate"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__arrival) -> _WhichOneofReturnType__arrival | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cached_fraction) -> _WhichOneofReturnType__cached_fraction | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency) -> _WhichOneofReturnType__concurrency | None: ...
     @_typing.overload

@@ -24,6 +24,14 @@ pub struct Traffic {
     /// prefix cache: its prefill compute is skipped, its KV blocks are shared.
     #[serde(default)]
     pub prefix_fraction: f64,
+    /// Fraction of each prompt's own tokens (those beyond the shared prefix) already in the
+    /// prefix cache from earlier requests: a conversation's history re-sent with its next turn,
+    /// or a benchmark that re-sends the prompts of its previous run to a warm server. Their
+    /// prefill compute is skipped (the engine still computes at least the last token, for its
+    /// logits); unlike the shared prefix, every sequence holds their KV in full, and a
+    /// disaggregated hand-over moves it.
+    #[serde(default)]
+    pub cached_fraction: f64,
     /// Requests in flight across the whole deployment (a closed-loop benchmark's concurrency);
     /// `None`: as many as the memory and the SLOs allow.
     #[serde(default)]
@@ -214,6 +222,7 @@ impl ServingProblem {
         limits::check_opt("traffic.concurrency", t.concurrency)?;
         limits::check_opt("traffic.num_requests", t.num_requests)?;
         check_fraction("traffic.prefix_fraction", t.prefix_fraction, 0.0, 0.99)?;
+        check_fraction("traffic.cached_fraction", t.cached_fraction, 0.0, 1.0)?;
         check_positive_opt("traffic.request_rate", t.request_rate)?;
         if t.arrival() == Arrival::Poisson && t.request_rate.is_none() {
             return Err(Error::invalid(
@@ -294,9 +303,12 @@ impl ServingProblem {
         self.traffic.input_len as f64 + self.traffic.output_len as f64
     }
 
-    /// Prompt tokens per request that prefill computes (the shared prefix is cached).
+    /// Prompt tokens per request that prefill computes: neither the shared prefix nor the
+    /// cached share of the rest, and at least one (the token whose logits give the first
+    /// output).
     pub fn new_prompt_tokens(&self) -> f64 {
-        (self.traffic.input_len as f64 * (1.0 - self.traffic.prefix_fraction)).max(1.0)
+        let t = &self.traffic;
+        (t.input_len as f64 * (1.0 - t.prefix_fraction) * (1.0 - t.cached_fraction)).max(1.0)
     }
 }
 
@@ -334,6 +346,7 @@ pub(crate) mod tests {
                 input_len: 1024,
                 output_len: 256,
                 prefix_fraction: 0.0,
+                cached_fraction: 0.0,
                 concurrency: None,
                 request_rate: None,
                 arrival: None,
@@ -342,6 +355,20 @@ pub(crate) mod tests {
             slo: Slo::default(),
             objective: Objective::Throughput,
         }
+    }
+
+    #[test]
+    fn prefill_computes_what_no_cache_holds() {
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        assert_eq!(p.new_prompt_tokens(), 1024.0);
+        p.traffic.prefix_fraction = 0.5;
+        p.traffic.cached_fraction = 0.5;
+        // Half the prompt is the shared prefix, half of the rest is cached: 256 to compute.
+        assert_eq!(p.new_prompt_tokens(), 256.0);
+        // A prompt the cache holds whole still computes its last token.
+        p.traffic.cached_fraction = 1.0;
+        assert_eq!(p.new_prompt_tokens(), 1.0);
+        assert!(p.validate().is_ok());
     }
 
     #[test]
@@ -364,6 +391,12 @@ pub(crate) mod tests {
         let mut p = problem("llama3-8b", "h100-sxm", 8);
         p.traffic.prefix_fraction = 1.0;
         assert!(p.validate().is_err());
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.traffic.cached_fraction = 1.5;
+        assert_eq!(
+            p.validate().unwrap_err().to_string(),
+            "invalid traffic.cached_fraction: 1.5 (allowed: a number in [0, 1])"
+        );
         let mut p = problem("llama3-8b", "h100-sxm", 8);
         p.weight_scaling = Some(WeightScaling::Block);
         assert_eq!(
