@@ -80,6 +80,38 @@ def test_the_report_summarises_by_gpu_and_kind() -> None:
                 assert p > 0 and r["ape"][metric] == pytest.approx(abs(p - m) / m)
 
 
+SERVING_TOML = Path(__file__).parent.parent / "rust" / "meshplan-core" / "data" / "serving.toml"
+
+
+def test_the_cases_a_constant_was_fitted_on_are_kept_out_of_the_quoted_figure() -> None:
+    # Every serving constant fitted on validation cases (its data-file comment says FITTED) names
+    # them, and only those; the summary's out_of_sample block leaves them out.
+    raw = SERVING_TOML.read_text()
+    constants = tomllib.loads(raw)
+    fitted_in_toml = {line.split("=")[0].strip() for line in raw.splitlines()
+                      if "=" in line and "FITTED" in line.split("#", 1)[-1]}
+    assert fitted_in_toml == {"moe_block_fp8_gemm_efficiency"}
+    text = SERVING.read_text()
+    cases = json.loads(text)["cases"]
+    named = {c["id"]: c["in_sample_for"] for c in cases if c.get("in_sample_for")}
+    assert {n for names in named.values() for n in names} == fitted_in_toml
+    assert all(n in constants for names in named.values() for n in names)
+    # the four vLLM 0.7.4 rows the constant's comment says it was fitted on
+    assert sorted(named) == sorted(f"dstack-deepseek-r1-vllm-h200-sxm-tp8-fp8-c{k}-3200-800" for k in (4, 8, 16, 32))
+    report = validate_serving(text)
+    held = report.summary["out_of_sample"]
+    assert held["cases"] == len(cases) - len(named)
+    for metric in METRICS:
+        outside = [r for r in report.rows if r["id"] not in named and r["ape"][metric] is not None]
+        assert held["all"][metric]["n"] == len(outside)
+        assert held["all"][metric]["median_ape"] == _core.percentile([r["ape"][metric] for r in outside], 0.5)
+    assert held["by_gpu"]["h200-sxm"]["ttft_s"]["n"] == report.summary["by_gpu"]["h200-sxm"]["ttft_s"]["n"] - 4
+    bad = json.loads(text)
+    bad["cases"][0]["in_sample_for"] = "moe_block_fp8_gemm_efficiency"
+    with pytest.raises(InvalidCaseError, match=r"in_sample_for = 'moe_block_fp8_gemm_efficiency'; expected a list"):
+        validate_serving(json.dumps(bad))
+
+
 def test_meshplan_validate_reads_the_serving_file() -> None:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -88,6 +120,7 @@ def test_meshplan_validate_reads_the_serving_file() -> None:
     text = out.getvalue()
     assert "serving cases" in text and "gpu h100-sxm" in text and "largest throughput errors" in text
     assert "largest TTFT errors" in text and "largest TPOT errors" in text and "arch moe" in text
+    assert "out of sample: the 211 cases no constant was fitted on" in text
 
 
 def test_a_malformed_serving_file_is_an_invalid_case() -> None:

@@ -11,6 +11,11 @@ traffic's ``arrival`` (``spread``, ``waves``, ``poisson``) and ``num_requests`` 
 number of prompts) are the load parameters of the queue model (docs/serving.md §5.1), taken from
 the source's benchmark command.
 
+A case may name the constants of ``data/serving.toml`` that were fitted on it
+(``in_sample_for``, e.g. ``["moe_block_fp8_gemm_efficiency"]``): it is in sample for them, and the
+summary's ``out_of_sample`` block (overall and by GPU) leaves such cases out; that block is the
+figure to quote.
+
 A case without a concurrency is an offline maximum-load run: the engine batches as many
 sequences as its KV cache holds, up to its ``max_batch_size`` (the file's ``engines`` table says
 which, with its source), so the prediction evaluates that batch. A batch is a multiple of the
@@ -48,7 +53,8 @@ def is_serving_file(text: str) -> bool:
 class ServingValidationReport:
     """Per-case rows (``id``, ``gpu``, ``model``, ``engine``, ``arch``, predicted and measured values
     and their absolute percentage errors) and the summary (``n``, ``median_ape``, ``p90_ape`` per
-    metric, overall, ``by_gpu``, ``by_arch`` and ``by_engine``)."""
+    metric, overall, ``by_gpu``, ``by_arch`` and ``by_engine``, and ``out_of_sample``: overall and by
+    GPU over the cases no constant was fitted on)."""
 
     rows: list[dict[str, Any]]
     summary: dict[str, Any] = field(default_factory=dict)
@@ -113,6 +119,10 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
         # expert_tp as a plan string defaults it (the core checks what is left).
         deployment["prefill"] = _complete(prefill)
         deployment["prefill_replicas"] = int(plan.get("prefill_replicas", 1))
+    fitted = case.get("in_sample_for", [])
+    if not isinstance(fitted, list) or not all(isinstance(n, str) and n for n in fitted):
+        raise InvalidCaseError(f"serving case {index} ({case.get('id', '?')}): in_sample_for = {fitted!r}; "
+                               "expected a list of the names of the constants fitted on it")
     probe = _core.evaluate_serving(problem, deployment)
     fit = int(probe["memory"]["max_sequences_fit"])
     cap = int(engine.get("max_batch_size", fit)) * int(plan.get("replicas", 1))
@@ -138,6 +148,7 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
         "batch": round(ev["sequences_per_worker"] * int(plan.get("replicas", 1))) if traffic.get("arrival") == "poisson"
         else batch, "kv_capacity_sequences": fit, "feasible": ev["feasible"],
         "predicted": predicted, "measured": {k: measured.get(k) for k in METRICS}, "ape": ape,
+        "in_sample_for": fitted,
     }
 
 
@@ -152,6 +163,10 @@ def validate_serving(text: str) -> ServingValidationReport:
     for key, name in (("gpu", "by_gpu"), ("arch", "by_arch"), ("engine", "by_engine")):
         for group in sorted({r[key] for r in rows}):
             summary[name][group] = _stats([r for r in rows if r[key] == group])
+    # The figure to quote: the cases no constant was fitted on.
+    held_out = [r for r in rows if not r["in_sample_for"]]
+    summary["out_of_sample"] = {"cases": len(held_out), "all": _stats(held_out), "by_gpu": {
+        g: _stats([r for r in held_out if r["gpu"] == g]) for g in sorted({r["gpu"] for r in held_out})}}
     return ServingValidationReport(rows, summary)
 
 
@@ -184,8 +199,14 @@ def report_text(report: ServingValidationReport, worst: int = 10) -> str:
     body += [line(f"gpu {g}", s) for g, s in report.summary["by_gpu"].items()]
     body += [line(f"arch {a}", s) for a, s in report.summary["by_arch"].items()]
     body += [line(f"engine {e}", s) for e, s in report.summary["by_engine"].items()]
+    held = report.summary["out_of_sample"]
+    outside = [line("all", held["all"])] + [line(f"gpu {g}", s) for g, s in held["by_gpu"].items()]
+    fitted = sorted({n for r in report.rows for n in r["in_sample_for"]})
     lines = [f"{len(report.rows)} serving cases; absolute percentage error of the prediction", "",
-             table(header, body)]
+             table(header, body), "",
+             f"out of sample: the {held['cases']} cases no constant was fitted on"
+             + (f" (the others are in sample for {', '.join(fitted)})" if fitted else ""),
+             table(header, outside)]
     for metric in METRICS:
         scored = [r for r in report.rows if r["ape"][metric] is not None]
         if not scored:
