@@ -477,3 +477,23 @@ def test_prompts_a_warm_cache_holds_are_not_prefilled_but_held_and_handed_over_i
                          "--input-len", "4096", "--output-len", "256", "--concurrency", "64",
                          "--cached-fraction", "0.75", "--plan", "tp=8,batch=64", "--json")
     assert code == 0 and json.loads(text)["time"]["ttft_s"] == pytest.approx(warm["time"]["ttft_s"])
+
+
+def test_an_estimate_with_prefix_cache_hits_exports_prefix_caching_on() -> None:
+    # The estimate skipped the cached prompt tokens, so the launch must keep the engine's prefix
+    # cache on where it prefills: vLLM's flag, a note for TensorRT-LLM (block reuse has no CLI
+    # flag); SGLang's radix cache is on by default. A decode pool prefills nothing.
+    cluster = mp.Cluster("h100-sxm", 16)
+    plan = parse_serving_plan("tp=8,batch=64")
+    for kw in ({"cached_fraction": 0.5}, {"prefix_fraction": 0.5}):
+        problem = serving_problem("llama3-70b", cluster, input_len=4096, output_len=256, **kw)  # type: ignore[arg-type]
+        assert "--enable-prefix-caching" in launch_commands(plan, problem, "vllm")[1]
+        assert "enable_block_reuse: true" in launch_commands(plan, problem, "trtllm")[0]
+        assert not any("radix" in line for line in launch_commands(plan, problem, "sglang"))
+        pd = {"worker": plan["worker"], "prefill": parse_serving_plan("tp=8,batch=4")["worker"],
+              "replicas": 1, "prefill_replicas": 1}
+        prefill_cmd, decode_cmd = launch_commands(pd, problem, "vllm")[1], launch_commands(pd, problem, "vllm")[3]
+        assert "--enable-prefix-caching" in prefill_cmd and "--enable-prefix-caching" not in decode_cmd
+    cold = serving_problem("llama3-70b", cluster, input_len=4096, output_len=256)
+    assert "--enable-prefix-caching" not in launch_commands(plan, cold, "vllm")[1]
+    assert "block_reuse" not in launch_commands(plan, cold, "trtllm")[0]

@@ -309,6 +309,14 @@ _VLLM_QUANT = {"fp8": "fp8", "nvfp4": "modelopt_fp4", "mxfp8": "mxfp8"}
 _SGLANG_QUANT = {"fp8": "fp8", "nvfp4": "modelopt_fp4"}
 
 
+def _prefix_hits(problem: dict[str, Any]) -> bool:
+    """Whether the estimate assumed prompt tokens found in the prefix cache (a shared prefix or a
+    cached share of each prompt), which the engine's prefix caching must then be on for. SGLang's
+    radix cache is on by default; vLLM's flag and TensorRT-LLM's block reuse are set explicitly."""
+    t = problem.get("traffic", {})
+    return bool(t.get("prefix_fraction") or t.get("cached_fraction"))
+
+
 def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role: Optional[str]) -> list[str]:
     """The parallelism, batch, precision and disaggregation flags of one worker."""
     tp, pp = int(w["tp"]), int(w.get("pp", 1))
@@ -334,6 +342,8 @@ def _engine_flags(engine: str, w: dict[str, Any], problem: dict[str, Any], role:
             flags += ["--quantization", "mxfp4"]
         elif weights in _VLLM_QUANT:
             flags += ["--quantization", _VLLM_QUANT[weights]]
+        if _prefix_hits(problem) and role != "decode":
+            flags += ["--enable-prefix-caching"]
         if role is not None:
             flags += ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
     elif engine == "sglang":
@@ -398,6 +408,10 @@ def launch_commands(
         if engine != "sglang" and worker.get("attention_kernel") == "triton-mla":
             # The estimate priced SGLang's Triton MLA kernel; this engine runs its own.
             note += f" (the estimate assumed SGLang's Triton MLA attention; {engine} runs its own kernels)"
+        if engine == "trtllm" and _prefix_hits(problem) and role != "decode":
+            # trtllm-serve has no flag for it: the KV-cache config's block reuse.
+            note += (" (the estimate assumed prefix-cache hits on the prompts; set"
+                     " kv_cache_config.enable_block_reuse: true)")
         if engine == "trtllm" and worker.get("sliding_kv") == "full":
             # TensorRT-LLM sizes the pools of sliding-window layers by its KV-cache config.
             note += (" (the estimate assumed a KV pool that keeps every token of the sliding-window layers;"
