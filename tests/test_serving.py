@@ -70,6 +70,18 @@ def test_a_64_gpu_search_of_a_671b_moe_takes_under_a_second() -> None:
     assert elapsed < 2.0, elapsed
 
 
+def test_a_pipelined_deployments_prompts_do_not_queue_for_the_whole_pipeline() -> None:
+    # With no SLO the 64-GPU search ranks deep pipelines first (32 stages of 2 layers). Their
+    # arrivals' prefill rides in the decode micro-batches and holds a forward's budget for one
+    # stage period; priced at the 32-stage crossing instead, it looked saturated and the top
+    # plan waited 59,345 s for its prefill.
+    r = mp.search_serving("deepseek-v3", mp.Cluster("h200-sxm", 64), input_len=4096, output_len=1024,
+                          weight_precision="fp8", space={"top_k": 5})
+    assert r.plans and all(p["plan"]["worker"]["pp"] >= 16 for p in r.plans), [p["label"] for p in r.plans]
+    for p in r.plans:
+        assert p["queue_s"] < p["time"]["ttft_s"] < 10.0, (p["label"], p["time"]["ttft_s"])
+
+
 def test_metric_relations_and_slos() -> None:
     common = dict(input_len=1024, output_len=256)
     ev = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=32", **common)

@@ -199,14 +199,17 @@ pub(crate) fn score(
             // `(first forward, chunks, prompt_s)`, prompt_s what one prompt holds the prefill
             // budget for, its share (new/room) of a forward whose budget is full of prompts
             // beside the decodes (a prompt of the whole budget takes that forward; smaller ones
-            // share one).
+            // share one). With pipeline stages the running decodes go in `pp` micro-batches, each
+            // forward with its own budget: a chunk rides in one of them beside its share of the
+            // decodes, crosses every stage (the prompt's own time), and holds the budget for one
+            // pipeline period, the next micro-batch entering the first stage meanwhile.
             let prompt = |b: f64| {
-                let b_rank = b / w.attention_dp as f64;
-                let room = (chunk - b_rank).max(chunk / 2.0);
+                let b_micro = b / w.attention_dp as f64 / w.pp as f64;
+                let room = (chunk - b_micro).max(chunk / 2.0);
                 let chunks = (new / room).ceil().max(1.0);
                 let piece = new / chunks;
                 let first = Batch {
-                    decode_seqs: (b_rank - 1.0).max(0.0),
+                    decode_seqs: (b_micro - 1.0).max(0.0),
                     decode_context: context,
                     prefill_seqs: 1.0,
                     prefill_new: piece,
@@ -218,7 +221,7 @@ pub(crate) fn score(
                     prefill_seqs: room / new,
                     ..first
                 };
-                let prompt_s = new / room * tm.forward(w, &full, false).0.total_s;
+                let prompt_s = new / room * tm.forward(w, &full, false).1;
                 (f, chunks, prompt_s)
             };
             match arrival {
@@ -583,6 +586,53 @@ mod tests {
         assert!(0.0 < fewer.queue_s && fewer.queue_s < ev.queue_s);
         p.traffic.concurrency = Some(1);
         assert_eq!(evaluate_serving(&p, &plan).unwrap().queue_s, 0.0);
+    }
+
+    #[test]
+    fn a_pipelined_worker_holds_the_prefill_budget_for_one_stage_period() {
+        // Llama 3 70B on 8 H100 as 4 stages of TP 2 with 256 running: the decodes go in 4
+        // micro-batches of 64, each forward with its own 8192-token budget. A 1024-token prompt
+        // rides in one of them beside its 64 decodes: its own time crosses the 4 stages (its
+        // TTFT), but it holds that budget for one stage period, the next micro-batch entering
+        // the first stage meanwhile; its arrivals queue for that period, not for the crossing.
+        let mut p = problem("llama3-70b", "h100-sxm", 8);
+        p.traffic.concurrency = Some(256);
+        let mut plan = worker(2, 256);
+        plan.worker.pp = 4;
+        let ev = evaluate_serving(&p, &plan).unwrap();
+        let tm = TimeModel::new(&p);
+        let room = 8192.0 - 64.0;
+        let riding = Batch {
+            decode_seqs: 63.0,
+            decode_context: 1024.0 + 128.0,
+            prefill_seqs: 1.0,
+            prefill_new: 1024.0,
+            prefill_cached: 0.0,
+            busy_ranks: None,
+        };
+        let (own, _) = tm.forward(&plan.worker, &riding, false);
+        let full = Batch {
+            prefill_seqs: room / 1024.0,
+            ..riding
+        };
+        let (crossing, period) = tm.forward(&plan.worker, &full, false);
+        assert!(
+            period < 0.5 * crossing.total_s,
+            "{period} vs {}",
+            crossing.total_s
+        );
+        let service = 1024.0 / room * period;
+        let x = 256.0 / (256.0 * ev.time.tpot_s);
+        let expected = queue::md1_wait(x, service).unwrap().min(255.0 * service);
+        assert!(
+            (ev.queue_s - expected).abs() < 1e-12,
+            "{} vs {expected}",
+            ev.queue_s
+        );
+        assert!((ev.time.ttft_s - own.total_s - expected).abs() < 1e-12);
+        // Priced at the crossing, as before, the prefill would be saturated: 255 prompts' wait.
+        assert!(queue::md1_wait(x, 1024.0 / room * crossing.total_s)
+            .is_none_or(|w| w > 10.0 * ev.queue_s));
     }
 
     #[test]
