@@ -34,7 +34,7 @@ from . import _core
 from .errors import InvalidCaseError
 from .hardware import Cluster
 from .model import Model
-from .serving import _complete, serving_problem
+from .serving import _NAMED_WORKER_KEYS, _complete, serving_problem
 
 METRICS = ("output_tokens_per_s", "ttft_s", "tpot_s", "e2e_s")
 """What a case may measure, each compared where the source publishes it."""
@@ -71,6 +71,22 @@ def _stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _by(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The summary of each group of ``rows`` by ``key`` (``gpu``, ``arch``, ``engine``), in order."""
+    return {group: _stats([r for r in rows if r[key] == group]) for group in sorted({r[key] for r in rows})}
+
+
+def _copy_worker_fields(src: dict[str, Any], dst: dict[str, Any], integers: tuple[str, ...]) -> None:
+    """Copies into the worker ``dst`` the ``integers`` fields and the named ones that ``src``, a
+    case's plan or prefill pool, sets."""
+    for key in integers:
+        if src.get(key) is not None:
+            dst[key] = int(src[key])
+    for key in _NAMED_WORKER_KEYS:
+        if src.get(key) is not None:
+            dst[key] = src[key]
+
+
 def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str, Any]:
     try:
         model = Model.preset(case["model"])
@@ -94,12 +110,7 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     ep = int(plan.get("ep", 1))
     worker = {"tp": plan["tp"], "pp": plan.get("pp", 1), "attention_dp": adp, "ep": ep,
               "expert_tp": plan.get("expert_tp", stage // ep), "max_sequences": adp}
-    for key in ("max_batched_tokens", "kv_tokens", "output_lag_steps"):
-        if plan.get(key) is not None:
-            worker[key] = int(plan[key])
-    for key in ("attention_kernel", "sliding_kv"):
-        if plan.get(key) is not None:
-            worker[key] = plan[key]
+    _copy_worker_fields(plan, worker, ("max_batched_tokens", "kv_tokens", "output_lag_steps"))
     deployment: dict[str, Any] = {"worker": worker, "replicas": plan.get("replicas", 1)}
     if plan.get("prefill") is not None:
         # A disaggregated deployment: its prefill workers as the case states them, their batch
@@ -107,15 +118,11 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
         pre = plan["prefill"]
         try:
             prefill = {"tp": int(pre["tp"]), "max_sequences": int(pre["max_sequences"])}
-            for key in ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens", "kv_tokens"):
-                if pre.get(key) is not None:
-                    prefill[key] = int(pre[key])
+            _copy_worker_fields(pre, prefill, ("pp", "attention_dp", "ep", "expert_tp", "max_batched_tokens",
+                                               "kv_tokens"))
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidCaseError(
                 f"serving case {index} ({case.get('id', '?')}): plan.prefill: missing or bad {e}") from None
-        for key in ("attention_kernel", "sliding_kv"):
-            if pre.get(key) is not None:
-                prefill[key] = pre[key]
         # expert_tp as a plan string defaults it (the core checks what is left).
         deployment["prefill"] = _complete(prefill)
         deployment["prefill_replicas"] = int(plan.get("prefill_replicas", 1))
@@ -159,14 +166,13 @@ def validate_serving(text: str) -> ServingValidationReport:
         raise InvalidCaseError("serving case file: expected {\"kind\": \"serving\", \"cases\": [...]}")
     engines = data.get("engines", {})
     rows = [_case(c, engines, i) for i, c in enumerate(data["cases"])]
-    summary: dict[str, Any] = {"all": _stats(rows), "by_gpu": {}, "by_arch": {}, "by_engine": {}}
-    for key, name in (("gpu", "by_gpu"), ("arch", "by_arch"), ("engine", "by_engine")):
-        for group in sorted({r[key] for r in rows}):
-            summary[name][group] = _stats([r for r in rows if r[key] == group])
     # The figure to quote: the cases no constant was fitted on.
     held_out = [r for r in rows if not r["in_sample_for"]]
-    summary["out_of_sample"] = {"cases": len(held_out), "all": _stats(held_out), "by_gpu": {
-        g: _stats([r for r in held_out if r["gpu"] == g]) for g in sorted({r["gpu"] for r in held_out})}}
+    summary: dict[str, Any] = {
+        "all": _stats(rows), "by_gpu": _by(rows, "gpu"), "by_arch": _by(rows, "arch"),
+        "by_engine": _by(rows, "engine"),
+        "out_of_sample": {"cases": len(held_out), "all": _stats(held_out), "by_gpu": _by(held_out, "gpu")},
+    }
     return ServingValidationReport(rows, summary)
 
 

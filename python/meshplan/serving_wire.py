@@ -107,6 +107,8 @@ def space_from(msg: pb.ServingSpace, max_candidates: Optional[int] = None) -> di
 
 
 def _worker_message(w: dict[str, Any]) -> pb.ServingWorker:
+    """A worker dict (a core plan's or a request's) as a message; a field it leaves unset (None) is
+    unset on the wire."""
     return pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"],
                             **{name: w.get(name) for name in _WORKER_OPTIONAL})
 
@@ -188,18 +190,10 @@ def problem_message(problem: dict[str, Any]) -> pb.ServingProblem:
 
 def plan_message(plan: dict[str, Any]) -> pb.ServingPlan:
     """A core deployment dict (:func:`meshplan.serving.parse_serving_plan`) as a message."""
-    msg = pb.ServingPlan(worker=_request_worker(plan["worker"]), replicas=plan.get("replicas", 1))
+    msg = pb.ServingPlan(worker=_worker_message(plan["worker"]), replicas=plan.get("replicas", 1))
     if plan.get("prefill") is not None:
-        msg.prefill.CopyFrom(_request_worker(plan["prefill"]))
+        msg.prefill.CopyFrom(_worker_message(plan["prefill"]))
         msg.prefill_replicas = plan.get("prefill_replicas", 1)
-    return msg
-
-
-def _request_worker(w: dict[str, Any]) -> pb.ServingWorker:
-    msg = pb.ServingWorker(tp=w["tp"], max_sequences=w["max_sequences"])
-    for name in _WORKER_OPTIONAL:
-        if w.get(name) is not None:
-            setattr(msg, name, w[name])
     return msg
 
 

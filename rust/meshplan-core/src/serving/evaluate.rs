@@ -160,7 +160,7 @@ pub(crate) fn score(
     let isl = p.traffic.input_len as f64;
     let osl = p.traffic.output_len as f64;
     let new = p.new_prompt_tokens();
-    let cached = isl - new;
+    let cached = p.cached_prompt_tokens();
     let mut b = sequences(p, plan);
     let context = isl + osl / 2.0;
     let chunk = w.forward_tokens();

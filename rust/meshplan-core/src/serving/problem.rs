@@ -310,6 +310,12 @@ impl ServingProblem {
         let t = &self.traffic;
         (t.input_len as f64 * (1.0 - t.prefix_fraction) * (1.0 - t.cached_fraction)).max(1.0)
     }
+
+    /// Prompt tokens per request found in the prefix cache (shared or the request's own), which
+    /// a prefilling token attends to: the rest of the prompt after [`Self::new_prompt_tokens`].
+    pub fn cached_prompt_tokens(&self) -> f64 {
+        self.traffic.input_len as f64 - self.new_prompt_tokens()
+    }
 }
 
 /// Bytes per stored element of `p`, block scales included (`data/serving.toml`).

@@ -203,6 +203,7 @@ pub fn search_serving(
     let experts = model.moe.as_ref().map_or(1, |m| m.num_experts);
     let chunk = constants().max_batched_tokens;
     let new = problem.new_prompt_tokens();
+    let cached = problem.cached_prompt_tokens();
     let mut scored: Vec<ServingEvaluation> = Vec::new();
     let mut budget = Budget {
         used: 0,
@@ -286,11 +287,7 @@ pub fn search_serving(
                             output_lag_steps: None,
                             ..shape
                         };
-                        let batch = Batch::prefill(
-                            bp as f64 / adp as f64,
-                            new,
-                            problem.traffic.input_len as f64 - new,
-                        );
+                        let batch = Batch::prefill(bp as f64 / adp as f64, new, cached);
                         budget.take()?;
                         let (f, period) = tm.forward(&pw, &batch, false);
                         prefill.push(PrefillOption {

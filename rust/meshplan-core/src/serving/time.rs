@@ -219,6 +219,7 @@ impl<'a> TimeModel<'a> {
         let gpu = &problem.cluster.gpu;
         let device = Device::of(gpu, problem.weight_precision);
         let upcast = mxfp4_upcast(problem);
+        let hbm_bytes_per_s = gpu.memory_bandwidth_gbps * 1e9;
         let stack = Stack::default_stack();
         let ops = OpsContext {
             tokens: 1.0,
@@ -238,11 +239,8 @@ impl<'a> TimeModel<'a> {
             weight_bytes: bytes_per_element(problem.weight_precision),
             expert_weight_bytes: problem.expert_bytes_per_element(),
             kv_bytes: bytes_per_element(problem.kv_precision),
-            stream_bytes_per_s: gpu.memory_bandwidth_gbps
-                * 1e9
-                * constants().decode_bandwidth_fraction,
-            expert_stream_bytes_per_s: gpu.memory_bandwidth_gbps
-                * 1e9
+            stream_bytes_per_s: hbm_bytes_per_s * constants().decode_bandwidth_fraction,
+            expert_stream_bytes_per_s: hbm_bytes_per_s
                 * if upcast {
                     constants().mxfp4_upcast_moe_bandwidth_fraction
                 } else {
@@ -315,9 +313,10 @@ impl<'a> TimeModel<'a> {
         let activations = ACT_BYTES * (g.m * g.k + g.m * g.n) * g.repeat;
         let bytes = weights + activations;
         let stream_s = weights / weight_stream + activations / self.stream_bytes_per_s;
-        acc.seconds += compute.max(stream_s);
+        let seconds = compute.max(stream_s);
+        acc.seconds += seconds;
         if g.grouped {
-            acc.expert_seconds += compute.max(stream_s);
+            acc.expert_seconds += seconds;
         }
         acc.compute_s += compute;
         acc.stream_s += stream_s;
