@@ -321,3 +321,43 @@ def test_the_cached_fraction_travels_over_grpc(stub: pb_grpc.PlannerStub) -> Non
         stub.EvaluateServing(bad, timeout=60)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "traffic.cached_fraction: 2" in str(err.value.details())
+
+
+def test_a_length_distribution_travels_over_grpc(stub: pb_grpc.PlannerStub) -> None:
+    classes = [(512, 128, 3.0), (4096, 512, 1.0)]
+    traffic = pb.ServingTraffic(concurrency=64, lengths=[
+        pb.LengthClass(input_len=i, output_len=o, weight=w) for i, o, w in classes])
+    req = pb.EvaluateServingRequest(
+        problem=pb.ServingProblem(model=pb.Model(preset="llama3-70b"),
+                                  cluster=pb.Cluster(gpu="h100-sxm", num_gpus=8), traffic=traffic),
+        plan=pb.ServingPlan(worker=pb.ServingWorker(tp=8, max_sequences=64)))
+    ev = stub.EvaluateServing(req, timeout=60).evaluation
+    local = mp.evaluate_serving("llama3-70b", mp.Cluster("h100-sxm", 8), "tp=8,batch=64",
+                                lengths=classes, concurrency=64)
+    assert ev.ttft_s == pytest.approx(local["time"]["ttft_s"])
+    assert ev.tpot_s == pytest.approx(local["time"]["tpot_s"])
+    assert ev.e2e_s == pytest.approx(local["time"]["e2e_s"])
+    # The client sends what Python built: a class without a weight travels without one.
+    local_problem = mp.serving.serving_problem("llama3-70b", mp.Cluster("h100-sxm", 8),
+                                               lengths=[(512, 128), (4096, 512, 2.0)], concurrency=64)
+    msg = serving_wire.problem_message(local_problem).traffic
+    assert (msg.input_len, msg.output_len) == (0, 0)
+    assert not msg.lengths[0].HasField("weight") and msg.lengths[1].weight == 2.0
+    # Bad classes are one line naming the field, at every edge of the integers on the wire.
+    for value in (0, 2**31, 2**32, 2**63 - 1, -1):
+        bad = pb.ServingTraffic(lengths=[pb.LengthClass(input_len=value, output_len=64)])
+        request = pb.EvaluateServingRequest(
+            problem=pb.ServingProblem(model=pb.Model(preset="llama3-8b"),
+                                      cluster=pb.Cluster(gpu="h100-sxm", num_gpus=8), traffic=bad),
+            plan=pb.ServingPlan(worker=pb.ServingWorker(tp=8, max_sequences=64)))
+        with pytest.raises(grpc.RpcError) as err:
+            stub.EvaluateServing(request, timeout=60)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert f"invalid traffic.lengths.input_len: {value} (allowed: 1..=16777216)" == err.value.details()
+    both = pb.ServingTraffic(input_len=512, output_len=64, lengths=[pb.LengthClass(input_len=512, output_len=64)])
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SearchServing(pb.SearchServingRequest(problem=pb.ServingProblem(
+            model=pb.Model(preset="llama3-8b"), cluster=pb.Cluster(gpu="h100-sxm", num_gpus=8), traffic=both)),
+            timeout=60)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "traffic.input_len: 512 (allowed: unset (0) with traffic.lengths" in str(err.value.details())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -509,3 +510,103 @@ def test_an_estimate_with_prefix_cache_hits_exports_prefix_caching_on() -> None:
     cold = serving_problem("llama3-70b", cluster, input_len=4096, output_len=256)
     assert "--enable-prefix-caching" not in launch_commands(plan, cold, "vllm")[1]
     assert "block_reuse" not in launch_commands(plan, cold, "trtllm")[0]
+
+
+def test_a_length_distribution_prices_each_class() -> None:
+    # One class is the fixed lengths exactly; a mix of the same mean requests decodes longer
+    # contexts (the long requests stay in the batch longer) and reports the requests' medians.
+    cluster = mp.Cluster("h100-sxm", 8)
+    kw = {"concurrency": 64}
+    fixed = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", input_len=1024, output_len=256, **kw)
+    one = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", lengths=[(1024, 256, 5.0)], **kw)
+    assert one["time"] == fixed["time"] and one["output_tokens_per_s"] == fixed["output_tokens_per_s"]
+    mix = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64",
+                              lengths=[{"input_len": 512, "output_len": 128}, (1536, 384)], **kw)
+    assert mix["time"]["tpot_s"] > fixed["time"]["tpot_s"]
+    x = mix["requests_per_s"]
+    assert mix["output_tokens_per_s"] == pytest.approx(256 * x)
+    assert x == pytest.approx(64 / (256 * mix["time"]["tpot_s"]))
+    # e2e: the mean of the two classes' (an even count of equal weight), each TTFT + (O - 1)·TPOT.
+    e2e_short = mix["time"]["e2e_s"] - 0.5 * (383 - 127) * mix["time"]["tpot_s"]
+    assert e2e_short < mix["time"]["e2e_s"]
+    skew = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", lengths=[(512, 128, 3.0), (1536, 384)], **kw)
+    assert skew["time"]["e2e_s"] < mix["time"]["e2e_s"]
+
+
+def test_a_length_distribution_is_given_one_way() -> None:
+    cluster = mp.Cluster("h100-sxm", 8)
+    cases = [
+        ({"lengths": [(512, 64)], "input_len": 512}, "invalid traffic.input_len: 512 (allowed: unset"),
+        ({"lengths": []}, "invalid traffic.lengths: 0 classes (allowed: 1..=64 classes"),
+        ({"lengths": [(512, 64)] * 65}, "invalid traffic.lengths: 65 classes"),
+        ({"lengths": [(512,)]}, "invalid traffic.lengths[0]: (512,)"),
+        ({"lengths": "512,64"}, "invalid traffic.lengths: '512,64'"),
+        ({"input_len": 512}, "invalid traffic.output_len: None (allowed: 1..=16777216, or a length distribution"),
+        ({"lengths": [(512, 64), (1024, 64)], "arrival": "waves"}, "invalid traffic.arrival: waves"),
+    ]
+    for kw, message in cases:
+        with pytest.raises(mp.errors.InvalidInputError) as e:
+            mp.search_serving("llama3-8b", cluster, **kw)
+        assert str(e.value).startswith(message), str(e.value)
+        assert "\n" not in str(e.value)
+
+
+def test_length_histogram_bins_a_trace_keeping_its_means() -> None:
+    from meshplan.serving import length_histogram
+
+    trace = [(100 + 7 * i % 3900, 10 + 13 * i % 1990) for i in range(10_000)]
+    classes = length_histogram(trace)
+    assert len(classes) == 64
+    assert sum(c["weight"] for c in classes) == 10_000
+    for k in ("input_len", "output_len"):
+        binned = sum(c[k] * c["weight"] for c in classes) / 10_000
+        assert binned == pytest.approx(sum(t[0 if k == "input_len" else 1] for t in trace) / 10_000, abs=0.5)
+    # Ordered by prompt: each prompt group's classes lie above the group before.
+    assert classes[0]["input_len"] < classes[8]["input_len"] < classes[-1]["input_len"]
+    assert len(length_histogram([(5, 6)])) == 1
+    assert length_histogram([(5, 6), (7, 8)], input_bins=2, output_bins=1) == [
+        {"input_len": 5, "output_len": 6, "weight": 1.0}, {"input_len": 7, "output_len": 8, "weight": 1.0}]
+    for bad, message in (([], "no samples"), ([(0, 5)], "sample 0 input_len: 0"), ([(5, 5, 5)], "sample 0"),
+                         ([(5, True)], "sample 0 output_len: True")):
+        with pytest.raises(mp.errors.InvalidInputError, match=message):
+            length_histogram(bad)
+    with pytest.raises(mp.errors.InvalidInputError, match="input_bins x output_bins: 100"):
+        length_histogram(trace, input_bins=10, output_bins=10)
+
+
+def test_cli_reads_a_length_distribution(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("input_len,output_len\n" + "".join(f"{200 + 37 * i % 3000},{20 + 11 * i % 900}\n"
+                                                       for i in range(500)))
+    base = ("--model", "llama3-8b", "--gpu", "h100-sxm", "--gpus", "8", "--concurrency", "32")
+    code, text = run_cli("inference", "search", *base, "--lengths", str(trace), "--json", "--top-k", "1")
+    assert code == 0
+    best = json.loads(text)["plans"][0]
+    # The same trace through Python, binned the same way, gives the same best deployment.
+    from meshplan.serving import length_histogram
+
+    rows = [tuple(map(int, line.split(","))) for line in trace.read_text().splitlines()[1:]]
+    r = mp.search_serving("llama3-8b", mp.Cluster("h100-sxm", 8), lengths=length_histogram(rows),
+                          concurrency=32, space={"top_k": 1})
+    assert r.best is not None and best["label"] == r.best["label"]
+    assert best["time"]["ttft_s"] == pytest.approx(r.best["time"]["ttft_s"])
+    hist = tmp_path / "hist.json"
+    hist.write_text(json.dumps([[512, 64, 3], {"input_len": 2048, "output_len": 256, "weight": 1}]))
+    code, text = run_cli("inference", "evaluate", *base, "--lengths", str(hist), "--plan", "tp=1,batch=32,replicas=1",
+                         "--json")
+    assert code == 0
+    ev = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=1,batch=32,replicas=1",
+                             lengths=[(512, 64, 3), (2048, 256, 1)], concurrency=32)
+    assert json.loads(text)["time"]["tpot_s"] == pytest.approx(ev["time"]["tpot_s"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("512,64\nx,y\n")
+    for argv, message in (((*base, "--lengths", str(bad)), "line 2: 'x,y' is not input_len,output_len"),
+                          ((*base, "--lengths", str(tmp_path / "none.csv")), "cannot read"),
+                          ((*base, "--lengths", str(hist), "--input-len", "5"), "leave out --input-len"),
+                          (base, "give --input-len and --output-len, or a length distribution")):
+        err = io.StringIO()
+        import contextlib
+
+        with contextlib.redirect_stderr(err):
+            code, _ = run_cli("inference", "search", *argv)
+        assert code == 2 and message in err.getvalue(), err.getvalue()

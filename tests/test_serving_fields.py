@@ -112,3 +112,30 @@ def test_structural_errors_name_the_field() -> None:
         _core.search_serving(put(problem(), "weight_precision", "nvfp4"))
     with pytest.raises(mp.errors.InvalidInputError, match=r"invalid traffic.prefix_fraction"):
         _core.search_serving(put(problem(), "traffic.prefix_fraction", 1.5))
+
+
+def lengths_problem() -> dict[str, Any]:
+    return serving_problem("llama3-8b", mp.Cluster("h100-sxm", 8), lengths=[(512, 64), (2048, 256, 2.0)],
+                           concurrency=8)
+
+
+@pytest.mark.parametrize("value", EDGES)
+@pytest.mark.parametrize("key", ["input_len", "output_len"])
+def test_length_class_fields(key: str, value: int) -> None:
+    # A class's lengths are named by the list's path, as every list element is (space.zero).
+    bad = lengths_problem()
+    bad["traffic"]["lengths"][1][key] = value
+    field = f"traffic.lengths.{key}"
+    expect_one_line(lambda: _core.search_serving(bad, {"top_k": 1}), field, value)
+    expect_one_line(lambda: _core.evaluate_serving(bad, plan()), field, value)
+    expect_one_line(lambda: _core.explain_serving(bad, plan()), field, value)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), 1e300])
+def test_a_length_class_weight_is_finite_and_positive(value: float) -> None:
+    bad = lengths_problem()
+    bad["traffic"]["lengths"][0]["weight"] = value
+    with pytest.raises(mp.errors.InvalidInputError) as e:
+        _core.evaluate_serving(bad, plan())
+    assert str(e.value).startswith("invalid traffic.lengths.weight: ")
+    assert str(e.value).endswith("(allowed: a finite number in (0, 1e15])")

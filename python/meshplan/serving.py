@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -25,6 +26,8 @@ from .hardware import Cluster
 __all__ = [
     "ServingResult",
     "serving_problem",
+    "length_histogram",
+    "MAX_LENGTH_CLASSES",
     "search_serving",
     "evaluate_serving",
     "explain_serving",
@@ -78,12 +81,88 @@ class ServingResult:
         return self.plans[0] if self.plans else None
 
 
+MAX_LENGTH_CLASSES = 64
+"""Most classes of a length distribution (the core's ``MAX_LENGTH_CLASSES``): a trace is binned
+into at most this many by :func:`length_histogram`."""
+
+LengthsLike = Sequence[Union[dict[str, Any], Sequence[Any]]]
+"""A length distribution: classes as ``{"input_len", "output_len", "weight"}`` dicts or
+``(input_len, output_len[, weight])`` tuples; a class without a weight weighs 1."""
+
+
+def _length_class(c: Any, i: int) -> dict[str, Any]:
+    """One class of ``lengths`` as the core's dict (the core checks the values)."""
+    if isinstance(c, dict):
+        return dict(c)
+    if isinstance(c, (list, tuple)) and len(c) in (2, 3):
+        out = {"input_len": c[0], "output_len": c[1]}
+        if len(c) == 3:
+            out["weight"] = c[2]
+        return out
+    raise InvalidInputError(
+        f"invalid traffic.lengths[{i}]: {c!r:.60} (allowed: a dict with input_len, output_len and "
+        "weight, or an (input_len, output_len[, weight]) tuple)"
+    )
+
+
+def length_histogram(
+    samples: Iterable[Sequence[int]], *, input_bins: int = 8, output_bins: int = 8
+) -> list[dict[str, Any]]:
+    """A trace's ``(input_len, output_len)`` pairs binned into at most ``input_bins ×
+    output_bins`` classes for ``serving_problem(lengths=...)``: the requests split into
+    ``input_bins`` groups of equal count by prompt length, each group into ``output_bins`` by
+    output length; a class is a group's mean lengths (rounded) weighted by its count. Means
+    are kept per group, so the mean prompt and output stay the trace's (to rounding).
+    """
+    pairs: list[tuple[int, int]] = []
+    for i, s in enumerate(samples):
+        try:
+            a, b = s
+        except (TypeError, ValueError):
+            raise InvalidInputError(
+                f"invalid lengths sample {i}: {s!r:.60} (allowed: an (input_len, output_len) pair)"
+            ) from None
+        for name, v in (("input_len", a), ("output_len", b)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidInputError(
+                    f"invalid lengths sample {i} {name}: {v!r:.40} (allowed: an integer >= 1)"
+                )
+        pairs.append((a, b))
+    if not pairs:
+        raise InvalidInputError("invalid lengths: no samples (allowed: at least one (input_len, output_len) pair)")
+    for name, k in (("input_bins", input_bins), ("output_bins", output_bins)):
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_LENGTH_CLASSES:
+            raise InvalidInputError(f"invalid {name}: {k!r:.40} (allowed: 1..={MAX_LENGTH_CLASSES})")
+    if input_bins * output_bins > MAX_LENGTH_CLASSES:
+        raise InvalidInputError(
+            f"invalid input_bins x output_bins: {input_bins * output_bins} "
+            f"(allowed: 1..={MAX_LENGTH_CLASSES} classes)"
+        )
+    classes: list[dict[str, Any]] = []
+    for group in _equal_count_groups(sorted(pairs), input_bins):
+        for part in _equal_count_groups(sorted(group, key=lambda p: p[1]), output_bins):
+            n = len(part)
+            classes.append({
+                "input_len": max(1, round(sum(p[0] for p in part) / n)),
+                "output_len": max(1, round(sum(p[1] for p in part) / n)),
+                "weight": float(n),
+            })
+    return classes
+
+
+def _equal_count_groups(items: list[tuple[int, int]], k: int) -> list[list[tuple[int, int]]]:
+    """``items`` (sorted) cut into at most ``k`` consecutive groups of equal count (±1)."""
+    k = min(k, len(items))
+    return [items[len(items) * j // k: len(items) * (j + 1) // k] for j in range(k)]
+
+
 def serving_problem(
     model: ModelLike,
     cluster: Cluster,
     *,
-    input_len: int,
-    output_len: int,
+    input_len: Optional[int] = None,
+    output_len: Optional[int] = None,
+    lengths: Optional[LengthsLike] = None,
     weight_precision: str = "bf16",
     kv_precision: str = "bf16",
     weight_scaling: Optional[str] = None,
@@ -101,6 +180,10 @@ def serving_problem(
 ) -> dict[str, Any]:
     """The core's serving-problem dict (the core checks every field).
 
+    The requests' lengths: ``input_len`` and ``output_len`` for requests all alike, or
+    ``lengths``, a length distribution (at most :data:`MAX_LENGTH_CLASSES` classes of
+    ``(input_len, output_len[, weight])``; :func:`length_histogram` bins a trace), not both.
+
     ``weight_scaling`` (``tensor`` or ``block``, FP8 only): None takes it from a Hugging Face
     config's ``quantization_config.weight_block_size`` when ``model`` is one, else the core's
     default (``block`` for presets whose published FP8 checkpoint is block-scaled).
@@ -114,8 +197,7 @@ def serving_problem(
         "weight_precision": weight_precision,
         "kv_precision": kv_precision,
         "traffic": {
-            "input_len": input_len,
-            "output_len": output_len,
+            **_lengths_fields(input_len, output_len, lengths),
             "prefix_fraction": prefix_fraction,
             "cached_fraction": cached_fraction,
             "concurrency": concurrency,
@@ -147,6 +229,36 @@ def _hf_quantization(model: ModelLike) -> Optional[dict[str, Any]]:
         return None  # as_model has already read it; nothing more to say here
     quant = config.get("quantization_config") if isinstance(config, dict) else None
     return quant if isinstance(quant, dict) else None
+
+
+def _lengths_fields(
+    input_len: Optional[int], output_len: Optional[int], lengths: Optional[LengthsLike]
+) -> dict[str, Any]:
+    """The traffic's length fields: fixed lengths, or a distribution (the lengths unset)."""
+    if lengths is None:
+        if input_len is None or output_len is None:
+            missing = "input_len" if input_len is None else "output_len"
+            lo, hi = _core.limits()[f"traffic.{missing}"]
+            raise InvalidInputError(
+                f"invalid traffic.{missing}: None (allowed: {lo}..={hi}, or a length distribution in lengths)"
+            )
+        return {"input_len": input_len, "output_len": output_len}
+    if isinstance(lengths, (str, bytes, dict)) or not isinstance(lengths, Sequence):
+        raise InvalidInputError(
+            f"invalid traffic.lengths: {lengths!r:.60} (allowed: a list of (input_len, output_len[, weight]))"
+        )
+    if not 1 <= len(lengths) <= MAX_LENGTH_CLASSES:
+        raise InvalidInputError(
+            f"invalid traffic.lengths: {len(lengths)} classes (allowed: 1..={MAX_LENGTH_CLASSES} classes: bin "
+            "a trace into a histogram (meshplan.length_histogram, the CLI's --lengths))"
+        )
+    for name, v in (("input_len", input_len), ("output_len", output_len)):
+        if v is not None:
+            raise InvalidInputError(
+                f"invalid traffic.{name}: {v!r:.40} (allowed: unset (0) with traffic.lengths, whose classes give "
+                "the lengths)"
+            )
+    return {"lengths": [_length_class(c, i) for i, c in enumerate(lengths)]}
 
 
 def _hf_expert_weights(model: ModelLike) -> Optional[str]:

@@ -96,7 +96,8 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     except (KeyError, TypeError, ValueError) as e:
         raise InvalidCaseError(f"serving case {index} ({case.get('id', '?')}): missing or bad {e}") from None
     problem = serving_problem(
-        model, cluster, input_len=traffic["input_len"], output_len=traffic["output_len"],
+        model, cluster, input_len=traffic.get("input_len"), output_len=traffic.get("output_len"),
+        lengths=traffic.get("lengths"),
         weight_precision=case.get("weight_precision", "bf16"), kv_precision=case.get("kv_precision", "bf16"),
         weight_scaling=case.get("weight_scaling"),
         expert_weights=case.get("expert_weights"),

@@ -50,6 +50,7 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
         "traffic": {
             "input_len": t.input_len,
             "output_len": t.output_len,
+            **({"lengths": [_length_class_from(c) for c in t.lengths]} if t.lengths else {}),
             "prefix_fraction": _opt(t, "prefix_fraction") or 0.0,
             "cached_fraction": _opt(t, "cached_fraction") or 0.0,
             "concurrency": _opt(t, "concurrency"),
@@ -62,6 +63,13 @@ def problem_from(msg: pb.ServingProblem, cluster: Cluster) -> dict[str, Any]:
         **({"weight_scaling": msg.weight_scaling} if msg.HasField("weight_scaling") else {}),
         **({"expert_weights": msg.expert_weights} if msg.HasField("expert_weights") else {}),
     }
+
+
+def _length_class_from(msg: pb.LengthClass) -> dict[str, Any]:
+    c: dict[str, Any] = {"input_len": msg.input_len, "output_len": msg.output_len}
+    if msg.HasField("weight"):
+        c["weight"] = msg.weight
+    return c
 
 
 def _worker_from(msg: pb.ServingWorker) -> dict[str, Any]:
@@ -175,7 +183,8 @@ def problem_message(problem: dict[str, Any]) -> pb.ServingProblem:
         weight_precision=problem["weight_precision"],
         kv_precision=problem["kv_precision"],
         traffic=pb.ServingTraffic(
-            input_len=t["input_len"], output_len=t["output_len"],
+            input_len=t.get("input_len", 0), output_len=t.get("output_len", 0),
+            lengths=[pb.LengthClass(**c) for c in t.get("lengths", [])],
             prefix_fraction=t["prefix_fraction"], cached_fraction=t.get("cached_fraction", 0.0),
             concurrency=t["concurrency"],
             request_rate=t["request_rate"], arrival=t.get("arrival"),

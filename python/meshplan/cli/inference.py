@@ -13,7 +13,16 @@ import csv
 import json
 from typing import Any, Optional, TextIO
 
-from ..serving import ENGINES, evaluate_serving, explain_serving, launch_commands, search_serving, serving_problem
+from ..serving import (
+    ENGINES,
+    MAX_LENGTH_CLASSES,
+    evaluate_serving,
+    explain_serving,
+    launch_commands,
+    length_histogram,
+    search_serving,
+    serving_problem,
+)
 from ._common import Parser, UsageError, cluster_from, model_from, remaining_s
 from ._render import table
 
@@ -49,8 +58,12 @@ def _flags() -> Parser:
     g.add_argument("--expert-weights", metavar="FORMAT",
                    help="the routed experts' weight-only storage format: mxfp4 (gpt-oss; default: the HF "
                         "config's quant_method, else like the other layers)")
-    g.add_argument("--input-len", required=True, type=int, metavar="T", help="prompt tokens per request (ISL)")
-    g.add_argument("--output-len", required=True, type=int, metavar="T", help="output tokens per request (OSL)")
+    g.add_argument("--input-len", type=int, metavar="T", help="prompt tokens per request (ISL)")
+    g.add_argument("--output-len", type=int, metavar="T", help="output tokens per request (OSL)")
+    g.add_argument("--lengths", metavar="FILE.csv|.json",
+                   help="a length distribution instead of --input-len/--output-len: rows of input_len,output_len "
+                        "(a trace, one request per row) or input_len,output_len,weight (a histogram); a trace of "
+                        f"more than {MAX_LENGTH_CLASSES} requests is binned into 8 x 8 classes")
     g.add_argument("--prefix-fraction", type=float, default=0.0, metavar="F", help="shared, cached prompt prefix (0-0.99)")
     g.add_argument("--cached-fraction", type=float, default=0.0, metavar="F",
                    help="share of each prompt's own tokens already cached by earlier requests, e.g. a "
@@ -108,11 +121,64 @@ def add(sub: Any) -> None:
         c.set_defaults(run=_evaluate if name == "evaluate" else _explain)
 
 
+def read_lengths(path: str) -> list[Any]:
+    """The classes of a ``--lengths`` file: a CSV (an optional header, then rows of
+    ``input_len,output_len[,weight]``) or a JSON list of such rows or of class dicts. Rows
+    without weights are a trace: as they are up to :data:`MAX_LENGTH_CLASSES` rows, binned by
+    :func:`meshplan.serving.length_histogram` beyond."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise UsageError(f"--lengths: cannot read {path}: {e.strerror or e}") from None
+    rows: list[Any]
+    if path.endswith(".json"):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--lengths {path}: not JSON ({e.msg}, line {e.lineno})") from None
+        if not isinstance(rows, list):
+            raise UsageError(f"--lengths {path}: a JSON list of [input_len, output_len(, weight)] rows")
+    else:
+        rows = []
+        for line, cells in enumerate(csv.reader(text.splitlines()), 1):
+            if not cells or not "".join(cells).strip():
+                continue
+            try:
+                rows.append([_number(c) for c in cells])
+            except ValueError:
+                if rows or line > 1:
+                    raise UsageError(f"--lengths {path} line {line}: {','.join(cells)[:60]!r} is not "
+                                     "input_len,output_len[,weight]") from None
+    if not rows:
+        raise UsageError(f"--lengths {path}: no rows")
+    weighted = any(isinstance(r, dict) or (isinstance(r, list) and len(r) == 3) for r in rows)
+    if weighted or len(rows) <= MAX_LENGTH_CLASSES:
+        return rows
+    return length_histogram([tuple(r) if isinstance(r, list) else r for r in rows])
+
+
+def _number(cell: str) -> Any:
+    """A CSV cell as an int where it is one (lengths), else a float (weights)."""
+    cell = cell.strip()
+    try:
+        return int(cell)
+    except ValueError:
+        return float(cell)
+
+
 def _problem(args: argparse.Namespace) -> dict[str, Any]:
     ms = 1e-3
+    if args.lengths is not None:
+        if args.input_len is not None or args.output_len is not None:
+            raise UsageError("--lengths gives the lengths: leave out --input-len and --output-len")
+        lengths: dict[str, Any] = {"lengths": read_lengths(args.lengths)}
+    elif args.input_len is None or args.output_len is None:
+        raise UsageError("give --input-len and --output-len, or a length distribution in --lengths FILE")
+    else:
+        lengths = {"input_len": args.input_len, "output_len": args.output_len}
     return {
-        "input_len": args.input_len,
-        "output_len": args.output_len,
+        **lengths,
         "weight_precision": args.weight_precision,
         "kv_precision": args.kv_precision,
         "weight_scaling": args.weight_scaling,

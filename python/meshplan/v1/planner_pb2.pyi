@@ -1921,13 +1921,41 @@ class ListPresetsResponse(_message.Message):
 Global___ListPresetsResponse: _TypeAlias = ListPresetsResponse  # noqa: Y015
 
 @_typing.final
-class ServingTraffic(_message.Message):
+class LengthClass(_message.Message):
     """--- serving (docs/serving.md) -----------------------------------------------------------------
     The shapes of `meshplan.search_serving` / `evaluate_serving` (core `serving/`).
 
     The requests a deployment serves.
+    One class of a length distribution: `weight` (unset: 1) is its share of the requests.
     """
 
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INPUT_LEN_FIELD_NUMBER: _builtins.int
+    OUTPUT_LEN_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    input_len: _builtins.int
+    output_len: _builtins.int
+    weight: _builtins.float
+    def __init__(
+        self,
+        *,
+        input_len: _builtins.int = ...,
+        output_len: _builtins.int = ...,
+        weight: _builtins.float | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_weight", b"_weight", "weight", b"weight"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_weight", b"_weight", "input_len", b"input_len", "output_len", b"output_len", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__weight: _TypeAlias = _typing.Literal["weight"]  # noqa: Y015
+    _WhichOneofArgType__weight: _TypeAlias = _typing.Literal["_weight", b"_weight"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__weight) -> _WhichOneofReturnType__weight | None: ...
+
+Global___LengthClass: _TypeAlias = LengthClass  # noqa: Y015
+
+@_typing.final
+class ServingTraffic(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     INPUT_LEN_FIELD_NUMBER: _builtins.int
@@ -1938,10 +1966,11 @@ class ServingTraffic(_message.Message):
     ARRIVAL_FIELD_NUMBER: _builtins.int
     NUM_REQUESTS_FIELD_NUMBER: _builtins.int
     CACHED_FRACTION_FIELD_NUMBER: _builtins.int
+    LENGTHS_FIELD_NUMBER: _builtins.int
     input_len: _builtins.int
-    """Prompt tokens per request (ISL)."""
+    """Prompt tokens per request (ISL); 0 with `lengths`."""
     output_len: _builtins.int
-    """Output tokens per request (OSL), the first included."""
+    """Output tokens per request (OSL), the first included; 0 with `lengths`."""
     prefix_fraction: _builtins.float
     """Share of each prompt found in the prefix cache (0 to 0.99); unset: 0."""
     concurrency: _builtins.int
@@ -1961,6 +1990,12 @@ class ServingTraffic(_message.Message):
     """Share of each prompt's own tokens (beyond the shared prefix) already cached by earlier
     requests (0 to 1): not prefilled, but held and handed over in full; unset: 0.
     """
+    @_builtins.property
+    def lengths(self) -> _containers.RepeatedCompositeFieldContainer[Global___LengthClass]:
+        """A length distribution instead of input_len/output_len (at most 64 classes; bin a trace
+        into a histogram); empty: every request has input_len and output_len.
+        """
+
     def __init__(
         self,
         *,
@@ -1972,10 +2007,11 @@ class ServingTraffic(_message.Message):
         arrival: _builtins.str | None = ...,
         num_requests: _builtins.int | None = ...,
         cached_fraction: _builtins.float | None = ...,
+        lengths: _abc.Iterable[Global___LengthClass] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_cached_fraction", b"_cached_fraction", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "cached_fraction", b"cached_fraction", "concurrency", b"concurrency", "num_requests", b"num_requests", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_cached_fraction", b"_cached_fraction", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "cached_fraction", b"cached_fraction", "concurrency", b"concurrency", "input_len", b"input_len", "num_requests", b"num_requests", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_arrival", b"_arrival", "_cached_fraction", b"_cached_fraction", "_concurrency", b"_concurrency", "_num_requests", b"_num_requests", "_prefix_fraction", b"_prefix_fraction", "_request_rate", b"_request_rate", "arrival", b"arrival", "cached_fraction", b"cached_fraction", "concurrency", b"concurrency", "input_len", b"input_len", "lengths", b"lengths", "num_requests", b"num_requests", "output_len", b"output_len", "prefix_fraction", b"prefix_fraction", "request_rate", b"request_rate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__arrival: _TypeAlias = _typing.Literal["arrival"]  # noqa: Y015
     _WhichOneofArgType__arrival: _TypeAlias = _typing.Literal["_arrival", b"_arrival"]  # noqa: Y015

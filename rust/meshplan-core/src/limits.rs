@@ -242,6 +242,8 @@ pub const TABLE: &[(&str, Limit)] = &[
     ("space.max_candidates", Limit::new(1, u64::MAX)),
     ("traffic.input_len", up_to(MAX_SEQ_LEN)),
     ("traffic.output_len", up_to(MAX_SEQ_LEN)),
+    ("traffic.lengths.input_len", up_to(MAX_SEQ_LEN)),
+    ("traffic.lengths.output_len", up_to(MAX_SEQ_LEN)),
     ("traffic.concurrency", up_to(MAX_SEQUENCES)),
     ("traffic.num_requests", up_to(MAX_SEQUENCES)),
     ("serving_plan.worker.tp", DEGREE),

@@ -20,7 +20,7 @@ use super::memory::{
     cached_layers, kv_bytes_per_token_per_layer, stage_counts, worker_memory, ServingMemory,
 };
 use super::plan::{ServingPlan, Worker};
-use super::problem::{Arrival, ServingProblem};
+use super::problem::{Arrival, LengthMix, ServingProblem};
 use super::queue;
 use super::time::{worker_groups, Batch, ServingTime, TimeModel};
 
@@ -125,11 +125,10 @@ pub(crate) fn decode_occupancy(cap: f64, ranks: f64, occupancy: impl Fn(f64) -> 
     n
 }
 
-/// KV-cache bytes one GPU of prefill worker `pw` hands to a decode worker per prompt: its own
-/// shard (its stage's layers, its KV heads; a sliding-window layer what `pw.sliding_kv` keeps
-/// of it, its last `window` tokens or all of them).
-pub(crate) fn kv_transfer_bytes(p: &ServingProblem, pw: &Worker) -> f64 {
-    let isl = p.traffic.input_len as f64;
+/// KV-cache bytes one GPU of prefill worker `pw` hands to a decode worker for a prompt of
+/// `isl` tokens: its own shard (its stage's layers, its KV heads; a sliding-window layer what
+/// `pw.sliding_kv` keeps of it, its last `window` tokens or all of them).
+pub(crate) fn kv_transfer_bytes(p: &ServingProblem, pw: &Worker, isl: f64) -> f64 {
     let layers = stage_counts(&p.model, pw.pp)
         .iter()
         .map(|c| cached_layers(&p.model, c, isl, pw.sliding_kv))
@@ -142,11 +141,67 @@ pub(crate) fn kv_transfer_bytes(p: &ServingProblem, pw: &Worker) -> f64 {
     per_token * layers * isl
 }
 
-/// KV-cache seconds of handing one request's prompt from prefill worker `pw` to a decode
+/// KV-cache seconds of handing a prompt of `isl` tokens from prefill worker `pw` to a decode
 /// worker ([`kv_transfer_bytes`] over the fabric, plus the transfer's fixed cost).
-fn kv_transfer_s(tm: &TimeModel, pw: &Worker, same_domain: bool) -> f64 {
-    let bytes = kv_transfer_bytes(tm.problem, pw);
+fn kv_transfer_s(tm: &TimeModel, pw: &Worker, same_domain: bool, isl: f64) -> f64 {
+    let bytes = kv_transfer_bytes(tm.problem, pw, isl);
     tm.fabric.p2p(bytes, same_domain).total_s + constants().kv_transfer_setup_us * 1e-6
+}
+
+/// A forward of `prompts` prompts of the traffic (per attention-DP rank): their mean new
+/// tokens in all, priced as prompts of the token-weighted mean length so that the attention's
+/// query-key pairs (which grow with each prompt's square) are those of the mix; with equal
+/// lengths, `prompts` prompts of that length.
+pub(crate) fn prompt_batch(tm: &TimeModel, prompts: f64) -> Batch {
+    let (p, isl) = (tm.problem, tm.mix.prefill_input);
+    let new = p.new_tokens_of(isl);
+    Batch::prefill(
+        prompts * (tm.mix.mean_new / new),
+        new,
+        p.cached_tokens_of(isl),
+    )
+}
+
+/// The index of the class of the median prompt (by input length, over the requests).
+fn median_class(mix: &LengthMix) -> usize {
+    let mut order: Vec<usize> = (0..mix.classes.len()).collect();
+    order.sort_by(|&a, &b| mix.classes[a].1.total_cmp(&mix.classes[b].1));
+    let mut seen = 0.0;
+    for &i in &order {
+        seen += mix.classes[i].0;
+        if seen >= 0.5 - 1e-12 {
+            return i;
+        }
+    }
+    order.last().copied().unwrap_or(0)
+}
+
+/// The mean and second moment over the requests of a value given per length class.
+fn moments(mix: &LengthMix, values: impl Iterator<Item = f64>) -> (f64, f64) {
+    mix.classes
+        .iter()
+        .zip(values)
+        .fold((0.0, 0.0), |(m, m2), (c, v)| {
+            (m + c.0 * v, m2 + c.0 * v * v)
+        })
+}
+
+/// The value below which `share` of the weight lies, of `(weight, value)` pairs whose weights
+/// sum to 1 (the weighted median at 0.5); where the weight below a value is exactly `share`,
+/// the mean of that value and the next (as the median of an even count).
+pub(crate) fn weighted_quantile(mut pairs: Vec<(f64, f64)>, share: f64) -> f64 {
+    pairs.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut seen = 0.0;
+    for (i, &(w, v)) in pairs.iter().enumerate() {
+        seen += w;
+        if (seen - share).abs() <= 1e-12 {
+            return pairs.get(i + 1).map_or(v, |next| (v + next.1) / 2.0);
+        }
+        if seen > share {
+            return v;
+        }
+    }
+    pairs.last().map_or(0.0, |p| p.1)
 }
 
 /// The evaluation of `plan` (already validated); `allow_tp_cross_domain` drops that rule.
@@ -157,15 +212,19 @@ pub(crate) fn score(
 ) -> ServingEvaluation {
     let p = tm.problem;
     let w = &plan.worker;
-    let isl = p.traffic.input_len as f64;
-    let osl = p.traffic.output_len as f64;
-    let new = p.new_prompt_tokens();
-    let cached = p.cached_prompt_tokens();
+    let mix = &tm.mix;
+    let osl = mix.mean_output;
     let mut b = sequences(p, plan);
-    let context = isl + osl / 2.0;
+    let context = mix.decode_context;
     let chunk = w.forward_tokens();
     let mut violations = Vec::new();
-    let (decode, tpot, prefill, mut ttft, kv_transfer, requests_per_s, prefill_memory);
+    let (decode, tpot, prefill, kv_transfer, requests_per_s, prefill_memory);
+    // Each length class's own time to its first token (its prefill, hand-over and the output
+    // lag), beside the queue every request waits; TTFT and end-to-end latency are the medians
+    // over the requests.
+    let own_ttft: Vec<f64>;
+    // The class of the median prompt, whose prefill forward the evaluation reports.
+    let median = median_class(mix);
     let arrival = p.traffic.arrival();
     let replicas = plan.replicas as f64;
     // Requests in flight per worker in a closed loop, arrivals per second per worker in an
@@ -188,10 +247,7 @@ pub(crate) fn score(
                 let step = Batch {
                     decode_seqs: b_rank,
                     decode_context: context,
-                    prefill_seqs: b_rank / osl,
-                    prefill_new: new,
-                    prefill_cached: cached,
-                    busy_ranks: None,
+                    ..prompt_batch(tm, b_rank / osl)
                 };
                 tm.forward(w, &step, true)
             };
@@ -202,8 +258,11 @@ pub(crate) fn score(
             // share one). With pipeline stages the running decodes go in `pp` micro-batches, each
             // forward with its own budget: a chunk rides in one of them beside its share of the
             // decodes, crosses every stage (the prompt's own time), and holds the budget for one
-            // pipeline period, the next micro-batch entering the first stage meanwhile.
-            let prompt = |b: f64| {
+            // pipeline period, the next micro-batch entering the first stage meanwhile. Of a
+            // prompt of `isl` tokens.
+            let prompt = |b: f64, isl: f64| {
+                let new = p.new_tokens_of(isl);
+                let cached = p.cached_tokens_of(isl);
                 let b_micro = b / w.attention_dp as f64 / w.pp as f64;
                 let room = (chunk - b_micro).max(chunk / 2.0);
                 let chunks = (new / room).ceil().max(1.0);
@@ -232,6 +291,9 @@ pub(crate) fn score(
                     // the busiest rank holds ceil(b / adp) of them and sets every forward; with
                     // fewer requests than ranks, the idle ranks add no tokens to the experts.
                     let (b_rank, busy_ranks) = wave_share(b, w.attention_dp);
+                    // One length class (validated): the wave's prompts are all alike.
+                    let new = p.new_tokens_of(mix.classes[0].1);
+                    let cached = p.cached_tokens_of(mix.classes[0].1);
                     let step = Batch {
                         busy_ranks,
                         ..Batch::decode(b_rank, context)
@@ -282,7 +344,7 @@ pub(crate) fn score(
                     tpot = period + (wave_s - first_s - lag_s) / (osl - 1.0).max(1.0);
                     prefill = f;
                     queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x);
-                    ttft = first_s + lag_s + queue_s;
+                    own_ttft = vec![first_s + lag_s];
                     requests_per_s = replicas * x;
                     if let Some(n) = run {
                         // Whole waves: the last one may be partly empty.
@@ -292,22 +354,27 @@ pub(crate) fn score(
                 }
                 Arrival::Spread => {
                     let (d, period) = steady(b);
-                    let (f, chunks, prompt_s) = prompt(b);
+                    let prompts: Vec<_> = mix.classes.iter().map(|c| prompt(b, c.1)).collect();
                     decode = d;
                     tpot = period;
-                    prefill = f;
+                    prefill = prompts[median].0;
                     let x = b / (osl * tpot);
                     // The loop's requests arrive spread out, at its completion rate, at each
                     // rank's prefill, where a prompt that finds others holding the budget waits
-                    // for them (M/D/1, as for Poisson arrivals below), at most for the rank's
-                    // other requests in flight; those beyond the batch wait for a slot first.
+                    // for them (M/D/1, as for Poisson arrivals below; M/G/1 for prompts of
+                    // several lengths), at most for the rank's other requests in flight; those
+                    // beyond the batch wait for a slot first.
+                    let (mean_s, second) = moments(mix, prompts.iter().map(|q| q.2));
                     let running = in_flight.unwrap_or(b).min(b) / w.attention_dp as f64;
-                    let others = (running - 1.0).max(0.0) * prompt_s;
-                    let contention = queue::md1_wait(x / w.attention_dp as f64, prompt_s)
+                    let others = (running - 1.0).max(0.0) * mean_s;
+                    let contention = queue::mg1_wait(x / w.attention_dp as f64, mean_s, second)
                         .map_or(others, |wq| wq.min(others));
                     queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x) + contention;
                     // Tokens returned `lag` steps late: the first one too.
-                    ttft = chunks * f.total_s + lag_steps * period + queue_s;
+                    own_ttft = prompts
+                        .iter()
+                        .map(|(f, chunks, _)| chunks * f.total_s + lag_steps * period)
+                        .collect();
                     requests_per_s = replicas * x;
                 }
                 Arrival::Poisson => {
@@ -320,16 +387,17 @@ pub(crate) fn score(
                     });
                     b = n;
                     let (d, period) = steady(n);
-                    let (f, chunks, service) = prompt(n);
+                    let prompts: Vec<_> = mix.classes.iter().map(|c| prompt(n, c.1)).collect();
                     decode = d;
                     tpot = period;
-                    prefill = f;
+                    prefill = prompts[median].0;
                     let mu = n / (osl * period);
                     // Each rank's prefill serves its share of the arrivals; a prompt holds its
-                    // share of a full forward's prefill budget (M/D/1).
+                    // share of a full forward's prefill budget (M/D/1; M/G/1 for prompts of
+                    // several lengths).
                     let rank_lambda = lambda / w.attention_dp as f64;
-                    let own = chunks * f.total_s;
-                    queue_s = match queue::md1_wait(rank_lambda, service) {
+                    let (service, second) = moments(mix, prompts.iter().map(|q| q.2));
+                    queue_s = match queue::mg1_wait(rank_lambda, service, second) {
                         Some(wq) if n < cap || mu >= lambda => wq,
                         _ => {
                             let served = mu.min(1.0 / service * w.attention_dp as f64);
@@ -338,7 +406,10 @@ pub(crate) fn score(
                             })
                         }
                     };
-                    ttft = own + lag_steps * period + queue_s;
+                    own_ttft = prompts
+                        .iter()
+                        .map(|(f, chunks, _)| chunks * f.total_s + lag_steps * period)
+                        .collect();
                     // The deployment's rate is its capacity, what its full batch completes (as
                     // for a closed loop); TTFT and TPOT are those at the offered load.
                     let capacity = if n < cap {
@@ -355,14 +426,20 @@ pub(crate) fn score(
         }
         Some(pw) => {
             let bp = pw.max_sequences as f64;
-            let pbatch = Batch::prefill(bp / pw.attention_dp as f64, new, cached);
+            let pbatch = prompt_batch(tm, bp / pw.attention_dp as f64);
             let (f, prefill_period) = tm.forward(pw, &pbatch, false);
             let decode_step = |n: f64| {
                 let step = Batch::decode(n / w.attention_dp as f64, context);
                 tm.forward(w, &step, true)
             };
             let same_domain = plan.gpus() <= tm.domain as u64;
-            kv_transfer = kv_transfer_s(tm, pw, same_domain);
+            // Each prompt's hand-over moves its own KV; the mean is reported.
+            let transfers: Vec<f64> = mix
+                .classes
+                .iter()
+                .map(|c| kv_transfer_s(tm, pw, same_domain, c.1))
+                .collect();
+            kv_transfer = moments(mix, transfers.iter().copied()).0;
             let prefill_rate = plan.prefill_replicas as f64 * bp / prefill_period;
             let full = decode_step(b);
             let decode_rate = plan.replicas as f64 * b / (osl * full.1);
@@ -387,7 +464,8 @@ pub(crate) fn score(
             decode = d;
             tpot = period;
             prefill = f;
-            ttft = f.total_s + kv_transfer;
+            own_ttft = transfers.iter().map(|t| f.total_s + t).collect();
+            let own_mean = moments(mix, own_ttft.iter().copied()).0;
             // Open loop: prompts queue for the prefill pool, a server of one prompt per
             // 1/prefill_rate (M/D/1). Closed loop (Little's law with no think time, as for
             // `queue::slot_wait`): the requests in flight complete at the deployment's rate, the
@@ -405,11 +483,11 @@ pub(crate) fn score(
                     })
                 }
                 _ => in_flight.map_or(0.0, |c| {
-                    queue::closed_loop_wait(c * replicas, requests_per_s, (osl - 1.0) * tpot + ttft)
+                    let service = (osl - 1.0) * tpot + own_mean;
+                    queue::closed_loop_wait(c * replicas, requests_per_s, service)
                 }),
             };
-            ttft += queue_s;
-            let pm = worker_memory(p, pw, bp, bp / pw.attention_dp as f64 * new);
+            let pm = worker_memory(p, pw, bp, bp / pw.attention_dp as f64 * mix.mean_new);
             if (pm.max_sequences_fit as f64) < bp {
                 violations.push(ServingViolation {
                     rule: "prefill_memory".into(),
@@ -428,6 +506,15 @@ pub(crate) fn score(
         chunk
     };
     let memory = worker_memory(p, w, b, forward);
+    if p.traffic.lengths.len() > 1 && memory.kv_capacity_tokens < mix.longest {
+        violations.push(ServingViolation {
+            rule: "memory".into(),
+            message: format!(
+                "the longest requests ({} tokens) do not fit the KV cache ({:.0} tokens per GPU)",
+                mix.longest, memory.kv_capacity_tokens
+            ),
+        });
+    }
     if (memory.max_sequences_fit as f64) < b {
         violations.push(ServingViolation {
             rule: "memory".into(),
@@ -463,7 +550,22 @@ pub(crate) fn score(
             });
         }
     }
-    let e2e = ttft + (osl - 1.0) * tpot;
+    let ttft = weighted_quantile(
+        mix.classes
+            .iter()
+            .zip(&own_ttft)
+            .map(|(c, own)| (c.0, own + queue_s))
+            .collect(),
+        0.5,
+    );
+    let e2e = weighted_quantile(
+        mix.classes
+            .iter()
+            .zip(&own_ttft)
+            .map(|(c, own)| (c.0, own + queue_s + (c.2 - 1.0) * tpot))
+            .collect(),
+        0.5,
+    );
     let slo = &p.slo;
     for (rule, value, limit) in [
         ("ttft", ttft, slo.ttft_s),
@@ -520,6 +622,7 @@ pub(crate) fn score(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::GIB;
     use crate::serving::problem::tests::problem;
 
     fn worker(tp: u32, batch: u32) -> ServingPlan {
@@ -677,13 +780,13 @@ mod tests {
         let mut p = problem("gpt-oss-120b", "h200-sxm", 4);
         p.traffic.input_len = 2048;
         let pw = worker(2, 4).worker;
-        let window = kv_transfer_bytes(&p, &pw);
+        let window = kv_transfer_bytes(&p, &pw, 2048.0);
         assert_eq!(window, 1024.0 * (18.0 * 2048.0 + 18.0 * 128.0));
         let full = Worker {
             sliding_kv: crate::serving::SlidingKv::Full,
             ..pw
         };
-        assert_eq!(kv_transfer_bytes(&p, &full), 1024.0 * 36.0 * 2048.0);
+        assert_eq!(kv_transfer_bytes(&p, &full, 2048.0), 1024.0 * 36.0 * 2048.0);
     }
 
     #[test]
@@ -877,5 +980,183 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("traffic.arrival"));
+    }
+
+    /// `p` with its lengths given as a distribution of `classes` (input, output, weight).
+    fn with_lengths(p: &ServingProblem, classes: &[(u32, u32, f64)]) -> ServingProblem {
+        let mut q = p.clone();
+        q.traffic.input_len = 0;
+        q.traffic.output_len = 0;
+        q.traffic.lengths = classes
+            .iter()
+            .map(
+                |&(input_len, output_len, weight)| crate::serving::LengthClass {
+                    input_len,
+                    output_len,
+                    weight,
+                },
+            )
+            .collect();
+        q
+    }
+
+    #[test]
+    fn one_length_class_is_the_fixed_lengths() {
+        // Every arrival and both kinds of deployment: a distribution of one class (any weight)
+        // gives the very numbers of input_len/output_len.
+        let mut p = problem("llama3-70b", "h100-sxm", 16);
+        p.traffic.concurrency = Some(64);
+        let mut pd = worker(8, 64);
+        pd.prefill = Some(worker(8, 4).worker);
+        pd.prefill_replicas = 1;
+        for arrival in [Arrival::Spread, Arrival::Waves, Arrival::Poisson] {
+            p.traffic.arrival = Some(arrival);
+            p.traffic.request_rate = (arrival == Arrival::Poisson).then_some(3.0);
+            let one = with_lengths(&p, &[(1024, 256, 7.0)]);
+            for plan in [worker(8, 64), pd] {
+                let a = evaluate_serving(&p, &plan).unwrap();
+                let b = evaluate_serving(&one, &plan).unwrap();
+                assert_eq!(a.time, b.time, "{arrival:?} {}", a.label);
+                assert_eq!(a.queue_s, b.queue_s);
+                assert_eq!(a.output_tokens_per_s, b.output_tokens_per_s);
+                assert_eq!(a.memory, b.memory);
+            }
+        }
+    }
+
+    #[test]
+    fn a_running_batch_holds_each_class_for_its_output_length() {
+        // Half the requests 512 → 128, half 1536 → 384: the mean request is 1024 → 256, but a
+        // request stays in the batch for its output, so three quarters of the running
+        // sequences are long ones; they attend to (128·(512 + 64) + 384·(1536 + 192)) / 512 =
+        // 1440 tokens on average, not the mean request's 1152, and end at 1600, not 1280.
+        let p = with_lengths(
+            &problem("llama3-70b", "h100-sxm", 8),
+            &[(512, 128, 1.0), (1536, 384, 1.0)],
+        );
+        let mix = p.lengths();
+        assert_eq!((mix.mean_input, mix.mean_output), (1024.0, 256.0));
+        assert_eq!(mix.decode_context, 1440.0);
+        assert_eq!(mix.full_context, 1600.0);
+        assert_eq!(mix.longest, 1920.0);
+        // The decode step is that of 1440-token contexts; the rate is the mean output's.
+        let mut flat = problem("llama3-70b", "h100-sxm", 8);
+        flat.traffic.input_len = 1248;
+        flat.traffic.output_len = 384;
+        let plan = worker(8, 64);
+        let ev = evaluate_serving(&p, &plan).unwrap();
+        let tm = TimeModel::new(&p);
+        let (_, step) = tm.forward(&plan.worker, &Batch::decode(64.0, 1440.0), true);
+        let (_, flat_step) =
+            TimeModel::new(&flat).forward(&plan.worker, &Batch::decode(64.0, 1440.0), true);
+        assert_eq!(step, flat_step);
+        assert!(ev.time.tpot_s > step, "plus the arriving prompts' share");
+        let x = 64.0 / (256.0 * ev.time.tpot_s);
+        assert!((ev.requests_per_s - x).abs() < 1e-12 * x);
+        assert!((ev.output_tokens_per_s - x * 256.0).abs() < 1e-9 * x);
+        // Memory holds the running sequences at their mean full length.
+        assert!(
+            (ev.memory.kv_cache_gib - 64.0 * 1600.0 * ev.memory.kv_bytes_per_token / GIB).abs()
+                < 1e-9
+        );
+    }
+
+    #[test]
+    fn ttft_and_e2e_are_medians_over_the_requests() {
+        // Two classes of equal weight: the median is the mean of the two (an even count); with
+        // three quarters of the requests short, the short class's.
+        let base = problem("llama3-70b", "h100-sxm", 8);
+        let plan = worker(8, 32);
+        let even = with_lengths(&base, &[(256, 64, 1.0), (4096, 512, 1.0)]);
+        let ev = evaluate_serving(&even, &plan).unwrap();
+        let skew = with_lengths(&base, &[(256, 64, 3.0), (4096, 512, 1.0)]);
+        let sk = evaluate_serving(&skew, &plan).unwrap();
+        // Each class's own TTFT, from a one-class problem at the same step and queue.
+        let own = |isl: u32, osl: u32| {
+            let one = with_lengths(&base, &[(isl, osl, 1.0)]);
+            let e = evaluate_serving(&one, &plan).unwrap();
+            e.time.ttft_s - e.queue_s
+        };
+        let (short, long) = (own(256, 64), own(4096, 512));
+        assert!(short < long);
+        // The prompts' pricing depends on the step's decodes only through the batch, the same
+        // in every problem here; the queue is the mixed problem's.
+        let want = (short + long) / 2.0 + ev.queue_s;
+        assert!(
+            (ev.time.ttft_s - want).abs() < 0.02 * want,
+            "{} vs {want}",
+            ev.time.ttft_s
+        );
+        assert!(sk.time.ttft_s < ev.time.ttft_s);
+        let e2e_short = short + ev.queue_s + 63.0 * ev.time.tpot_s;
+        let e2e_long = long + ev.queue_s + 511.0 * ev.time.tpot_s;
+        let want = (e2e_short + e2e_long) / 2.0;
+        assert!((ev.time.e2e_s - want).abs() < 0.02 * want);
+        assert!(
+            (sk.time.e2e_s - (short + sk.queue_s + 63.0 * sk.time.tpot_s)).abs()
+                < 0.02 * sk.time.e2e_s
+        );
+    }
+
+    #[test]
+    fn prompts_of_unequal_lengths_wait_longer_for_the_prefill() {
+        // Poisson arrivals at the same rate and the same mean prompt (2048 tokens): half of
+        // them 256 and half 3840 tokens hold the prefill budget for unequal times, and M/G/1
+        // waits longer than M/D/1.
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.input_len = 2048;
+        p.traffic.output_len = 128;
+        p.traffic.request_rate = Some(6.0);
+        let plan = worker(1, 64);
+        let equal = evaluate_serving(&p, &plan).unwrap();
+        let unequal = evaluate_serving(
+            &with_lengths(&p, &[(256, 128, 1.0), (3840, 128, 1.0)]),
+            &plan,
+        )
+        .unwrap();
+        assert!(equal.queue_s > 0.0);
+        assert!(
+            unequal.queue_s > 1.2 * equal.queue_s,
+            "{} vs {}",
+            unequal.queue_s,
+            equal.queue_s
+        );
+    }
+
+    #[test]
+    fn a_prefill_forward_of_a_mix_keeps_its_tokens_and_attention() {
+        // 3 prompts of 512 and 1 of 2560 (mean 1024): a forward of 4 holds 4096 tokens and
+        // 3·512²/2 + 2560²/2 query-key pairs, as 4·1024/1792 = 16/7 prompts of the
+        // token-weighted (3·512² + 2560²)/4096 = 1792 tokens do.
+        let p = with_lengths(
+            &problem("llama3-8b", "h100-sxm", 1),
+            &[(512, 64, 3.0), (2560, 64, 1.0)],
+        );
+        let tm = TimeModel::new(&p);
+        let b = prompt_batch(&tm, 4.0);
+        assert_eq!(b.prefill_new, 1792.0);
+        assert!((b.prefill_seqs - 16.0 / 7.0).abs() < 1e-12);
+        assert!((b.prefill_seqs * b.prefill_new - 4096.0).abs() < 1e-9);
+        let pairs = b.prefill_seqs * b.prefill_new * b.prefill_new / 2.0;
+        let want = (3.0 * 512.0 * 512.0 + 2560.0 * 2560.0) / 2.0;
+        assert!((pairs - want).abs() < 1e-9 * want);
+    }
+
+    #[test]
+    fn the_longest_request_must_fit_the_kv_cache() {
+        // Llama 3 70B at TP 8 on H100 holds ~1.5 M tokens per GPU: a mix whose mean fits but
+        // one class of 4 M tokens does not.
+        let p = with_lengths(
+            &problem("llama3-70b", "h100-sxm", 8),
+            &[(1024, 256, 1000.0), (4_000_000, 16, 1.0)],
+        );
+        let ev = evaluate_serving(&p, &worker(8, 1)).unwrap();
+        assert!(!ev.feasible);
+        let v = ev
+            .violations
+            .iter()
+            .find(|v| v.message.contains("longest"))
+            .unwrap();
+        assert_eq!(v.rule, "memory");
     }
 }

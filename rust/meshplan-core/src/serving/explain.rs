@@ -258,7 +258,8 @@ pub fn explain_serving(
     ));
     if let Some(pw) = &plan.prefill {
         let same = plan.gpus() <= tm.domain as u64;
-        let bytes = kv_transfer_bytes(problem, pw);
+        let isl = problem.lengths().mean_input;
+        let bytes = kv_transfer_bytes(problem, pw, isl);
         let cost = tm.fabric.p2p(bytes, same);
         axes.push(axis(
             "kv_transfer",
@@ -269,7 +270,7 @@ pub fn explain_serving(
                 pw.gpus(),
                 bytes / 1e6
             ),
-            problem.traffic.input_len as f64,
+            isl,
             Some(Call {
                 kind: "send-recv",
                 calls: 1.0,

@@ -214,15 +214,15 @@ pub fn worker_memory(
     let fixed = gpu.calibration.fixed_memory_gib * GIB;
     let seqs_rank = sequences / w.attention_dp as f64;
     // The shared prefix is cached once per rank; every sequence holds its own remainder.
-    let prefix = p.traffic.input_len as f64 * p.traffic.prefix_fraction;
-    let own = p.context_tokens() - prefix;
+    let mix = p.lengths();
+    let prefix = mix.mean_input * p.traffic.prefix_fraction;
+    let own = mix.full_context - prefix;
     let h = model.hidden as f64;
     let mut worst: Option<ServingMemory> = None;
     for stage in &stages {
         let counts = &stage.counts;
         let weights = stage_params(model, w, counts, stage.first, stage.last).bytes(p);
-        let kv_per_token =
-            kv_layer * cached_layers(model, counts, p.context_tokens(), w.sliding_kv);
+        let kv_per_token = kv_layer * cached_layers(model, counts, mix.full_context, w.sliding_kv);
         let kv = kv_per_token * (seqs_rank * own + prefix);
         let ffn_width = widest_ffn(model, w);
         let act = forward_tokens * ACT_BYTES * (c.workspace_hidden_multiple * h + ffn_width);

@@ -31,8 +31,8 @@ pub use explain::{explain_serving, ServingAxis, ServingExplanation};
 pub use memory::ServingMemory;
 pub use plan::{AttentionKernel, ServingPlan, SlidingKv, Worker};
 pub use problem::{
-    bytes_per_element, Arrival, ExpertWeights, Objective, ServingProblem, Slo, Traffic,
-    WeightScaling,
+    bytes_per_element, Arrival, ExpertWeights, LengthClass, LengthMix, Objective, ServingProblem,
+    Slo, Traffic, WeightScaling, MAX_LENGTH_CLASSES,
 };
 pub use search::{search_serving, ServingSearchResult, ServingSearchStats, ServingSpace};
 pub use time::{PhaseTime, ServingTime};

@@ -16,10 +16,18 @@ use super::constants;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Traffic {
-    /// Prompt tokens per request (ISL).
+    /// Prompt tokens per request (ISL); 0 (unset) when `lengths` gives them.
+    #[serde(default)]
     pub input_len: u32,
-    /// Generated tokens per request (OSL), the first one included.
+    /// Generated tokens per request (OSL), the first one included; 0 (unset) when `lengths`
+    /// gives them.
+    #[serde(default)]
     pub output_len: u32,
+    /// A length distribution instead of one `input_len`/`output_len`: classes of requests, each
+    /// with its lengths and its share of the requests (a histogram of a trace,
+    /// docs/serving.md §1). Empty: every request has `input_len` and `output_len`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lengths: Vec<LengthClass>,
     /// Fraction of each prompt that is a prefix shared with earlier requests and found in the
     /// prefix cache: its prefill compute is skipped, its KV blocks are shared.
     #[serde(default)]
@@ -50,6 +58,57 @@ pub struct Traffic {
     /// steady state of an endless run.
     #[serde(default)]
     pub num_requests: Option<u32>,
+}
+
+/// Most classes of a length distribution (`Traffic::lengths`): the evaluation prices every
+/// class's prompt, so a trace is binned into a histogram first (Python's
+/// `meshplan.length_histogram`, the CLI's `--lengths`).
+pub const MAX_LENGTH_CLASSES: usize = 64;
+
+/// One class of a length distribution: `weight` (any positive scale, e.g. a histogram's
+/// count) is its share of the requests, each of `input_len` prompt and `output_len` output
+/// tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LengthClass {
+    pub input_len: u32,
+    pub output_len: u32,
+    #[serde(default = "unit_weight")]
+    pub weight: f64,
+}
+
+fn unit_weight() -> f64 {
+    1.0
+}
+
+/// The traffic's lengths as the evaluation reads them (docs/serving.md §1): every class with
+/// its share of the requests (shares summing to 1) and the averages the steady state needs. A
+/// running batch holds each class in proportion to its share times its output length (a
+/// request decodes for `output_len` steps), so what the batch holds and reads is weighted that
+/// way; a prefill forward of `k` prompts holds `k` times the mean prompt in tokens and, for
+/// attention, the token-weighted mean prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LengthMix {
+    /// `(share, input_len, output_len)` of each class, shares summing to 1.
+    pub classes: Vec<(f64, f64, f64)>,
+    /// Mean prompt tokens per request.
+    pub mean_input: f64,
+    /// Mean output tokens per request.
+    pub mean_output: f64,
+    /// Mean KV tokens a running sequence attends to: its prompt and half its output, over the
+    /// running batch (`input + output/2` for equal lengths).
+    pub decode_context: f64,
+    /// Mean full length (prompt + output) of a running sequence (`input + output` for equal
+    /// lengths).
+    pub full_context: f64,
+    /// The longest request, prompt + output.
+    pub longest: f64,
+    /// Token-weighted mean prompt, `E[in²]/E[in]`: a forward of `k` prompts does the attention
+    /// of `k·E[in]/that` prompts of this length (and the same tokens).
+    pub prefill_input: f64,
+    /// Prompt tokens per request that prefill computes, the mean over the requests
+    /// ([`ServingProblem::new_tokens_of`]).
+    pub mean_new: f64,
 }
 
 /// The arrival process of the requests (docs/serving.md §5.1), an input of the queue model.
@@ -217,8 +276,12 @@ impl ServingProblem {
         }
         self.cluster.validate()?;
         let t = &self.traffic;
-        limits::check("traffic.input_len", t.input_len)?;
-        limits::check("traffic.output_len", t.output_len)?;
+        if t.lengths.is_empty() {
+            limits::check("traffic.input_len", t.input_len)?;
+            limits::check("traffic.output_len", t.output_len)?;
+        } else {
+            self.validate_lengths()?;
+        }
         limits::check_opt("traffic.concurrency", t.concurrency)?;
         limits::check_opt("traffic.num_requests", t.num_requests)?;
         check_fraction("traffic.prefix_fraction", t.prefix_fraction, 0.0, 0.99)?;
@@ -280,6 +343,85 @@ impl ServingProblem {
         Ok(())
     }
 
+    /// The checks of a length distribution (`traffic.lengths` given).
+    fn validate_lengths(&self) -> Result<()> {
+        let t = &self.traffic;
+        for (field, v) in [
+            ("traffic.input_len", t.input_len),
+            ("traffic.output_len", t.output_len),
+        ] {
+            if v != 0 {
+                return Err(Error::invalid(
+                    field,
+                    v,
+                    "unset (0) with traffic.lengths, whose classes give the lengths",
+                ));
+            }
+        }
+        if t.lengths.len() > MAX_LENGTH_CLASSES {
+            return Err(Error::invalid(
+                "traffic.lengths",
+                format!("{} classes", t.lengths.len()),
+                format!(
+                    "1..={MAX_LENGTH_CLASSES} classes: bin a trace into a histogram \
+                     (meshplan.length_histogram, the CLI's --lengths)"
+                ),
+            ));
+        }
+        // A list's elements are named by the list's path, as `limits::TABLE` names them.
+        for c in &t.lengths {
+            limits::check("traffic.lengths.input_len", c.input_len)?;
+            limits::check("traffic.lengths.output_len", c.output_len)?;
+            if !(c.weight.is_finite() && c.weight > 0.0 && c.weight <= 1e15) {
+                return Err(Error::invalid(
+                    "traffic.lengths.weight",
+                    c.weight,
+                    "a finite number in (0, 1e15]",
+                ));
+            }
+        }
+        if t.lengths.len() > 1 && t.arrival() == Arrival::Waves {
+            return Err(Error::invalid(
+                "traffic.arrival",
+                "waves",
+                "spread or poisson with traffic.lengths: waves are requests of equal lengths",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The traffic's lengths: its classes, or the one class of `input_len` and `output_len`.
+    pub fn lengths(&self) -> LengthMix {
+        let t = &self.traffic;
+        let classes: Vec<(f64, f64, f64)> = if t.lengths.is_empty() {
+            vec![(1.0, t.input_len as f64, t.output_len as f64)]
+        } else {
+            let total: f64 = t.lengths.iter().map(|c| c.weight).sum();
+            t.lengths
+                .iter()
+                .map(|c| (c.weight / total, c.input_len as f64, c.output_len as f64))
+                .collect()
+        };
+        let mean = |f: &dyn Fn(f64, f64) -> f64| -> f64 {
+            classes.iter().map(|&(s, i, o)| s * f(i, o)).sum()
+        };
+        let mean_input = mean(&|i, _| i);
+        let mean_output = mean(&|_, o| o);
+        let mean_new = mean(&|i, _| self.new_tokens_of(i));
+        // Over the running batch a class weighs its share times the steps it decodes.
+        let running = |f: &dyn Fn(f64, f64) -> f64| mean(&|i, o| o * f(i, o)) / mean_output;
+        LengthMix {
+            mean_input,
+            mean_output,
+            decode_context: running(&|i, o| i + o / 2.0),
+            full_context: running(&|i, o| i + o),
+            longest: classes.iter().map(|&(_, i, o)| i + o).fold(0.0, f64::max),
+            prefill_input: mean(&|i, _| i * i) / mean_input,
+            mean_new,
+            classes,
+        }
+    }
+
     /// Bytes of one stored weight of the routed experts.
     pub fn expert_bytes_per_element(&self) -> f64 {
         self.expert_weights.map_or_else(
@@ -298,23 +440,35 @@ impl ServingProblem {
             }
     }
 
-    /// Tokens held in the KV cache per sequence at its longest: the prompt and the output.
+    /// Tokens held in the KV cache per sequence at its longest: the prompt and the output (with
+    /// a length distribution, the running batch's mean, [`LengthMix::full_context`]).
     pub fn context_tokens(&self) -> f64 {
-        self.traffic.input_len as f64 + self.traffic.output_len as f64
+        self.lengths().full_context
     }
 
-    /// Prompt tokens per request that prefill computes: neither the shared prefix nor the
-    /// cached share of the rest, and at least one (the token whose logits give the first
+    /// Tokens of a prompt of `input_len` that prefill computes: neither the shared prefix nor
+    /// the cached share of the rest, and at least one (the token whose logits give the first
     /// output).
-    pub fn new_prompt_tokens(&self) -> f64 {
+    pub fn new_tokens_of(&self, input_len: f64) -> f64 {
         let t = &self.traffic;
-        (t.input_len as f64 * (1.0 - t.prefix_fraction) * (1.0 - t.cached_fraction)).max(1.0)
+        (input_len * (1.0 - t.prefix_fraction) * (1.0 - t.cached_fraction)).max(1.0)
     }
 
-    /// Prompt tokens per request found in the prefix cache (shared or the request's own), which
-    /// a prefilling token attends to: the rest of the prompt after [`Self::new_prompt_tokens`].
+    /// Tokens of a prompt of `input_len` found in the prefix cache (shared or the request's
+    /// own), which a prefilling token attends to: the rest after [`Self::new_tokens_of`].
+    pub fn cached_tokens_of(&self, input_len: f64) -> f64 {
+        input_len - self.new_tokens_of(input_len)
+    }
+
+    /// Prompt tokens per request that prefill computes, the mean over the requests.
+    pub fn new_prompt_tokens(&self) -> f64 {
+        self.lengths().mean_new
+    }
+
+    /// Prompt tokens per request found in the prefix cache, the mean over the requests.
     pub fn cached_prompt_tokens(&self) -> f64 {
-        self.traffic.input_len as f64 - self.new_prompt_tokens()
+        let mix = self.lengths();
+        mix.mean_input - mix.mean_new
     }
 }
 
@@ -351,6 +505,7 @@ pub(crate) mod tests {
             traffic: Traffic {
                 input_len: 1024,
                 output_len: 256,
+                lengths: Vec::new(),
                 prefix_fraction: 0.0,
                 cached_fraction: 0.0,
                 concurrency: None,
@@ -414,6 +569,81 @@ pub(crate) mod tests {
         assert_eq!(
             p.validate().unwrap_err().to_string(),
             "invalid expert_weights: mxfp4 (allowed: unset for llama3-8b (it has no routed experts))"
+        );
+    }
+
+    #[test]
+    fn a_length_distribution_is_checked_field_by_field() {
+        let class = |input_len, output_len, weight| LengthClass {
+            input_len,
+            output_len,
+            weight,
+        };
+        let mut p = problem("llama3-8b", "h100-sxm", 8);
+        p.traffic.lengths = vec![class(512, 64, 1.0), class(2048, 256, 3.0)];
+        // The classes give the lengths: fixed ones beside them are named.
+        assert_eq!(
+            p.validate().unwrap_err().to_string(),
+            "invalid traffic.input_len: 1024 (allowed: unset (0) with traffic.lengths, whose classes give the lengths)"
+        );
+        p.traffic.input_len = 0;
+        p.traffic.output_len = 0;
+        assert!(p.validate().is_ok());
+        let mix = p.lengths();
+        assert_eq!(
+            mix.classes,
+            vec![(0.25, 512.0, 64.0), (0.75, 2048.0, 256.0)]
+        );
+        assert_eq!((mix.mean_input, mix.mean_output), (1664.0, 208.0));
+        assert_eq!(p.new_prompt_tokens(), 1664.0);
+        for (i, (c, want)) in [
+            (
+                class(0, 64, 1.0),
+                "invalid traffic.lengths.input_len: 0 (allowed: 1..=16777216)",
+            ),
+            (
+                class(64, u32::MAX, 1.0),
+                "invalid traffic.lengths.output_len: 4294967295 (allowed: 1..=16777216)",
+            ),
+            (
+                class(64, 64, 0.0),
+                "invalid traffic.lengths.weight: 0 (allowed: a finite number in (0, 1e15])",
+            ),
+            (
+                class(64, 64, f64::INFINITY),
+                "invalid traffic.lengths.weight: inf (allowed: a finite number in (0, 1e15])",
+            ),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut q = p.clone();
+            q.traffic.lengths[i % 2] = c;
+            assert_eq!(q.validate().unwrap_err().to_string(), want);
+        }
+        let mut q = p.clone();
+        q.traffic.lengths = vec![class(64, 64, 1.0); MAX_LENGTH_CLASSES + 1];
+        assert!(q
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid traffic.lengths: 65 classes (allowed: 1..=64 classes"));
+        // Waves are requests of equal lengths.
+        let mut q = p.clone();
+        q.traffic.arrival = Some(Arrival::Waves);
+        assert!(q
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("invalid traffic.arrival: waves"));
+        q.traffic.lengths.truncate(1);
+        assert!(q.validate().is_ok());
+        // Without classes the fixed lengths are required.
+        let mut q = p.clone();
+        q.traffic.lengths.clear();
+        assert_eq!(
+            q.validate().unwrap_err().to_string(),
+            "invalid traffic.input_len: 0 (allowed: 1..=16777216)"
         );
     }
 

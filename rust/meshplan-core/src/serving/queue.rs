@@ -12,7 +12,9 @@
 //! - **Open loop** (Poisson arrivals at rate λ): the prefill of each prompt is a server of
 //!   deterministic service time `S`; the mean wait in queue is the Pollaczek–Khinchine formula
 //!   for M/D/1, `W = ρS / (2(1 − ρ))`, `ρ = λS` (Kleinrock, *Queueing Systems* vol. 1, 1975,
-//!   §5.7, eq. 5.73 with `E[S²] = S²`) ([`md1_wait`]).
+//!   §5.7, eq. 5.73 with `E[S²] = S²`) ([`md1_wait`]); prompts of a length distribution take
+//!   service times of their own, and the same formula with their second moment,
+//!   `W = λE[S²] / (2(1 − λE[S]))`, is M/G/1's ([`mg1_wait`]).
 //! - **Overload** (λ above what the worker completes, μ): the queue grows at `λ − μ`; over a
 //!   run of `N` requests the `k`-th arrives at `k/λ` and starts at `k/μ`, so the median request
 //!   (`k = N/2`) waits `N/2 · (1/μ − 1/λ)` ([`overload_wait`], the fluid approximation of a
@@ -51,6 +53,19 @@ pub fn md1_wait(lambda: f64, service: f64) -> Option<f64> {
         None
     } else {
         Some(rho * service / (2.0 * (1.0 - rho)))
+    }
+}
+
+/// Mean seconds in queue of M/G/1 at arrival rate `lambda` with service times of mean
+/// `mean_s` and second moment `second_moment` (Pollaczek–Khinchine, Kleinrock vol. 1 eq. 5.73);
+/// `None` when the server is saturated (`ρ = λ·mean_s ≥ 1`). With `second_moment = mean_s²`
+/// it is [`md1_wait`].
+pub fn mg1_wait(lambda: f64, mean_s: f64, second_moment: f64) -> Option<f64> {
+    let rho = lambda * mean_s;
+    if rho >= 1.0 {
+        None
+    } else {
+        Some(lambda * second_moment / (2.0 * (1.0 - rho)))
     }
 }
 
@@ -96,6 +111,20 @@ mod tests {
         // 128 in flight, 50 running, 1 completion/s: 78 s waiting (Little's law).
         assert_eq!(slot_wait(128.0, 50.0, 1.0), 78.0);
         assert_eq!(slot_wait(32.0, 50.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn varied_service_times_wait_longer_than_equal_ones() {
+        // Equal service times: M/G/1 is M/D/1.
+        let d = md1_wait(2.0, 0.25).unwrap();
+        assert!((mg1_wait(2.0, 0.25, 0.0625).unwrap() - d).abs() < 1e-15);
+        // Half the prompts take 0.05 s, half 0.45 s: the same mean, E[S²] = 0.1025 = 1.64·S²,
+        // so the wait is 1.64 times M/D/1's 0.125 s at ρ = 0.5: 0.205 s.
+        let g = mg1_wait(2.0, 0.25, 0.5 * 0.05 * 0.05 + 0.5 * 0.45 * 0.45).unwrap();
+        assert!((g - 1.64 * d).abs() < 1e-12, "{g} vs {d}");
+        assert!((d - 0.125).abs() < 1e-15);
+        assert!((g - 0.205).abs() < 1e-12);
+        assert_eq!(mg1_wait(4.0, 0.25, 0.1), None);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::limits;
 use crate::Control;
 
 use super::constants;
-use super::evaluate::{score, ServingEvaluation};
+use super::evaluate::{prompt_batch, score, ServingEvaluation};
 use super::memory::worker_memory;
 use super::plan::{AttentionKernel, ServingPlan, SlidingKv, Worker};
 use super::problem::{Objective, ServingProblem};
@@ -202,8 +202,7 @@ pub fn search_serving(
     };
     let experts = model.moe.as_ref().map_or(1, |m| m.num_experts);
     let chunk = constants().max_batched_tokens;
-    let new = problem.new_prompt_tokens();
-    let cached = problem.cached_prompt_tokens();
+    let new = tm.mix.mean_new;
     let mut scored: Vec<ServingEvaluation> = Vec::new();
     let mut budget = Budget {
         used: 0,
@@ -287,7 +286,7 @@ pub fn search_serving(
                             output_lag_steps: None,
                             ..shape
                         };
-                        let batch = Batch::prefill(bp as f64 / adp as f64, new, cached);
+                        let batch = prompt_batch(&tm, bp as f64 / adp as f64);
                         budget.take()?;
                         let (f, period) = tm.forward(&pw, &batch, false);
                         prefill.push(PrefillOption {
@@ -445,7 +444,8 @@ fn disaggregated(
 ) -> Result<Vec<ServingEvaluation>> {
     let p = tm.problem;
     let n = p.cluster.num_gpus as u64;
-    let osl = p.traffic.output_len as f64;
+    let mix = &tm.mix;
+    let osl = mix.mean_output;
     let ttft_ok = |o: &&PrefillOption| p.slo.ttft_s.is_none_or(|t| o.latency_s <= t);
     let per_gpu = |o: &PrefillOption| o.requests_per_s / o.worker.gpus() as f64;
     // A prefill worker that leaves no GPUs for the smallest decode worker pairs with none.
@@ -508,10 +508,7 @@ fn disaggregated(
                 output_lag_steps: None,
                 ..*shape
             };
-            let step = Batch::decode(
-                b as f64 / adp as f64,
-                p.traffic.input_len as f64 + osl / 2.0,
-            );
+            let step = Batch::decode(b as f64 / adp as f64, mix.decode_context);
             budget.take()?;
             let (_, tpot) = tm.forward(&decode, &step, true);
             let decode_rate = b as f64 / (osl * tpot);

@@ -28,7 +28,7 @@ use crate::traffic::WIRE_BYTES;
 use super::constants;
 use super::memory::{kv_bytes_per_token_per_layer, stage_shapes};
 use super::plan::{AttentionKernel, Worker};
-use super::problem::{bytes_per_element, ExpertWeights, ServingProblem};
+use super::problem::{bytes_per_element, ExpertWeights, LengthMix, ServingProblem};
 
 /// Seconds of one forward (or decode step) of a worker, by part, on its busiest stage, with
 /// the bytes and FLOPs behind them (per GPU).
@@ -181,6 +181,8 @@ pub(crate) fn mxfp4_upcast(problem: &ServingProblem) -> bool {
 /// The pieces the serving time model reads, built once per problem.
 pub(crate) struct TimeModel<'a> {
     pub problem: &'a ServingProblem,
+    /// The traffic's lengths ([`ServingProblem::lengths`]), read by every evaluation.
+    pub mix: LengthMix,
     pub device: Device,
     pub fabric: Fabric,
     pub domain: u32,
@@ -233,6 +235,7 @@ impl<'a> TimeModel<'a> {
         };
         TimeModel {
             problem,
+            mix: problem.lengths(),
             device,
             fabric: Fabric::of(&problem.cluster),
             domain: problem.cluster.nvlink_domain(),
