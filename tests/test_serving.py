@@ -567,7 +567,8 @@ def test_length_histogram_bins_a_trace_keeping_its_means() -> None:
     assert length_histogram([(5, 6), (7, 8)], input_bins=2, output_bins=1) == [
         {"input_len": 5, "output_len": 6, "weight": 1.0}, {"input_len": 7, "output_len": 8, "weight": 1.0}]
     for bad, message in (([], "no samples"), ([(0, 5)], "sample 0 input_len: 0"), ([(5, 5, 5)], "sample 0"),
-                         ([(5, True)], "sample 0 output_len: True")):
+                         ([(5, True)], "sample 0 output_len: True"),
+                         ([(5, 5), (5, 2**64 - 1)], r"sample 1 output_len: 18446744073709551615 \(allowed: 1..=16777216\)")):
         with pytest.raises(mp.errors.InvalidInputError, match=message):
             length_histogram(bad)
     with pytest.raises(mp.errors.InvalidInputError, match="input_bins x output_bins: 100"):

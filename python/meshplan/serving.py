@@ -123,9 +123,10 @@ def length_histogram(
                 f"invalid lengths sample {i}: {s!r:.60} (allowed: an (input_len, output_len) pair)"
             ) from None
         for name, v in (("input_len", a), ("output_len", b)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            lo, hi = _core.limits()[f"traffic.lengths.{name}"]
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise InvalidInputError(
-                    f"invalid lengths sample {i} {name}: {v!r:.40} (allowed: an integer >= 1)"
+                    f"invalid lengths sample {i} {name}: {v!r:.40} (allowed: {lo}..={hi})"
                 )
         pairs.append((a, b))
     if not pairs:
