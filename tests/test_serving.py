@@ -611,3 +611,32 @@ def test_cli_reads_a_length_distribution(tmp_path: Path) -> None:
         with contextlib.redirect_stderr(err):
             code, _ = run_cli("inference", "search", *argv)
         assert code == 2 and message in err.getvalue(), err.getvalue()
+
+
+def test_the_aiconfigurator_comparison_maps_each_case_and_runs_without_it() -> None:
+    # benchmarks/serving_vs_aiconfigurator.py hands aiconfigurator the case's own workers: a PD
+    # case both pools, a DP-attention case its ranks and the batch per rank; without aiconfigurator
+    # installed it still prints meshplan's half of both tables.
+    import importlib.util
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("aic_bench", root / "benchmarks" / "serving_vs_aiconfigurator.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cases = {c["id"]: c for c in json.loads((root / "validation" / "serving.json").read_text())["cases"]}
+    pd = bench.latency_query(cases["dstack-pd-gpt-oss-120b-h200-sxm-1p3d-tp2-mxfp4-c32-2048-2048"], {"batch": 11})
+    assert pd["mode"] == "disagg" and pd["backend_name"] == "sglang"
+    assert (pd["prefill_num_workers"], pd["decode_num_workers"], pd["decode_tp_size"]) == (1, 3, 2)
+    assert (pd["decode_moe_tp_size"], pd["decode_moe_ep_size"], pd["decode_batch_size"]) == (2, 1, 11)
+    adp = bench.latency_query(cases["dstack-deepseek-r1-sglang-h200-sxm-adp8-fp8-c32-3200-800"], {"batch": 32})
+    assert (adp["tp_size"], adp["attention_dp_size"], adp["moe_tp_size"], adp["moe_ep_size"]) == (1, 8, 8, 1)
+    assert adp["batch_size"] == 4 and "mode" not in adp
+    trt = bench.latency_query(cases["dstack-deepseek-r1-trt-llm-h200-sxm-tp8-ep4-fp8-c4-3200-800"], {"batch": 4})
+    assert (trt["backend_name"], trt["moe_tp_size"], trt["moe_ep_size"]) == ("trtllm", 2, 4)
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "serving_vs_aiconfigurator.py"), "--limit", "2",
+                           "--aic-python", sys.executable + "-absent"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "per case (output tokens/s)" in done.stdout and "TTFT and TPOT" in done.stdout
