@@ -130,6 +130,22 @@ def test_a_malformed_serving_file_is_an_invalid_case() -> None:
         validate_serving('{"kind": "serving"}')
 
 
+def test_a_case_may_give_a_length_distribution_and_its_field_errors_name_it() -> None:
+    case = {"id": "mix", "model": "llama3-8b", "gpu": "h100-sxm", "num_gpus": 1, "plan": {"tp": 1},
+            "traffic": {"lengths": [{"input_len": 128, "output_len": 64, "weight": 3},
+                                    {"input_len": 2048, "output_len": 512}], "concurrency": 8},
+            "measured": {"tpot_s": 0.01}}
+    row = validate_serving(json.dumps({"kind": "serving", "cases": [case]})).rows[0]
+    problem = serving_problem(Model.preset("llama3-8b"), Cluster("h100-sxm", 1), concurrency=8,
+                              lengths=[(128, 64, 3), (2048, 512)])
+    worker = {"tp": 1, "pp": 1, "attention_dp": 1, "ep": 1, "expert_tp": 1, "max_sequences": row["batch"]}
+    ev = _core.evaluate_serving(problem, {"worker": worker, "replicas": 1})
+    assert row["predicted"]["tpot_s"] == pytest.approx(ev["time"]["tpot_s"])
+    case["traffic"]["input_len"] = 128
+    with pytest.raises(InvalidCaseError, match=r"^serving case 0 \(mix\): invalid traffic\.input_len: 128 "):
+        validate_serving(json.dumps({"kind": "serving", "cases": [case]}))
+
+
 @pytest.mark.parametrize("bad", ["\"fast\"", "-0.5", "0", "true", "[1]"])
 def test_a_measurement_that_is_not_a_positive_number_is_named(bad: str) -> None:
     case = {"id": "x", "model": "llama3-8b", "gpu": "h100-sxm", "num_gpus": 1, "plan": {"tp": 1},

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from . import _core
-from .errors import InvalidCaseError
+from .errors import InvalidCaseError, InvalidInputError
 from .hardware import Cluster
 from .model import Model
 from .serving import _NAMED_WORKER_KEYS, _complete, serving_problem
@@ -160,13 +160,24 @@ def _case(case: dict[str, Any], engines: dict[str, Any], index: int) -> dict[str
     }
 
 
+def _named_case(case: Any, engines: dict[str, Any], index: int) -> dict[str, Any]:
+    """:func:`_case`, its field errors (the core's, naming the field) naming the case too."""
+    try:
+        return _case(case, engines, index)
+    except InvalidCaseError:
+        raise
+    except InvalidInputError as e:
+        name = case.get("id", "?") if isinstance(case, dict) else "?"
+        raise InvalidCaseError(f"serving case {index} ({name}): {e}") from None
+
+
 def validate_serving(text: str) -> ServingValidationReport:
     """Evaluates every case of a serving case file (its JSON ``text``)."""
     data = json.loads(text)
     if not isinstance(data, dict) or data.get("kind") != "serving" or not isinstance(data.get("cases"), list):
         raise InvalidCaseError("serving case file: expected {\"kind\": \"serving\", \"cases\": [...]}")
     engines = data.get("engines", {})
-    rows = [_case(c, engines, i) for i, c in enumerate(data["cases"])]
+    rows = [_named_case(c, engines, i) for i, c in enumerate(data["cases"])]
     # The figure to quote: the cases no constant was fitted on.
     held_out = [r for r in rows if not r["in_sample_for"]]
     summary: dict[str, Any] = {
