@@ -216,11 +216,14 @@ def test_the_queue_model_takes_the_arrival_process() -> None:
     assert queued["time"]["ttft_s"] == pytest.approx(alone["time"]["ttft_s"] + 32 / x)
     one = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=64", concurrency=1, **kw)
     assert one["queue_s"] == 0
-    # Open loop at 2 requests/s: the rate keeps n = λ·OSL·TPOT running, with some prefill queueing;
-    # the deployment's capacity (its full batch) is above the rate.
+    # Open loop at 2 requests/s: the rate keeps n = λ·OSL·TPOT running, the prefill mostly idle
+    # (the median request waits nothing); the deployment's capacity (its full batch) is above the
+    # rate. At 22/s the prefill is busy more than half the time and the median request waits.
     ev = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=256", request_rate=2.0, **kw)
     assert ev["sequences_per_worker"] == pytest.approx(2.0 * 256 * ev["time"]["tpot_s"], rel=1e-3)
-    assert ev["requests_per_s"] > 2.0 and 0 < ev["queue_s"] < ev["time"]["ttft_s"]
+    assert ev["requests_per_s"] > 2.0 and ev["queue_s"] == 0
+    busy = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=256", request_rate=22.0, **kw)
+    assert busy["requests_per_s"] > 22.0 and 0 < busy["queue_s"] < busy["time"]["ttft_s"]
     # Waves: a batch submitted at once is prefilled, then decoded alone (no prefill in its steps).
     waves = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 1), "tp=1,batch=4", concurrency=4,
                                 arrival="waves", num_requests=4, **kw)

@@ -367,6 +367,8 @@ pub(crate) fn score(
                     let (mean_s, second) = moments(mix, prompts.iter().map(|q| q.2));
                     let running = in_flight.unwrap_or(b).min(b) / w.attention_dp as f64;
                     let others = (running - 1.0).max(0.0) * mean_s;
+                    // A closed loop's arrivals are its completions, not Poisson: the mean wait
+                    // (its median is not M/G/1's, whose 1 − ρ arrivals find the server idle).
                     let contention = queue::mg1_wait(x / w.attention_dp as f64, mean_s, second)
                         .map_or(others, |wq| wq.min(others));
                     queue_s = queue::slot_wait(in_flight.unwrap_or(b), b, x) + contention;
@@ -394,11 +396,14 @@ pub(crate) fn score(
                     let mu = n / (osl * period);
                     // Each rank's prefill serves its share of the arrivals; a prompt holds its
                     // share of a full forward's prefill budget (M/D/1; M/G/1 for prompts of
-                    // several lengths).
+                    // several lengths). TTFT is the median request's: Poisson arrivals see the
+                    // queue as it is (PASTA), 1 − ρ of them empty (`queue::median_wait`).
                     let rank_lambda = lambda / w.attention_dp as f64;
                     let (service, second) = moments(mix, prompts.iter().map(|q| q.2));
                     queue_s = match queue::mg1_wait(rank_lambda, service, second) {
-                        Some(wq) if n < cap || mu >= lambda => wq,
+                        Some(wq) if n < cap || mu >= lambda => {
+                            queue::median_wait(rank_lambda * service, wq)
+                        }
                         _ => {
                             let served = mu.min(1.0 / service * w.attention_dp as f64);
                             run.map_or(0.0, |requests| {
@@ -467,7 +472,7 @@ pub(crate) fn score(
             own_ttft = transfers.iter().map(|t| f.total_s + t).collect();
             let own_mean = moments(mix, own_ttft.iter().copied()).0;
             // Open loop: prompts queue for the prefill pool, a server of one prompt per
-            // 1/prefill_rate (M/D/1). Closed loop (Little's law with no think time, as for
+            // 1/prefill_rate (M/D/1; the median request's wait). Closed loop (Little's law with no think time, as for
             // `queue::slot_wait`): the requests in flight complete at the deployment's rate, the
             // slower pool's, so each spends `c/X` from arrival to its last token; what its decode
             // does not take it waited before its first token: for the prefill pool when that
@@ -475,12 +480,15 @@ pub(crate) fn score(
             queue_s = match arrival {
                 Arrival::Poisson => {
                     let lambda = lambda.unwrap_or(0.0) * replicas;
-                    queue::md1_wait(lambda, 1.0 / prefill_rate).unwrap_or_else(|| {
-                        let served = requests_per_s;
-                        p.traffic
-                            .num_requests
-                            .map_or(0.0, |n| queue::overload_wait(n as f64, served, lambda))
-                    })
+                    let service = 1.0 / prefill_rate;
+                    queue::md1_wait(lambda, service)
+                        .map(|wq| queue::median_wait(lambda * service, wq))
+                        .unwrap_or_else(|| {
+                            let served = requests_per_s;
+                            p.traffic
+                                .num_requests
+                                .map_or(0.0, |n| queue::overload_wait(n as f64, served, lambda))
+                        })
                 }
                 _ => in_flight.map_or(0.0, |c| {
                     let service = (osl - 1.0) * tpot + own_mean;
@@ -964,7 +972,31 @@ mod tests {
         let n = ev.sequences_per_worker;
         assert!((n - 2.0 * 256.0 * ev.time.tpot_s).abs() < 1e-3 * n, "{n}");
         assert!(n < 256.0 && ev.requests_per_s > 2.0 && ev.feasible);
-        assert!(ev.queue_s > 0.0 && ev.queue_s < ev.time.ttft_s);
+        // The prefill is busy a small share of the time: the median request finds it idle.
+        assert_eq!(ev.queue_s, 0.0);
+        // At 22/s it is busy more than half the time: the median request waits, less than the
+        // mean M/D/1 wait (the arrivals that find it idle wait nothing).
+        p.traffic.request_rate = Some(22.0);
+        let busy = evaluate_serving(&p, &worker(1, 256)).unwrap();
+        assert!(
+            busy.queue_s > 0.0 && busy.queue_s < busy.time.ttft_s,
+            "{}",
+            busy.queue_s
+        );
+        let tm = TimeModel::new(&p);
+        let room = 8192.0 - busy.sequences_per_worker;
+        let full = Batch {
+            decode_seqs: busy.sequences_per_worker - 1.0,
+            decode_context: 1024.0 + 128.0,
+            prefill_seqs: room / 1024.0,
+            prefill_new: 1024.0,
+            prefill_cached: 0.0,
+            busy_ranks: None,
+        };
+        let service = 1024.0 / room * tm.forward(&worker(1, 256).worker, &full, false).1;
+        let mean = queue::md1_wait(22.0, service).unwrap();
+        assert!((busy.queue_s - queue::median_wait(22.0 * service, mean)).abs() < 1e-12);
+        assert!(busy.queue_s < mean);
         // Overloaded (more arrivals than the 4 slots complete): the median of 1000 requests
         // waits N/2 · (1/μ − 1/λ).
         p.traffic.request_rate = Some(50.0);
@@ -1102,11 +1134,12 @@ mod tests {
     fn prompts_of_unequal_lengths_wait_longer_for_the_prefill() {
         // Poisson arrivals at the same rate and the same mean prompt (2048 tokens): half of
         // them 256 and half 3840 tokens hold the prefill budget for unequal times, and M/G/1
-        // waits longer than M/D/1.
+        // waits longer than M/D/1 (the median request, with the prefill busy more than half
+        // the time at 13/s).
         let mut p = problem("llama3-8b", "h100-sxm", 1);
         p.traffic.input_len = 2048;
         p.traffic.output_len = 128;
-        p.traffic.request_rate = Some(6.0);
+        p.traffic.request_rate = Some(13.0);
         let plan = worker(1, 64);
         let equal = evaluate_serving(&p, &plan).unwrap();
         let unequal = evaluate_serving(
