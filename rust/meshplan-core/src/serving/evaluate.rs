@@ -1192,4 +1192,54 @@ mod tests {
             .unwrap();
         assert_eq!(v.rule, "memory");
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 48,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        #[test]
+        fn a_length_distribution_does_not_depend_on_the_order_or_scale_of_its_classes(
+            classes in proptest::collection::vec((1u32..40_000, 1u32..4_000, 0.01f64..100.0), 1..8),
+            scale in 0.001f64..1000.0,
+            poisson in proptest::bool::ANY,
+            pd in proptest::bool::ANY,
+        ) {
+            let mut p = problem("llama3-8b", "h100-sxm", 8);
+            if poisson {
+                p.traffic.request_rate = Some(2.0);
+            } else {
+                p.traffic.concurrency = Some(32);
+            }
+            let mut plan = worker(4, 32);
+            if pd {
+                plan.prefill = Some(worker(4, 2).worker);
+                plan.prefill_replicas = 1;
+            }
+            let given = with_lengths(&p, &classes);
+            let mut reordered = classes.clone();
+            reordered.reverse();
+            let reversed = with_lengths(&p, &reordered);
+            let scaled: Vec<_> = classes.iter().map(|&(i, o, w)| (i, o, w * scale)).collect();
+            let rescaled = with_lengths(&p, &scaled);
+            let a = evaluate_serving(&given, &plan).unwrap();
+            for t in [a.time.ttft_s, a.time.tpot_s, a.time.e2e_s, a.output_tokens_per_s] {
+                proptest::prop_assert!(t.is_finite() && t > 0.0, "{:?}", a.time);
+            }
+            proptest::prop_assert!(a.time.e2e_s >= a.time.tpot_s);
+            for other in [&reversed, &rescaled] {
+                let b = evaluate_serving(other, &plan).unwrap();
+                for (x, y) in [
+                    (a.time.ttft_s, b.time.ttft_s),
+                    (a.time.tpot_s, b.time.tpot_s),
+                    (a.time.e2e_s, b.time.e2e_s),
+                    (a.output_tokens_per_s, b.output_tokens_per_s),
+                ] {
+                    proptest::prop_assert!((x - y).abs() <= 1e-9 * x.abs().max(1e-12), "{x} vs {y}");
+                }
+                proptest::prop_assert_eq!(a.feasible, b.feasible);
+            }
+        }
+    }
 }
