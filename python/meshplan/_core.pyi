@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, final
 
 __all__ = [
     "__version__",
+    "MAX_LENGTH_CLASSES",
     "CancelToken",
     "model_presets",
     "model_preset",
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 __version__: str
+#: Most classes of a serving problem's length distribution (``traffic.lengths``).
+MAX_LENGTH_CLASSES: int
 
 @final
 class CancelToken:

@@ -81,7 +81,7 @@ class ServingResult:
         return self.plans[0] if self.plans else None
 
 
-MAX_LENGTH_CLASSES = 64
+MAX_LENGTH_CLASSES: int = _core.MAX_LENGTH_CLASSES
 """Most classes of a length distribution (the core's ``MAX_LENGTH_CLASSES``): a trace is binned
 into at most this many by :func:`length_histogram`."""
 
@@ -251,7 +251,7 @@ def _lengths_fields(
     if not 1 <= len(lengths) <= MAX_LENGTH_CLASSES:
         raise InvalidInputError(
             f"invalid traffic.lengths: {len(lengths)} classes (allowed: 1..={MAX_LENGTH_CLASSES} classes: bin "
-            "a trace into a histogram (meshplan.length_histogram, the CLI's --lengths))"
+            "a trace into a histogram (meshplan.serving.length_histogram, the CLI's --lengths))"
         )
     for name, v in (("input_len", input_len), ("output_len", output_len)):
         if v is not None:

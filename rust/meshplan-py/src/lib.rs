@@ -1206,6 +1206,8 @@ fn search_many(
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // Most classes of a serving problem's length distribution (`traffic.lengths`).
+    m.add("MAX_LENGTH_CLASSES", core::serving::MAX_LENGTH_CLASSES)?;
     m.add_class::<CancelToken>()?;
     m.add_function(wrap_pyfunction!(model_presets, m)?)?;
     m.add_function(wrap_pyfunction!(model_preset, m)?)?;

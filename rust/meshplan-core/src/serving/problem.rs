@@ -62,7 +62,7 @@ pub struct Traffic {
 
 /// Most classes of a length distribution (`Traffic::lengths`): the evaluation prices every
 /// class's prompt, so a trace is binned into a histogram first (Python's
-/// `meshplan.length_histogram`, the CLI's `--lengths`).
+/// `meshplan.serving.length_histogram`, the CLI's `--lengths`).
 pub const MAX_LENGTH_CLASSES: usize = 64;
 
 /// One class of a length distribution: `weight` (any positive scale, e.g. a histogram's
@@ -364,7 +364,7 @@ impl ServingProblem {
                 format!("{} classes", t.lengths.len()),
                 format!(
                     "1..={MAX_LENGTH_CLASSES} classes: bin a trace into a histogram \
-                     (meshplan.length_histogram, the CLI's --lengths)"
+                     (meshplan.serving.length_histogram, the CLI's --lengths)"
                 ),
             ));
         }
