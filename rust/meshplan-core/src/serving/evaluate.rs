@@ -22,7 +22,7 @@ use super::memory::{
 use super::plan::{ServingPlan, Worker};
 use super::problem::{Arrival, LengthMix, ServingProblem};
 use super::queue;
-use super::time::{worker_groups, Batch, ServingTime, TimeModel};
+use super::time::{worker_groups, Batch, PhaseTime, ServingTime, TimeModel};
 
 /// Why a deployment does not serve the problem as asked.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -252,36 +252,46 @@ pub(crate) fn score(
                 tm.forward(w, &step, true)
             };
             // A new prompt rides on steps in chunks of what the running decodes leave free:
-            // `(first forward, chunks, prompt_s)`, prompt_s what one prompt holds the prefill
-            // budget for, its share (new/room) of a forward whose budget is full of prompts
-            // beside the decodes (a prompt of the whole budget takes that forward; smaller ones
-            // share one). With pipeline stages the running decodes go in `pp` micro-batches, each
-            // forward with its own budget: a chunk rides in one of them beside its share of the
-            // decodes, crosses every stage (the prompt's own time), and holds the budget for one
-            // pipeline period, the next micro-batch entering the first stage meanwhile. Of a
-            // prompt of `isl` tokens.
-            let prompt = |b: f64, isl: f64| {
-                let new = p.new_tokens_of(isl);
-                let cached = p.cached_tokens_of(isl);
+            // `(first forward, chunks, prompt_s)` of each length class's prompt, prompt_s what
+            // one prompt holds the prefill budget for, its share (new/room) of a forward whose
+            // budget is full of prompts beside the decodes (a prompt of the whole budget takes
+            // that forward; smaller ones share one): the traffic's prompts, the token-weighted
+            // one (`LengthMix::prefill_input`) in chunks of at most the room, one forward for
+            // every class. With pipeline stages the running decodes go in `pp` micro-batches,
+            // each forward with its own budget: a chunk rides in one of them beside its share of
+            // the decodes, crosses every stage (the prompt's own time), and holds the budget for
+            // one pipeline period, the next micro-batch entering the first stage meanwhile.
+            let prompts = |b: f64| -> Vec<(PhaseTime, f64, f64)> {
                 let b_micro = b / w.attention_dp as f64 / w.pp as f64;
                 let room = (chunk - b_micro).max(chunk / 2.0);
-                let chunks = (new / room).ceil().max(1.0);
-                let piece = new / chunks;
-                let first = Batch {
-                    decode_seqs: (b_micro - 1.0).max(0.0),
-                    decode_context: context,
-                    prefill_seqs: 1.0,
-                    prefill_new: piece,
-                    prefill_cached: cached + (new - piece) / 2.0,
-                    busy_ranks: None,
+                // A prompt of `isl` tokens riding in its first chunk: (forward, new, chunks).
+                let riding = |isl: f64| {
+                    let new = p.new_tokens_of(isl);
+                    let chunks = (new / room).ceil().max(1.0);
+                    let piece = new / chunks;
+                    let batch = Batch {
+                        decode_seqs: (b_micro - 1.0).max(0.0),
+                        decode_context: context,
+                        prefill_seqs: 1.0,
+                        prefill_new: piece,
+                        prefill_cached: p.cached_tokens_of(isl) + (new - piece) / 2.0,
+                        busy_ranks: None,
+                    };
+                    (batch, new, chunks)
                 };
-                let (f, _) = tm.forward(w, &first, false);
+                let (typical, _, _) = riding(mix.prefill_input);
                 let full = Batch {
-                    prefill_seqs: room / new,
-                    ..first
+                    prefill_seqs: room / typical.prefill_new,
+                    ..typical
                 };
-                let prompt_s = new / room * tm.forward(w, &full, false).1;
-                (f, chunks, prompt_s)
+                let period = tm.forward(w, &full, false).1;
+                mix.classes
+                    .iter()
+                    .map(|c| {
+                        let (first, new, chunks) = riding(c.1);
+                        (tm.forward(w, &first, false).0, chunks, new / room * period)
+                    })
+                    .collect()
             };
             match arrival {
                 Arrival::Waves => {
@@ -354,7 +364,7 @@ pub(crate) fn score(
                 }
                 Arrival::Spread => {
                     let (d, period) = steady(b);
-                    let prompts: Vec<_> = mix.classes.iter().map(|c| prompt(b, c.1)).collect();
+                    let prompts = prompts(b);
                     decode = d;
                     tpot = period;
                     prefill = prompts[median].0;
@@ -389,7 +399,7 @@ pub(crate) fn score(
                     });
                     b = n;
                     let (d, period) = steady(n);
-                    let prompts: Vec<_> = mix.classes.iter().map(|c| prompt(n, c.1)).collect();
+                    let prompts = prompts(n);
                     decode = d;
                     tpot = period;
                     prefill = prompts[median].0;
@@ -697,6 +707,46 @@ mod tests {
         assert!(0.0 < fewer.queue_s && fewer.queue_s < ev.queue_s);
         p.traffic.concurrency = Some(1);
         assert_eq!(evaluate_serving(&p, &plan).unwrap().queue_s, 0.0);
+    }
+
+    #[test]
+    fn a_prompt_longer_than_the_budget_holds_whole_forwards_of_it() {
+        // 32,768-token prompts beside 7 decodes in a budget of 8192: each rides in 5 chunks of
+        // 6,553.6 tokens and holds the budget for 32768/8185 forwards full of such chunks (8,185
+        // tokens each), not of one chunk's share (until Dec 2026 the full forward held
+        // room/new of a chunk, 1,637 tokens, and the wait was a fraction of this).
+        let mut p = problem("llama3-8b", "h100-sxm", 1);
+        p.traffic.input_len = 32768;
+        p.traffic.concurrency = Some(8);
+        let plan = worker(1, 8);
+        let ev = evaluate_serving(&p, &plan).unwrap();
+        let tm = TimeModel::new(&p);
+        let room = 8192.0 - 8.0;
+        let piece = 32768.0 / 5.0;
+        let first = Batch {
+            decode_seqs: 7.0,
+            decode_context: 32768.0 + 128.0,
+            prefill_seqs: 1.0,
+            prefill_new: piece,
+            prefill_cached: (32768.0 - piece) / 2.0,
+            busy_ranks: None,
+        };
+        let full = Batch {
+            prefill_seqs: room / piece,
+            ..first
+        };
+        let (f, _) = tm.forward(&plan.worker, &first, false);
+        let (whole, period) = tm.forward(&plan.worker, &full, false);
+        assert!(whole.total_s > 1.2 * f.total_s);
+        let service = 32768.0 / room * period;
+        let x = 8.0 / (256.0 * ev.time.tpot_s);
+        let expected = queue::md1_wait(x, service).map_or(7.0 * service, |w| w.min(7.0 * service));
+        assert!(
+            (ev.queue_s - expected).abs() < 1e-12,
+            "{} vs {expected}",
+            ev.queue_s
+        );
+        assert!((ev.time.ttft_s - 5.0 * f.total_s - expected).abs() < 1e-9);
     }
 
     #[test]
