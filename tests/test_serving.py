@@ -191,6 +191,7 @@ def test_cli_search_table_json_csv() -> None:
 def test_cli_evaluate_explain_export(capsys: pytest.CaptureFixture[str]) -> None:
     code, text = run_cli("inference", "evaluate", *PROBLEM, "--plan", "tp=1,batch=64,replicas=8")
     assert code == 0 and "TPOT" in text and "feasible" in text
+    assert "traffic: 1024 -> 256 tokens per request" in text
     code, text = run_cli("inference", "explain", *PROBLEM, "--plan", "tp=2,batch=64,replicas=4")
     assert code == 0 and "all-reduce" in text and "nvlink" in text
     code, text = run_cli("inference", "evaluate", *PROBLEM, "--plan", "tp=2,batch=64,replicas=4",
@@ -602,6 +603,11 @@ def test_cli_reads_a_length_distribution(tmp_path: Path) -> None:
     ev = mp.evaluate_serving("llama3-8b", mp.Cluster("h100-sxm", 8), "tp=1,batch=32,replicas=1",
                              lengths=[(512, 64, 3), (2048, 256, 1)], concurrency=32)
     assert json.loads(text)["time"]["tpot_s"] == pytest.approx(ev["time"]["tpot_s"])
+    # The text says which lengths the estimate assumed, for evaluate and explain alike.
+    for command in ("evaluate", "explain"):
+        code, text = run_cli("inference", command, *base, "--lengths", str(hist), "--plan", "tp=1,batch=32,replicas=1")
+        assert code == 0
+        assert "traffic: 2 length classes, mean 896 -> 112 tokens, longest 2,304" in text
     bad = tmp_path / "bad.csv"
     bad.write_text("512,64\nx,y\n")
     for argv, message in (((*base, "--lengths", str(bad)), "line 2: 'x,y' is not input_len,output_len"),
