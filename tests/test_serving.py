@@ -530,9 +530,9 @@ def test_a_length_distribution_prices_each_class() -> None:
     x = mix["requests_per_s"]
     assert mix["output_tokens_per_s"] == pytest.approx(256 * x)
     assert x == pytest.approx(64 / (256 * mix["time"]["tpot_s"]))
-    # e2e: the mean of the two classes' (an even count of equal weight), each TTFT + (O - 1)·TPOT.
-    e2e_short = mix["time"]["e2e_s"] - 0.5 * (383 - 127) * mix["time"]["tpot_s"]
-    assert e2e_short < mix["time"]["e2e_s"]
+    # TTFT and e2e: the means of the two classes' (an even count of equal weight), so e2e is
+    # TTFT + ((128 - 1) + (384 - 1))/2 · TPOT.
+    assert mix["time"]["e2e_s"] == pytest.approx(mix["time"]["ttft_s"] + 255 * mix["time"]["tpot_s"], rel=1e-12)
     skew = mp.evaluate_serving("llama3-70b", cluster, "tp=8,batch=64", lengths=[(512, 128, 3.0), (1536, 384)], **kw)
     assert skew["time"]["e2e_s"] < mix["time"]["e2e_s"]
 

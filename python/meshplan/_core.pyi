@@ -47,6 +47,7 @@ __all__ = [
     "search_serving",
     "evaluate_serving",
     "explain_serving",
+    "serving_lengths",
 ]
 
 __version__: str
@@ -225,6 +226,11 @@ def explain_serving(
 ) -> dict[str, Any]:
     """Explains one serving deployment axis by axis: ``{"evaluation", "axes",
     "ridge_flops_per_byte"}``."""
+
+def serving_lengths(problem: dict[str, Any]) -> dict[str, Any]:
+    """The lengths a serving problem's evaluation reads, the problem checked first:
+    ``{"classes": [[share, input_len, output_len], ...], "mean_input", "mean_output",
+    "decode_context", "full_context", "longest", "prefill_input", "mean_new", "median_class"}``."""
 
 def rank_orders() -> list[str]:
     """Every rank order (the 120 permutations of tp, cp, ep, dp, pp), the default first."""

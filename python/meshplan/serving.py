@@ -292,8 +292,8 @@ def search_serving(
     """The deployments of ``model`` on ``cluster`` that meet the SLOs, best first by tokens/s
     per GPU (``objective="latency"``: by end-to-end latency), and the Pareto front.
 
-    ``problem`` takes the keywords of :func:`serving_problem` (``input_len`` and ``output_len``
-    are required). ``space``: ``{"top_k", "disaggregation", "max_tp", "max_pp",
+    ``problem`` takes the keywords of :func:`serving_problem` (``input_len`` and ``output_len``,
+    or a length distribution in ``lengths``). ``space``: ``{"top_k", "disaggregation", "max_tp", "max_pp",
     "max_attention_dp", "max_sequences", "allow_tp_cross_domain", "attention_kernel",
     "sliding_kv"}``, each optional (``attention_kernel``: ``flash`` or ``triton-mla``;
     ``sliding_kv``: ``window`` or ``full``; both for every deployment scored).

@@ -13,6 +13,7 @@ import csv
 import json
 from typing import Any, Optional, TextIO
 
+from .. import _core
 from ..serving import (
     ENGINES,
     MAX_LENGTH_CLASSES,
@@ -302,41 +303,37 @@ def _one(args: argparse.Namespace, explain: bool) -> dict[str, Any]:
                 timeout_s=remaining_s(args), **_problem(args))
 
 
-def _traffic(args: argparse.Namespace) -> dict[str, Any]:
-    """The core problem's traffic (its length classes as dicts) of the command line."""
-    traffic: dict[str, Any] = serving_problem(model_from(args), cluster_from(args), **_problem(args))["traffic"]
-    return traffic
+def _core_problem(args: argparse.Namespace) -> dict[str, Any]:
+    """The core's serving-problem dict of the command line."""
+    return serving_problem(model_from(args), cluster_from(args), **_problem(args))
 
 
 def _export(args: argparse.Namespace, ev: dict[str, Any], out: TextIO) -> None:
-    problem = serving_problem(model_from(args), cluster_from(args), **_problem(args))
+    problem = _core_problem(args)
     for line in launch_commands(ev, problem, args.export, args.model_path):
         out.write(line + "\n")
 
 
-def traffic_text(traffic: dict[str, Any]) -> str:
-    """The lengths an estimate assumed: the requests' lengths, or their distribution in brief."""
-    classes = traffic.get("lengths")
-    if not classes:
+def traffic_text(problem: dict[str, Any]) -> str:
+    """The lengths an estimate assumed: the requests' lengths, or their distribution in brief
+    (its means and longest request as the core reads them, ``_core.serving_lengths``)."""
+    traffic = problem["traffic"]
+    if not traffic.get("lengths"):
         return f"traffic: {traffic['input_len']} -> {traffic['output_len']} tokens per request"
-    weights = [float(c.get("weight", 1.0)) for c in classes]
-    total = sum(weights)
-
-    def mean(key: str) -> float:
-        return sum(w * float(c[key]) for w, c in zip(weights, classes)) / total
-
-    longest = max(c["input_len"] + c["output_len"] for c in classes)
-    return (f"traffic: {len(classes)} length classes, mean {mean('input_len'):,.0f} -> {mean('output_len'):,.0f} "
-            f"tokens, longest {longest:,}; TTFT and e2e are the requests' medians")
+    mix = _core.serving_lengths(problem)
+    return (f"traffic: {len(mix['classes'])} length classes, mean {mix['mean_input']:,.0f} -> "
+            f"{mix['mean_output']:,.0f} tokens, longest {mix['longest']:,.0f}; TTFT and e2e are the requests' "
+            "medians")
 
 
-def evaluation_text(ev: dict[str, Any], traffic: Optional[dict[str, Any]] = None) -> str:
-    """One deployment's figures and violations as text (``traffic``: the lengths it assumed)."""
+def evaluation_text(ev: dict[str, Any], problem: Optional[dict[str, Any]] = None) -> str:
+    """One deployment's figures and violations as text (``problem``: the core problem it scored,
+    whose lengths it states)."""
     r = row(ev)
     m, t = ev["memory"], ev["time"]
     lines = [
         f"deployment  {ev['label']}  on {ev['gpus']} GPUs: {'feasible' if ev['feasible'] else 'NOT feasible'}",
-        *([traffic_text(traffic)] if traffic else []),
+        *([traffic_text(problem)] if problem else []),
         f"TTFT {r['ttft_ms']:.1f} ms (queueing {r['queue_ms']:.1f})   TPOT {r['tpot_ms']:.2f} ms   "
         f"e2e {r['e2e_s']:.3f} s",
         f"{r['tokens_per_s_per_gpu']:.1f} tok/s/GPU   {r['tokens_per_s_per_user']:.1f} tok/s/user   "
@@ -352,7 +349,7 @@ def evaluation_text(ev: dict[str, Any], traffic: Optional[dict[str, Any]] = None
         f"({'memory' if t['decode']['memory_bound'] else 'compute'}-bound)",
     ]
     if ev["plan"].get("prefill"):
-        mean = " (mean)" if traffic and traffic.get("lengths") else ""
+        mean = " (mean)" if problem and problem["traffic"].get("lengths") else ""
         lines.append(f"KV transfer per request{mean} {t['kv_transfer_s'] * 1e3:.2f} ms")
     for v in ev["violations"]:
         lines.append(f"  x {v['rule']}: {v['message']}")
@@ -367,7 +364,7 @@ def _evaluate(args: argparse.Namespace, out: TextIO) -> int:
         json.dump(ev, out, indent=2)
         out.write("\n")
     else:
-        out.write(evaluation_text(ev, _traffic(args)) + "\n")
+        out.write(evaluation_text(ev, _core_problem(args)) + "\n")
     return 0
 
 
@@ -380,7 +377,7 @@ def _explain(args: argparse.Namespace, out: TextIO) -> int:
         json.dump(ex, out, indent=2)
         out.write("\n")
         return 0
-    out.write(evaluation_text(ex["evaluation"], _traffic(args)) + "\n\n")
+    out.write(evaluation_text(ex["evaluation"], _core_problem(args)) + "\n\n")
     header = ["axis", "degree", "collective", "fabric", "calls/step", "bytes/token/GPU", "ms/step", "bound", "what is sharded"]
     rows = []
     for a in ex["axes"]:

@@ -941,6 +941,14 @@ fn evaluate_serving(
     })
 }
 
+/// The lengths a serving problem's evaluation reads (`ServingProblem::lengths`): its classes
+/// (share, input, output) and their averages, checked first.
+#[pyfunction]
+fn serving_lengths(py: Python<'_>, problem: &Bound<'_, PyAny>) -> PyResult<Py<PyAny>> {
+    let inputs = (arg::<core::serving::ServingProblem>(problem, "")?,);
+    run(py, inputs, None, |(p,)| p.validate().map(|()| p.lengths()))
+}
+
 /// Explains one serving deployment axis by axis.
 #[pyfunction]
 #[pyo3(signature = (problem, plan, timeout_s=None, cancel=None))]
@@ -1238,6 +1246,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(search_serving, m)?)?;
     m.add_function(wrap_pyfunction!(evaluate_serving, m)?)?;
     m.add_function(wrap_pyfunction!(explain_serving, m)?)?;
+    m.add_function(wrap_pyfunction!(serving_lengths, m)?)?;
     Ok(())
 }
 

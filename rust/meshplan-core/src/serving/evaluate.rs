@@ -20,7 +20,7 @@ use super::memory::{
     cached_layers, kv_bytes_per_token_per_layer, stage_counts, worker_memory, ServingMemory,
 };
 use super::plan::{ServingPlan, Worker};
-use super::problem::{Arrival, LengthMix, ServingProblem};
+use super::problem::{weighted_quantile, Arrival, LengthMix, ServingProblem};
 use super::queue;
 use super::time::{worker_groups, Batch, PhaseTime, ServingTime, TimeModel};
 
@@ -162,20 +162,6 @@ pub(crate) fn prompt_batch(tm: &TimeModel, prompts: f64) -> Batch {
     )
 }
 
-/// The index of the class of the median prompt (by input length, over the requests).
-fn median_class(mix: &LengthMix) -> usize {
-    let mut order: Vec<usize> = (0..mix.classes.len()).collect();
-    order.sort_by(|&a, &b| mix.classes[a].1.total_cmp(&mix.classes[b].1));
-    let mut seen = 0.0;
-    for &i in &order {
-        seen += mix.classes[i].0;
-        if seen >= 0.5 - 1e-12 {
-            return i;
-        }
-    }
-    order.last().copied().unwrap_or(0)
-}
-
 /// The mean and second moment over the requests of a value given per length class.
 fn moments(mix: &LengthMix, values: impl Iterator<Item = f64>) -> (f64, f64) {
     mix.classes
@@ -184,24 +170,6 @@ fn moments(mix: &LengthMix, values: impl Iterator<Item = f64>) -> (f64, f64) {
         .fold((0.0, 0.0), |(m, m2), (c, v)| {
             (m + c.0 * v, m2 + c.0 * v * v)
         })
-}
-
-/// The value below which `share` of the weight lies, of `(weight, value)` pairs whose weights
-/// sum to 1 (the weighted median at 0.5); where the weight below a value is exactly `share`,
-/// the mean of that value and the next (as the median of an even count).
-pub(crate) fn weighted_quantile(mut pairs: Vec<(f64, f64)>, share: f64) -> f64 {
-    pairs.sort_by(|a, b| a.1.total_cmp(&b.1));
-    let mut seen = 0.0;
-    for (i, &(w, v)) in pairs.iter().enumerate() {
-        seen += w;
-        if (seen - share).abs() <= 1e-12 {
-            return pairs.get(i + 1).map_or(v, |next| (v + next.1) / 2.0);
-        }
-        if seen > share {
-            return v;
-        }
-    }
-    pairs.last().map_or(0.0, |p| p.1)
 }
 
 /// The evaluation of `plan` (already validated); `allow_tp_cross_domain` drops that rule.
@@ -224,7 +192,7 @@ pub(crate) fn score(
     // over the requests.
     let own_ttft: Vec<f64>;
     // The class of the median prompt, whose prefill forward the evaluation reports.
-    let median = median_class(mix);
+    let median = mix.median_class;
     let arrival = p.traffic.arrival();
     let replicas = plan.replicas as f64;
     // Requests in flight per worker in a closed loop, arrivals per second per worker in an
@@ -482,11 +450,11 @@ pub(crate) fn score(
             own_ttft = transfers.iter().map(|t| f.total_s + t).collect();
             let own_mean = moments(mix, own_ttft.iter().copied()).0;
             // Open loop: prompts queue for the prefill pool, a server of one prompt per
-            // 1/prefill_rate (M/D/1; the median request's wait). Closed loop (Little's law with no think time, as for
-            // `queue::slot_wait`): the requests in flight complete at the deployment's rate, the
-            // slower pool's, so each spends `c/X` from arrival to its last token; what its decode
-            // does not take it waited before its first token: for the prefill pool when that
-            // binds, for a decode slot when decode does.
+            // 1/prefill_rate (M/D/1; the median request's wait). Closed loop (Little's law with
+            // no think time, as for `queue::slot_wait`): the requests in flight complete at the
+            // deployment's rate, the slower pool's, so each spends `c/X` from arrival to its last
+            // token; what its decode does not take it waited before its first token: for the
+            // prefill pool when that binds, for a decode slot when decode does.
             queue_s = match arrival {
                 Arrival::Poisson => {
                     let lambda = lambda.unwrap_or(0.0) * replicas;
@@ -505,7 +473,7 @@ pub(crate) fn score(
                     queue::closed_loop_wait(c * replicas, requests_per_s, service)
                 }),
             };
-            let pm = worker_memory(p, pw, bp, bp / pw.attention_dp as f64 * mix.mean_new);
+            let pm = worker_memory(p, mix, pw, bp, bp / pw.attention_dp as f64 * mix.mean_new);
             if (pm.max_sequences_fit as f64) < bp {
                 violations.push(ServingViolation {
                     rule: "prefill_memory".into(),
@@ -523,7 +491,7 @@ pub(crate) fn score(
     } else {
         chunk
     };
-    let memory = worker_memory(p, w, b, forward);
+    let memory = worker_memory(p, mix, w, b, forward);
     if p.traffic.lengths.len() > 1 && memory.kv_capacity_tokens < mix.longest {
         violations.push(ServingViolation {
             rule: "memory".into(),
@@ -538,7 +506,7 @@ pub(crate) fn score(
             rule: "memory".into(),
             message: format!(
                 "{b} sequences of {} tokens do not fit: {} fit ({:.1} GiB of weights per GPU in a {:.1} GiB budget)",
-                p.context_tokens(),
+                mix.full_context,
                 memory.max_sequences_fit,
                 memory.weights_gib,
                 memory.budget_gib
@@ -712,9 +680,10 @@ mod tests {
     #[test]
     fn a_prompt_longer_than_the_budget_holds_whole_forwards_of_it() {
         // 32,768-token prompts beside 7 decodes in a budget of 8192: each rides in 5 chunks of
-        // 6,553.6 tokens and holds the budget for 32768/8185 forwards full of such chunks (8,185
-        // tokens each), not of one chunk's share (until Dec 2026 the full forward held
-        // room/new of a chunk, 1,637 tokens, and the wait was a fraction of this).
+        // 6,553.6 tokens and holds the budget for 32768/8184 forwards full of such chunks (8,184
+        // tokens each, the room 8192 - 8 leaves), not of one chunk's share (until Dec 2026 the
+        // full forward held room/new of a chunk, 1,637 tokens, and the wait was a fraction of
+        // this).
         let mut p = problem("llama3-8b", "h100-sxm", 1);
         p.traffic.input_len = 32768;
         p.traffic.concurrency = Some(8);

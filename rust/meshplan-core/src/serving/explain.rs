@@ -258,7 +258,7 @@ pub fn explain_serving(
     ));
     if let Some(pw) = &plan.prefill {
         let same = plan.gpus() <= tm.domain as u64;
-        let isl = problem.lengths().mean_input;
+        let isl = tm.mix.mean_input;
         let bytes = kv_transfer_bytes(problem, pw, isl);
         let cost = tm.fabric.p2p(bytes, same);
         axes.push(axis(

@@ -11,7 +11,7 @@ use crate::model::Model;
 
 use super::constants;
 use super::plan::{SlidingKv, Worker};
-use super::problem::{bytes_per_element, ServingProblem};
+use super::problem::{bytes_per_element, LengthMix, ServingProblem};
 
 use crate::memory::GIB;
 
@@ -197,9 +197,11 @@ pub struct ServingMemory {
 }
 
 /// Memory of worker `w` running `sequences` sequences (a prefill worker: its batch) with
-/// forwards of at most `forward_tokens` tokens per attention-DP rank.
+/// forwards of at most `forward_tokens` tokens per attention-DP rank, for the traffic's lengths
+/// `mix` (`ServingProblem::lengths`, built once per problem).
 pub fn worker_memory(
     p: &ServingProblem,
+    mix: &LengthMix,
     w: &Worker,
     sequences: f64,
     forward_tokens: f64,
@@ -214,7 +216,6 @@ pub fn worker_memory(
     let fixed = gpu.calibration.fixed_memory_gib * GIB;
     let seqs_rank = sequences / w.attention_dp as f64;
     // The shared prefix is cached once per rank; every sequence holds its own remainder.
-    let mix = p.lengths();
     let prefix = mix.mean_input * p.traffic.prefix_fraction;
     let own = mix.full_context - prefix;
     let h = model.hidden as f64;
@@ -308,7 +309,7 @@ mod tests {
         let mut p = crate::serving::problem::tests::problem("gpt-oss-120b", "h100-sxm", 1);
         p.traffic.input_len = 3072;
         p.traffic.output_len = 1024;
-        let m = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        let m = worker_memory(&p, &p.lengths(), &worker(1, 1), 1.0, 8192.0);
         assert_eq!(
             m.kv_bytes_per_token,
             2048.0 * (18.0 + 18.0 * 128.0 / 4096.0)
@@ -316,7 +317,7 @@ mod tests {
         // A context inside the window: every layer holds all of it.
         p.traffic.input_len = 64;
         p.traffic.output_len = 64;
-        let short = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        let short = worker_memory(&p, &p.lengths(), &worker(1, 1), 1.0, 8192.0);
         assert_eq!(short.kv_bytes_per_token, 2048.0 * 36.0);
         // A pool that keeps every token of the sliding-window layers (SGLang's for gpt-oss):
         // all 36 layers per token, so half the sequences of the windowed pool fit, less one at
@@ -325,12 +326,12 @@ mod tests {
         p.traffic.input_len = 3072;
         p.traffic.output_len = 1024;
         p.expert_weights = Some(ExpertWeights::Mxfp4);
-        let m = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        let m = worker_memory(&p, &p.lengths(), &worker(1, 1), 1.0, 8192.0);
         let full = Worker {
             sliding_kv: SlidingKv::Full,
             ..worker(1, 1)
         };
-        let whole = worker_memory(&p, &full, 1.0, 8192.0);
+        let whole = worker_memory(&p, &p.lengths(), &full, 1.0, 8192.0);
         assert_eq!(whole.kv_bytes_per_token, 2048.0 * 36.0);
         assert!(whole.max_sequences_fit > 10, "{}", whole.max_sequences_fit);
         let ratio = (18.0 + 18.0 * 128.0 / 4096.0) / 36.0;
@@ -360,13 +361,13 @@ mod tests {
             "{}",
             params.expert
         );
-        let fits = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        let fits = worker_memory(&p, &p.lengths(), &worker(1, 1), 1.0, 8192.0);
         assert!((by_hand / GIB - fits.weights_gib).abs() < 1e-9);
         assert!(fits.max_sequences_fit > 0, "{fits:?}");
         p.expert_weights = None;
         p.weight_precision = Precision::Fp8;
         assert_eq!(
-            worker_memory(&p, &worker(1, 1), 1.0, 8192.0).max_sequences_fit,
+            worker_memory(&p, &p.lengths(), &worker(1, 1), 1.0, 8192.0).max_sequences_fit,
             0
         );
     }
@@ -401,8 +402,8 @@ mod tests {
         // 80 layers × 2 × 8 KV heads × 128 × 2 bytes = 327,680 bytes per token.
         let kv = kv_bytes_per_token_per_layer(&p.model, 1, 2.0) * 80.0;
         assert_eq!(kv, 327_680.0);
-        let m8 = worker_memory(&p, &worker(8, 1), 1.0, 8192.0);
-        let m1 = worker_memory(&p, &worker(1, 1), 1.0, 8192.0);
+        let m8 = worker_memory(&p, &p.lengths(), &worker(8, 1), 1.0, 8192.0);
+        let m1 = worker_memory(&p, &p.lengths(), &worker(1, 1), 1.0, 8192.0);
         // 70.6 B parameters in bf16 = 131.5 GiB; TP8 holds an eighth.
         assert!((m1.weights_gib - 131.5).abs() < 1.0, "{}", m1.weights_gib);
         assert!((m8.weights_gib * 8.0 - m1.weights_gib).abs() < 0.01);
@@ -418,9 +419,9 @@ mod tests {
     #[test]
     fn fp8_kv_doubles_the_sequences_that_fit() {
         let mut p = problem("llama3-8b");
-        let bf16 = worker_memory(&p, &worker(1, 1), 1.0, 8192.0).max_sequences_fit;
+        let bf16 = worker_memory(&p, &p.lengths(), &worker(1, 1), 1.0, 8192.0).max_sequences_fit;
         p.kv_precision = Precision::Fp8;
-        let fp8 = worker_memory(&p, &worker(1, 1), 1.0, 8192.0).max_sequences_fit;
+        let fp8 = worker_memory(&p, &p.lengths(), &worker(1, 1), 1.0, 8192.0).max_sequences_fit;
         assert!(fp8 >= 2 * bf16 - 1 && fp8 <= 2 * bf16 + 1, "{bf16} {fp8}");
     }
 

@@ -87,7 +87,7 @@ fn unit_weight() -> f64 {
 /// request decodes for `output_len` steps), so what the batch holds and reads is weighted that
 /// way; a prefill forward of `k` prompts holds `k` times the mean prompt in tokens and, for
 /// attention, the token-weighted mean prompt.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LengthMix {
     /// `(share, input_len, output_len)` of each class, shares summing to 1.
     pub classes: Vec<(f64, f64, f64)>,
@@ -109,6 +109,27 @@ pub struct LengthMix {
     /// Prompt tokens per request that prefill computes, the mean over the requests
     /// ([`ServingProblem::new_tokens_of`]).
     pub mean_new: f64,
+    /// The index of the class of the median prompt (by input length, over the requests; at an
+    /// exact half, the shorter): the prefill an evaluation reports.
+    pub median_class: usize,
+}
+
+/// The value below which `share` of the weight lies, of `(weight, value)` pairs whose weights
+/// sum to 1 (the weighted median at 0.5); where the weight below a value is exactly `share`,
+/// the mean of that value and the next (as the median of an even count).
+pub(crate) fn weighted_quantile(mut pairs: Vec<(f64, f64)>, share: f64) -> f64 {
+    pairs.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let mut seen = 0.0;
+    for (i, &(w, v)) in pairs.iter().enumerate() {
+        seen += w;
+        if (seen - share).abs() <= 1e-12 {
+            return pairs.get(i + 1).map_or(v, |next| (v + next.1) / 2.0);
+        }
+        if seen > share {
+            return v;
+        }
+    }
+    pairs.last().map_or(0.0, |p| p.1)
 }
 
 /// The arrival process of the requests (docs/serving.md §5.1), an input of the queue model.
@@ -410,6 +431,12 @@ impl ServingProblem {
         let mean_new = mean(&|i, _| self.new_tokens_of(i));
         // Over the running batch a class weighs its share times the steps it decodes.
         let running = |f: &dyn Fn(f64, f64) -> f64| mean(&|i, o| o * f(i, o)) / mean_output;
+        // The median prompt, and the longest class at or below it (the shorter at a tie).
+        let median_input = weighted_quantile(classes.iter().map(|c| (c.0, c.1)).collect(), 0.5);
+        let median_class = (0..classes.len())
+            .filter(|&i| classes[i].1 <= median_input)
+            .max_by(|&a, &b| classes[a].1.total_cmp(&classes[b].1))
+            .unwrap_or(0);
         LengthMix {
             mean_input,
             mean_output,
@@ -418,6 +445,7 @@ impl ServingProblem {
             longest: classes.iter().map(|&(_, i, o)| i + o).fold(0.0, f64::max),
             prefill_input: mean(&|i, _| i * i) / mean_input,
             mean_new,
+            median_class,
             classes,
         }
     }
@@ -440,12 +468,6 @@ impl ServingProblem {
             }
     }
 
-    /// Tokens held in the KV cache per sequence at its longest: the prompt and the output (with
-    /// a length distribution, the running batch's mean, [`LengthMix::full_context`]).
-    pub fn context_tokens(&self) -> f64 {
-        self.lengths().full_context
-    }
-
     /// Tokens of a prompt of `input_len` that prefill computes: neither the shared prefix nor
     /// the cached share of the rest, and at least one (the token whose logits give the first
     /// output).
@@ -458,17 +480,6 @@ impl ServingProblem {
     /// own), which a prefilling token attends to: the rest after [`Self::new_tokens_of`].
     pub fn cached_tokens_of(&self, input_len: f64) -> f64 {
         input_len - self.new_tokens_of(input_len)
-    }
-
-    /// Prompt tokens per request that prefill computes, the mean over the requests.
-    pub fn new_prompt_tokens(&self) -> f64 {
-        self.lengths().mean_new
-    }
-
-    /// Prompt tokens per request found in the prefix cache, the mean over the requests.
-    pub fn cached_prompt_tokens(&self) -> f64 {
-        let mix = self.lengths();
-        mix.mean_input - mix.mean_new
     }
 }
 
@@ -521,14 +532,14 @@ pub(crate) mod tests {
     #[test]
     fn prefill_computes_what_no_cache_holds() {
         let mut p = problem("llama3-8b", "h100-sxm", 8);
-        assert_eq!(p.new_prompt_tokens(), 1024.0);
+        assert_eq!(p.lengths().mean_new, 1024.0);
         p.traffic.prefix_fraction = 0.5;
         p.traffic.cached_fraction = 0.5;
         // Half the prompt is the shared prefix, half of the rest is cached: 256 to compute.
-        assert_eq!(p.new_prompt_tokens(), 256.0);
+        assert_eq!(p.lengths().mean_new, 256.0);
         // A prompt the cache holds whole still computes its last token.
         p.traffic.cached_fraction = 1.0;
-        assert_eq!(p.new_prompt_tokens(), 1.0);
+        assert_eq!(p.lengths().mean_new, 1.0);
         assert!(p.validate().is_ok());
     }
 
@@ -595,7 +606,7 @@ pub(crate) mod tests {
             vec![(0.25, 512.0, 64.0), (0.75, 2048.0, 256.0)]
         );
         assert_eq!((mix.mean_input, mix.mean_output), (1664.0, 208.0));
-        assert_eq!(p.new_prompt_tokens(), 1664.0);
+        assert_eq!(p.lengths().mean_new, 1664.0);
         for (i, (c, want)) in [
             (
                 class(0, 64, 1.0),

@@ -50,12 +50,7 @@ pub fn closed_loop_wait(in_flight: f64, completions_per_s: f64, service_s: f64) 
 /// Mean seconds in queue of M/D/1 at arrival rate `lambda` and service time `service`
 /// (Pollaczek–Khinchine); `None` when the server is saturated (`ρ ≥ 1`).
 pub fn md1_wait(lambda: f64, service: f64) -> Option<f64> {
-    let rho = lambda * service;
-    if rho >= 1.0 {
-        None
-    } else {
-        Some(rho * service / (2.0 * (1.0 - rho)))
-    }
+    mg1_wait(lambda, service, service * service)
 }
 
 /// Mean seconds in queue of M/G/1 at arrival rate `lambda` with service times of mean

@@ -256,8 +256,8 @@ pub fn search_serving(
                         attention_kernel: space.attention_kernel,
                         sliding_kv: space.sliding_kv,
                     };
-                    let mut cap =
-                        worker_memory(problem, &shape, adp as f64, chunk).max_sequences_fit;
+                    let mut cap = worker_memory(problem, &tm.mix, &shape, adp as f64, chunk)
+                        .max_sequences_fit;
                     cap = cap.min(limits::MAX_SEQUENCES as u64);
                     if let Some(m) = space.max_sequences {
                         cap = cap.min(m as u64);
