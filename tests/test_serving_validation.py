@@ -254,3 +254,24 @@ def test_a_disaggregated_case_is_scored_with_its_prefill_pool() -> None:
     bad = dict(case, plan=dict(case["plan"], prefill={"tp": 2}))
     with pytest.raises(InvalidCaseError, match=r"plan.prefill: missing or bad 'max_sequences'"):
         validate_serving(json.dumps(dict(one, cases=[bad])))
+
+
+def test_the_decode_gemm_constants_are_what_the_measured_kernel_tables_give() -> None:
+    # data/serving.toml's gemm_fixed_us, gemm_bandwidth_fraction and their quantized twins come
+    # from NVIDIA's measured GEMM tables in aiconfigurator (benchmarks/serving_decode_gemm_rate.py):
+    # the medians of the committed per-GPU, per-engine fits, re-fitted from the tables where
+    # aiconfigurator is installed.
+    module = _derivation("serving_decode_gemm_rate")
+    derived = module.derive()
+    for fmt, prefix in (("bfloat16", ""), ("fp8", "quantized_")):
+        t0, share = derived[fmt]
+        assert module.shipped(f"{prefix}gemm_fixed_us") == pytest.approx(t0, abs=0.05), fmt
+        assert module.shipped(f"{prefix}gemm_bandwidth_fraction") == pytest.approx(share, abs=0.005), fmt
+    assert derived["fp8"][0] > 2.0 * derived["bfloat16"][0]
+    assert len(module.CELLS) == 26
+    fresh = module.refit()
+    if fresh is None:
+        return
+    for key, (t0, bandwidth) in module.CELLS.items():
+        assert fresh[key][0] == pytest.approx(t0, abs=0.1), key
+        assert fresh[key][1] == pytest.approx(bandwidth, abs=0.01), key

@@ -87,6 +87,16 @@ pub struct ServingConstants {
     pub decode_host_us_per_sequence: f64,
     /// Launch time per layer per decode step under CUDA graphs, µs.
     pub decode_layer_launch_us: f64,
+    /// Fixed time of one dense GEMM kernel beside its bytes (ramp-up, tail and graph gap) with
+    /// 16-bit weights, µs.
+    pub gemm_fixed_us: f64,
+    /// The same with quantized weights (FP8 per-tensor, FP4), the activation's quantization
+    /// included, µs.
+    pub quantized_gemm_fixed_us: f64,
+    /// Share of the HBM datasheet bandwidth at which a dense GEMM kernel streams 16-bit weights.
+    pub gemm_bandwidth_fraction: f64,
+    /// The same with quantized weights.
+    pub quantized_gemm_bandwidth_fraction: f64,
     /// Launch time per layer per prefill forward, µs.
     pub prefill_layer_launch_us: f64,
     /// An MoE layer's launches relative to a dense one's.
@@ -121,6 +131,13 @@ mod tests {
         let c = super::constants();
         assert!(c.gpu_memory_utilization > 0.5 && c.gpu_memory_utilization <= 1.0);
         assert!(c.decode_bandwidth_fraction > 0.0 && c.decode_bandwidth_fraction <= 1.0);
+        for share in [
+            c.gemm_bandwidth_fraction,
+            c.quantized_gemm_bandwidth_fraction,
+        ] {
+            assert!(share > 0.0 && share <= 1.0);
+        }
+        assert!(c.gemm_fixed_us > 0.0 && c.quantized_gemm_fixed_us >= c.gemm_fixed_us);
         assert!(
             c.mxfp4_upcast_moe_bandwidth_fraction > 0.0
                 && c.mxfp4_upcast_moe_bandwidth_fraction <= c.decode_bandwidth_fraction
