@@ -51,8 +51,8 @@ pub struct ServingAxis {
 pub struct ServingExplanation {
     pub evaluation: ServingEvaluation,
     pub axes: Vec<ServingAxis>,
-    /// FLOPs per byte at which the GPU's GEMMs turn compute-bound (peak over the decode
-    /// bandwidth): the decode step's arithmetic intensity sits below it when memory-bound.
+    /// FLOPs per byte at which the GPU's GEMMs turn compute-bound (peak over the dense GEMMs'
+    /// weight stream): the decode step's arithmetic intensity sits below it when memory-bound.
     pub ridge_flops_per_byte: f64,
 }
 
@@ -284,10 +284,7 @@ pub fn explain_serving(
             }),
         ));
     }
-    let ridge = tm.device.gemm.peak_flops
-        / (problem.cluster.gpu.memory_bandwidth_gbps
-            * 1e9
-            * super::constants().decode_bandwidth_fraction);
+    let ridge = tm.device.gemm.peak_flops / tm.dense_gemm_bytes_per_s;
     Ok(ServingExplanation {
         evaluation,
         axes,

@@ -200,7 +200,7 @@ pub(crate) struct TimeModel<'a> {
     /// A dense (not grouped) GEMM kernel's fixed time, s, and the HBM bytes/s at which it
     /// streams its weights: measured per weight format (data/serving.toml `gemm_fixed_us`).
     dense_gemm_fixed_s: f64,
-    dense_gemm_bytes_per_s: f64,
+    pub(crate) dense_gemm_bytes_per_s: f64,
     ops: OpsContext,
     /// The dense linears run block-scaled FP8 kernels (`ServingProblem::block_scaled_fp8`).
     block_scaled: bool,
