@@ -240,7 +240,7 @@ impl<'a> TimeModel<'a> {
         let c = constants();
         let block_scaled = problem.block_scaled_fp8();
         // Block-scaled FP8 linears (DeepSeek-V3/R1) keep the decode stream rate and no fixed
-        // time: their layers' decode has a measured fixed time of its own (mla_moe_layer_decode_us).
+        // time: their measured tables were timed without CUDA graphs (data/serving.toml).
         let (dense_gemm_fixed_us, dense_gemm_fraction) = if block_scaled {
             (0.0, c.decode_bandwidth_fraction)
         } else if device.quantized {
