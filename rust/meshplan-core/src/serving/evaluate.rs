@@ -209,13 +209,22 @@ pub(crate) fn score(
     match &plan.prefill {
         None => {
             // The steady state's step: every running sequence decodes, and the prompts arriving
-            // meanwhile (b/OSL per step) take their share of a forward.
+            // meanwhile (b/OSL per step) take their share of a forward. Attention-DP ranks run
+            // every forward together (a rank with nothing to run joins with an empty batch, the
+            // experts gather every rank's tokens), so the step is the busiest rank's: the
+            // expected largest of the ranks' prompt counts, while the experts see every rank's
+            // mean load (docs/serving.md §5.1).
             let steady = |b: f64| {
-                let b_rank = b / w.attention_dp as f64;
+                let adp = w.attention_dp as f64;
+                let b_rank = b / adp;
+                let share = prompt_batch(tm, b_rank / osl);
+                let busiest = prompt_batch(tm, queue::expected_max_poisson(b_rank / osl, adp));
+                let tokens = |q: &Batch| b_rank + q.prefill_seqs * q.prefill_new;
                 let step = Batch {
                     decode_seqs: b_rank,
                     decode_context: context,
-                    ..prompt_batch(tm, b_rank / osl)
+                    busy_ranks: (adp > 1.0).then(|| adp * tokens(&share) / tokens(&busiest)),
+                    ..busiest
                 };
                 tm.forward(w, &step, true)
             };
@@ -796,6 +805,64 @@ mod tests {
         // Half the requests a round, in a round not half as long: fewer completions a second.
         assert!(four.requests_per_s < eight.requests_per_s);
         assert_eq!(four.sequences_per_worker, 4.0);
+    }
+
+    #[test]
+    fn attention_dp_ranks_decode_at_the_pace_of_the_busiest_ranks_prompts() {
+        // DeepSeek-V3 on 8 H200, attention-DP over all 8, 1024-token prompts arriving at 1/s:
+        // a prompt on any rank holds every rank's step (they run each forward together), so
+        // the step carries the busiest rank's prompts, the expected largest of the 8 ranks'
+        // Poisson counts (about 8 times one rank's share while prompts are sparse), and the
+        // experts the whole stage's mean tokens.
+        let mut p = problem("deepseek-v3", "h200-sxm", 8);
+        p.weight_precision = crate::hardware::Precision::Fp8;
+        p.traffic.input_len = 1024;
+        p.traffic.output_len = 1024;
+        p.traffic.concurrency = None;
+        p.traffic.request_rate = Some(1.0);
+        p.traffic.arrival = Some(Arrival::Poisson);
+        let mut plan = worker(1, 256);
+        plan.worker.attention_dp = 8;
+        plan.worker.expert_tp = 8;
+        let ev = evaluate_serving(&p, &plan).unwrap();
+        let tm = TimeModel::new(&p);
+        let b_rank = ev.sequences_per_worker / 8.0;
+        let share = b_rank / 1024.0;
+        let busiest = queue::expected_max_poisson(share, 8.0);
+        assert!(
+            busiest > 7.0 * share && busiest < 8.0 * share,
+            "{busiest} vs {share}"
+        );
+        let step = |prompts: f64, busy: Option<f64>| {
+            let batch = Batch {
+                decode_seqs: b_rank,
+                decode_context: tm.mix.decode_context,
+                busy_ranks: busy,
+                ..prompt_batch(&tm, prompts)
+            };
+            tm.forward(&plan.worker, &batch, true).1
+        };
+        let stage = 8.0 * (b_rank + share * 1024.0) / (b_rank + busiest * 1024.0);
+        assert!((ev.time.tpot_s - step(busiest, Some(stage))).abs() < 1e-12 * ev.time.tpot_s);
+        // Charged one rank's share alone, the step was shorter.
+        assert!(
+            ev.time.tpot_s > 1.2 * step(share, None),
+            "{}",
+            ev.time.tpot_s
+        );
+        // Without attention-DP the rank is the stage: its own share, as before.
+        let mut tp8 = worker(8, 256);
+        tp8.worker.expert_tp = 8;
+        let single = evaluate_serving(&p, &tp8).unwrap();
+        let tp8_tm = TimeModel::new(&p);
+        let n = single.sequences_per_worker;
+        let own = Batch {
+            decode_seqs: n,
+            decode_context: tp8_tm.mix.decode_context,
+            ..prompt_batch(&tp8_tm, n / 1024.0)
+        };
+        let by_hand = tp8_tm.forward(&tp8.worker, &own, true).1;
+        assert!((single.time.tpot_s - by_hand).abs() < 1e-12 * by_hand);
     }
 
     #[test]

@@ -25,6 +25,35 @@
 //!   wave arrive together and are prefilled in forwards of a token budget, in order; a request's
 //!   first token comes with the forward that finishes its prompt ([`wave_forwards`]).
 
+/// The expected largest of `n` independent Poisson counts of mean `mean`:
+/// `Σ_k (1 − F(k)^n)` over the counts `k ≥ 0`, `F` the Poisson distribution function. Attention-DP
+/// ranks run each forward together, so a step waits for the rank with the most prompts
+/// (docs/serving.md §5.1): `n·mean` when prompts are sparse, `mean` plus a fluctuation when
+/// every rank has some. Above a mean of 100 the counts are normal: `mean` plus `σ = √mean` times
+/// the standardized excess the sum gives at 100.
+pub fn expected_max_poisson(mean: f64, n: f64) -> f64 {
+    const NORMAL_FROM: f64 = 100.0;
+    if n <= 1.0 || mean <= 0.0 {
+        return mean.max(0.0);
+    }
+    if mean > NORMAL_FROM {
+        let excess = (expected_max_poisson(NORMAL_FROM, n) - NORMAL_FROM) / NORMAL_FROM.sqrt();
+        return mean + mean.sqrt() * excess;
+    }
+    let (mut pmf, mut cdf, mut sum) = ((-mean).exp(), 0.0, 0.0);
+    let last = (mean + 20.0 * mean.sqrt() + 20.0).ceil() as u32;
+    for k in 0..=last {
+        cdf += pmf;
+        let tail = 1.0 - cdf.min(1.0).powf(n);
+        if tail < 1e-15 {
+            break;
+        }
+        sum += tail;
+        pmf *= mean / (k as f64 + 1.0);
+    }
+    sum
+}
+
 /// Seconds a request waits for a running slot in a closed loop: `(in_flight − running)/X`,
 /// with `X` the completions per second of the `running` sequences (0 when all run).
 pub fn slot_wait(in_flight: f64, running: f64, completions_per_s: f64) -> f64 {
@@ -197,5 +226,39 @@ mod tests {
             wave_forward_tokens(4.0, 3200.0, 16384.0),
             (12800.0, 12800.0)
         );
+    }
+
+    #[test]
+    fn the_busiest_of_n_ranks_holds_the_largest_poisson_count() {
+        // One rank: its own mean.
+        assert_eq!(expected_max_poisson(0.3, 1.0), 0.3);
+        assert_eq!(expected_max_poisson(0.0, 8.0), 0.0);
+        // Two ranks of mean 1, by hand: Σ_k 1 − F(k)², F(0) = e⁻¹, F(1) = 2e⁻¹, F(2) = 2.5e⁻¹, …
+        let e = (-1.0f64).exp();
+        let f = [
+            e,
+            2.0 * e,
+            2.5 * e,
+            (2.5 + 1.0 / 6.0) * e,
+            (2.5 + 1.0 / 6.0 + 1.0 / 24.0) * e,
+        ];
+        let by_hand: f64 = f.iter().map(|f| 1.0 - f * f).sum();
+        let got = expected_max_poisson(1.0, 2.0);
+        // (the counts above 4 add 1.4e-3)
+        assert!(got > by_hand && got - by_hand < 2e-3, "{got} vs {by_hand}");
+        // Sparse prompts: nearly n times the mean (the ranks rarely prefill in the same step).
+        let sparse = expected_max_poisson(0.001, 8.0);
+        assert!(sparse < 0.008 && sparse > 0.0079, "{sparse}");
+        // Dense: the mean and a fluctuation, below n times it; monotone in n and in the mean.
+        let dense = expected_max_poisson(50.0, 8.0);
+        assert!(dense > 55.0 && dense < 70.0, "{dense}");
+        assert!(expected_max_poisson(50.0, 16.0) > dense);
+        assert!(expected_max_poisson(51.0, 8.0) > dense);
+        // The normal approximation above a mean of 100 joins the sum.
+        let (below, above) = (
+            expected_max_poisson(99.99, 8.0),
+            expected_max_poisson(100.01, 8.0),
+        );
+        assert!((above / below - 1.0).abs() < 0.01, "{below} vs {above}");
     }
 }

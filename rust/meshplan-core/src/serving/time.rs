@@ -112,10 +112,11 @@ pub(crate) struct Batch {
     pub prefill_new: f64,
     /// Cached tokens (shared prefix, earlier chunks) each prefilling sequence attends to.
     pub prefill_cached: f64,
-    /// Attention-DP ranks that hold this batch, when fewer than all of them do (fewer requests
-    /// than ranks: the others idle through the forward, their experts' share of tokens absent);
-    /// `None`: every rank. The busiest rank sets the forward; the experts see the tokens of the
-    /// ranks that hold them.
+    /// The stage's tokens in units of this batch's, the busiest attention-DP rank's: the ranks
+    /// that hold a wave's requests when fewer than all do (the others idle through the forward,
+    /// their experts' share of tokens absent), or, under continuous arrivals, every rank's mean
+    /// load over the busiest rank's; `None`: every rank holds this batch. The busiest rank sets
+    /// the forward; the experts see the stage's tokens.
     pub busy_ranks: Option<f64>,
 }
 
