@@ -12,7 +12,7 @@ collector/vllm/collect_gemm.py). None of it is a run of validation/serving.json.
 
 At decode sizes (M <= 8 rows) the time of a GEMM of B weight bytes is, on every GPU and engine,
 a fixed time plus B over a bandwidth (median absolute error of the straight line 3-8 % for
-16-bit weights, 4-18 % for FP8):
+16-bit weights, 4-21 % for FP8):
 
     t = t0 + B / (f * HBM datasheet bandwidth)
 
