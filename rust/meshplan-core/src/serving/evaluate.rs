@@ -217,13 +217,15 @@ pub(crate) fn score(
             let steady = |b: f64| {
                 let adp = w.attention_dp as f64;
                 let b_rank = b / adp;
-                let share = prompt_batch(tm, b_rank / osl);
-                let busiest = prompt_batch(tm, queue::expected_max_poisson(b_rank / osl, adp));
-                let tokens = |q: &Batch| b_rank + q.prefill_seqs * q.prefill_new;
-                let step = Batch {
+                let with_prompts = |prompts: f64| Batch {
                     decode_seqs: b_rank,
                     decode_context: context,
-                    busy_ranks: (adp > 1.0).then(|| adp * tokens(&share) / tokens(&busiest)),
+                    ..prompt_batch(tm, prompts)
+                };
+                let share = with_prompts(b_rank / osl);
+                let busiest = with_prompts(queue::expected_max_poisson(b_rank / osl, adp));
+                let step = Batch {
+                    busy_ranks: (adp > 1.0).then(|| adp * share.tokens() / busiest.tokens()),
                     ..busiest
                 };
                 tm.forward(w, &step, true)

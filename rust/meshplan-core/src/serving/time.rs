@@ -145,7 +145,7 @@ impl Batch {
         }
     }
 
-    fn tokens(&self) -> f64 {
+    pub(crate) fn tokens(&self) -> f64 {
         self.decode_seqs + self.prefill_seqs * self.prefill_new
     }
 
@@ -261,12 +261,12 @@ impl<'a> TimeModel<'a> {
             weight_bytes: bytes_per_element(problem.weight_precision),
             expert_weight_bytes: problem.expert_bytes_per_element(),
             kv_bytes: bytes_per_element(problem.kv_precision),
-            stream_bytes_per_s: hbm_bytes_per_s * constants().decode_bandwidth_fraction,
+            stream_bytes_per_s: hbm_bytes_per_s * c.decode_bandwidth_fraction,
             expert_stream_bytes_per_s: hbm_bytes_per_s
                 * if upcast {
-                    constants().mxfp4_upcast_moe_bandwidth_fraction
+                    c.mxfp4_upcast_moe_bandwidth_fraction
                 } else {
-                    constants().decode_bandwidth_fraction
+                    c.decode_bandwidth_fraction
                 },
             expert_upcast: upcast,
             dense_gemm_fixed_s: dense_gemm_fixed_us * 1e-6,
@@ -328,9 +328,9 @@ impl<'a> TimeModel<'a> {
         };
         let compute = flops / (dev.peak_flops * efficiency);
         // The routed experts may be stored in a weight-only format of their own, dequantized in
-        // the kernel: their bytes shrink, their GEMMs run at the device's precision.
-        // A dense GEMM kernel streams its weights at its format's measured rate, beside its
-        // fixed time (data/serving.toml gemm_fixed_us): what a decode GEMM's roofline misses.
+        // the kernel: their bytes shrink, their GEMMs run at the device's precision. A dense
+        // GEMM kernel streams its weights at its format's measured rate, beside its fixed time
+        // (data/serving.toml gemm_fixed_us): what a decode GEMM's roofline misses.
         let (per_weight, weight_stream, fixed_s) = if g.grouped {
             (
                 self.expert_weight_bytes,
@@ -563,8 +563,12 @@ impl<'a> TimeModel<'a> {
             // a measured fixed time of its own, its GEMMs' included: its many small kernels
             // (docs/serving.md §5).
             let latent_moe = matches!(spec.mixer, Mixer::Latent(_)) && spec.moe().is_some();
-            let fixed = decode && latent_moe;
-            let gemm_fixed_s = if fixed { 0.0 } else { self.dense_gemm_fixed_s };
+            let measured_layer = decode && latent_moe;
+            let gemm_fixed_s = if measured_layer {
+                0.0
+            } else {
+                self.dense_gemm_fixed_s
+            };
             let (l, layer_lin) = self.layer(w, g, spec, batch, gemm_fixed_s);
             let n = n as f64;
             lin.bytes += n * layer_lin.bytes;
@@ -590,7 +594,7 @@ impl<'a> TimeModel<'a> {
             } else {
                 1.0
             };
-            let layer_us = if fixed {
+            let layer_us = if measured_layer {
                 c.mla_moe_layer_decode_us
             } else {
                 launch * factor
